@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// Storage roots, per-rank directories, blob extents and manifests: everything tmsdiskd keeps on disk.
+//
+// Layout: <root>/<uid>/<job>/rank<R>-<pid>/ on every root (mode 0700), each holding `owner` (pid,
+// start time, token), `data` (preallocated, overwritten in place every pause) and, on the first
+// root only, `manifest`. A blob is striped over the roots chunk by chunk: chunk i of a blob lives on
+// root (i % roots) in one contiguous extent of that root's data file.
+//
+// Every path is built with openat/mkdirat relative to a root's directory fd with O_NOFOLLOW: a
+// client-supplied name never reaches the filesystem unchecked, and a symlink planted inside a root
+// is refused, never followed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tmsdisk/common/result.h"
+#include "tmsdisk/common/unique_fd.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::storage {
+
+// O_DIRECT needs offsets, lengths and buffers aligned to this (the largest logical block size we
+// expect; 4 KiB covers NVMe and ext4/xfs).
+inline constexpr uint32_t kIoAlignment = 4096;
+
+// True if `name` may be used as one path component: 1..64 bytes of [A-Za-z0-9._-], not starting
+// with '.', so never "." or "..". Job names and every component we build pass through this.
+bool valid_name(std::string_view name) noexcept;
+
+struct Root {
+  std::string path;  // as configured, made absolute
+  UniqueFd dir;      // O_PATH|O_DIRECTORY handle every operation is relative to
+  bool direct_io = true;  // false when the filesystem refused O_DIRECT (buffered fallback, logged)
+};
+
+class Roots {
+ public:
+  // Opens every root. A tmpfs/ramfs root is refused with a message saying why unless allow_tmpfs;
+  // a missing, non-directory or symlinked root is refused. Roots on the same filesystem are allowed
+  // but logged by the caller (no striping benefit).
+  static Result<Roots> open(const std::vector<std::string>& paths, bool allow_tmpfs);
+
+  std::size_t size() const noexcept { return roots_.size(); }
+  const Root& operator[](std::size_t i) const { return roots_[i]; }
+  Root& operator[](std::size_t i) { return roots_[i]; }
+
+  // Index of the root a client's TMS_DISK_BACKUP_DIR lies under (lexically, after normalising "."
+  // and "//"; any ".." is refused), or an error saying which roots are allowed.
+  Result<std::size_t> root_for(std::string_view client_path) const;
+
+  // Free bytes on root i (statvfs f_bavail * f_frsize).
+  Result<uint64_t> free_bytes(std::size_t i) const;
+
+ private:
+  std::vector<Root> roots_;
+};
+
+struct RankIdentity {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string job;  // must satisfy valid_name
+  int64_t rank = 0;
+  pid_t pid = 0;
+  uint64_t start_time = 0;  // process_start_time(pid)
+  uint64_t token = 0;       // secret a reconnecting shim must present
+};
+
+// One rank's files on all roots: directories, data files, blob extents, checksums, manifest.
+class RankStore {
+ public:
+  // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
+  // name left by a dead process), writes `owner`, opens `data` on each root (O_DIRECT where the
+  // filesystem allows it). chunk_bytes is the slot size (a multiple of kIoAlignment).
+  static Result<std::unique_ptr<RankStore>> create(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
+
+  // Re-adopts an existing rank directory after a daemon restart: the owner file must name the same
+  // pid, start time and token. Loads the manifest if it holds a committed pause.
+  static Result<std::unique_ptr<RankStore>> adopt(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
+
+  ~RankStore();
+  RankStore(const RankStore&) = delete;
+  RankStore& operator=(const RankStore&) = delete;
+
+  // Path of the rank's directory on the first root (what TMS_DISK_BACKUP_DIR is set to).
+  const std::string& dir_path() const noexcept;
+
+  // Makes `blobs` the exact set this rank stores: new or resized blobs get extents, blobs not listed
+  // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
+  // Space is preallocated with fallocate(2). All or nothing: on ENOSPC (or any error) the previous
+  // set and files are unchanged and the error says how much was needed and available. Clears every
+  // recorded checksum (a new generation is being written).
+  Status reserve(std::span<const proto::BlobSize> blobs);
+
+  // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
+  // of chunk_bytes, length == min(chunk_bytes, size - offset). io_length is length rounded up to
+  // kIoAlignment (the extent always has that room).
+  struct Location {
+    int fd = -1;
+    bool direct_io = true;
+    uint64_t file_offset = 0;
+    uint32_t io_length = 0;
+  };
+  Result<Location> locate(uint64_t blob, uint64_t offset, uint32_t length) const;
+
+  // Checksum bookkeeping for the chunk at (blob, offset), as located above.
+  void record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
+  // The checksum written for that chunk in the current generation, or ENODATA if it was never written.
+  Result<uint64_t> expected_checksum(uint64_t blob, uint64_t offset) const;
+  // Number of chunks of the reserved set that have no recorded checksum yet.
+  uint64_t missing_chunks() const noexcept;
+
+  // Commits the state: for Paused, requires every chunk written, fdatasyncs each data file, then
+  // writes the manifest (generation, blobs, extents, checksums) to a temporary file, fdatasyncs it,
+  // renames it over `manifest` and fsyncs the directory. For Resumed, marks the manifest not-paused
+  // the same way (the files are kept for the next pause).
+  Status commit(proto::CommitState state, uint64_t generation);
+
+  // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
+  bool paused() const noexcept;
+  uint64_t generation() const noexcept;
+  std::vector<proto::BlobSize> blobs() const;
+
+  uint64_t disk_bytes() const noexcept;  // bytes allocated in data files on all roots
+
+  // Removes the rank's directories on every root (session closed). Idempotent.
+  Status remove();
+
+  struct Impl;
+
+ private:
+  explicit RankStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct SweepStats {
+  uint32_t removed_dirs = 0;
+  uint64_t removed_bytes = 0;
+};
+
+// Removes every rank directory under every root whose owner process is gone (pid + start time no
+// longer match) and that `in_use` does not claim; `in_use` gets the path relative to the root,
+// "<uid>/<job>/rank<R>-<pid>". Empty job and uid directories are removed too. Never follows symlinks; entries that do not look
+// like ours (bad names, no owner file) are left alone and logged through `warn`.
+Result<SweepStats> sweep_dead_ranks(Roots& roots, const std::function<bool(const std::string& relative_dir)>& in_use,
+                                    const std::function<void(const std::string&)>& warn = {});
+
+}  // namespace tmsdisk::storage

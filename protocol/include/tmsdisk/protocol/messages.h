@@ -1,0 +1,425 @@
+// SPDX-License-Identifier: Apache-2.0
+// The tmsdisk wire protocol: every message the shim, the daemon and tmsctl exchange.
+//
+// Transport: a SOCK_SEQPACKET Unix socket, so each send is one message and file descriptors ride
+// along with SCM_RIGHTS (see socket.h). A message is a 24-byte header followed by at most
+// kMaxPayload bytes of payload; all integers are little-endian, strings are a u16 length and bytes.
+//
+// Version policy: the header carries kVersion and both ends require an exact match. A daemon that
+// receives HELLO with another version answers with ErrorReply{EPROTONOSUPPORT, "..."} encoded with
+// its own version and closes the connection; the header and ErrorReply layouts are frozen across
+// versions so that this refusal is always readable. Shim, daemon and tmsctl ship together: mixing
+// builds is a deployment mistake that must be reported, not papered over.
+//
+// Each message lists its fields once, in `fields()`; the encoder and the decoder both walk that list,
+// so the two can never disagree. `check()` adds the semantic rules the decoder enforces on input.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace tmsdisk::proto {
+
+inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four bytes on the wire
+inline constexpr uint16_t kVersion = 1;
+inline constexpr std::size_t kHeaderSize = 24;
+inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
+inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
+
+inline constexpr std::size_t kMaxNameLength = 64;     // job names
+inline constexpr std::size_t kMaxTextLength = 1024;   // human-readable messages
+inline constexpr std::size_t kMaxResultText = 256;    // per-rank message inside ControlResult
+inline constexpr std::size_t kMaxPathLength = 4095;
+
+enum class MsgType : uint16_t {
+  // Replies, any direction.
+  Error = 1,
+  Ok = 2,
+  // Session: shim <-> daemon.
+  Hello = 10,        // first message of every connection (shim or tmsctl)
+  Welcome = 11,      // daemon's answer; for a shim it carries the staging memfd
+  Reserve = 12,      // shim: the blobs this pause will write (may span several messages)
+  Write = 13,        // shim: write one staging slot to a blob chunk
+  Written = 14,      // daemon: the chunk is on disk, with its checksum
+  Read = 15,         // shim: read one blob chunk into a staging slot
+  ReadDone = 16,     // daemon: the slot holds the chunk, checksum verified
+  Commit = 17,       // shim: the pause (or resume) is complete; daemon syncs and commits the manifest
+  Report = 18,       // shim: its current accounting (no reply)
+  Command = 19,      // daemon -> shim: pause or resume, routed from tmsctl
+  CommandDone = 20,  // shim -> daemon: the outcome of a Command
+  Progress = 21,     // shim -> daemon -> tmsctl: bytes moved so far
+  // Control: tmsctl <-> daemon.
+  ListSessions = 30,
+  Sessions = 31,
+  Control = 32,        // pause/resume the sessions a selector matches
+  ControlResult = 33,  // per-rank outcomes
+  Gc = 34,             // sweep directories of dead ranks now
+  GcResult = 35,
+};
+
+enum class Role : uint8_t { Shim = 1, Control = 2 };
+
+// Rank state as the shim reports it.
+enum class RankState : uint8_t { Running = 0, Pausing = 1, Paused = 2, Resuming = 3, PartiallyPaused = 4 };
+inline constexpr uint8_t kRankStateMax = 4;
+
+// Why bytes the program allocated are not paused (invariant 7 of DESIGN.md).
+enum class Unmanaged : uint8_t {
+  Small = 0,          // below TMSDISK_MIN_BYTES, left to the native allocator
+  Exported = 1,       // shareable handle exported to another process
+  Imported = 2,       // memory imported from another process
+  Multicast = 3,      // bound to a multicast object
+  Pool = 4,           // stream-ordered pool memory
+  ManagedMemory = 5,  // cuMemAllocManaged
+  Other = 6,
+};
+inline constexpr std::size_t kUnmanagedReasons = 8;
+
+enum class CommandOp : uint8_t { Pause = 1, Resume = 2 };
+enum class CommitState : uint8_t { Paused = 1, Resumed = 2 };
+
+// Reserve.flags
+inline constexpr uint8_t kReserveFirst = 1;  // starts a new blob set, dropping any half-sent one
+inline constexpr uint8_t kReserveLast = 2;   // the set is complete: apply it (all or nothing)
+
+// Control.match: which selectors apply; they combine with AND. kMatchAll must stand alone.
+inline constexpr uint8_t kMatchJob = 1;
+inline constexpr uint8_t kMatchRank = 2;
+inline constexpr uint8_t kMatchPid = 4;
+inline constexpr uint8_t kMatchAll = 8;
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t type = 0;
+  uint32_t length = 0;  // payload bytes after the header
+  uint32_t flags = 0;   // reserved, must be zero
+  uint64_t request_id = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared records
+
+struct RankStats {
+  uint8_t state = 0;  // RankState
+  uint64_t resident_bytes = 0;
+  uint64_t paused_bytes = 0;
+  std::array<uint64_t, kUnmanagedReasons> unmanaged_bytes{};  // indexed by Unmanaged
+  uint32_t managed_allocations = 0;
+  uint64_t last_pause_bytes = 0;
+  uint64_t last_pause_ns = 0;
+  uint64_t last_resume_bytes = 0;
+  uint64_t last_resume_ns = 0;
+  uint64_t last_change_unix_ms = 0;
+
+  template <class F>
+  void fields(F&& f) {
+    f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations),
+        f(last_pause_bytes), f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms);
+  }
+  bool check(std::string& why) const;
+};
+
+struct BlobSize {
+  uint64_t id = 0;
+  uint64_t size = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(id), f(size);
+  }
+};
+
+struct SessionInfo {
+  uint64_t session_id = 0;
+  int32_t pid = 0;
+  uint32_t uid = 0;
+  int64_t rank = 0;
+  std::string job;
+  uint64_t disk_bytes = 0;  // bytes reserved on disk for this rank
+  RankStats stats;
+  template <class F>
+  void fields(F&& f) {
+    f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats);
+  }
+};
+
+struct RankResult {
+  uint64_t session_id = 0;
+  int32_t pid = 0;
+  int64_t rank = 0;
+  std::string job;
+  int32_t code = 0;  // 0 on success, else a positive errno value
+  uint64_t bytes = 0;
+  uint64_t nanos = 0;
+  std::string message;
+  template <class F>
+  void fields(F&& f) {
+    f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos),
+        f(message, kMaxResultText);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+struct ErrorReply {
+  static constexpr MsgType kType = MsgType::Error;
+  int32_t code = 0;  // positive errno value
+  std::string message;
+  template <class F>
+  void fields(F&& f) {
+    f(code), f(message, kMaxTextLength);
+  }
+  bool check(std::string& why) const;
+};
+
+struct OkReply {
+  static constexpr MsgType kType = MsgType::Ok;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct Hello {
+  static constexpr MsgType kType = MsgType::Hello;
+  uint8_t role = 0;  // Role
+  int64_t rank = -1;
+  uint32_t device_count = 0;
+  std::string job;
+  std::string backup_dir;      // TMS_DISK_BACKUP_DIR as the rank sees it; honored only under a root
+  uint64_t token = 0;          // non-zero: reconnect to the session this token was issued for
+  uint64_t staging_bytes = 0;  // 0: the daemon's default chunk budget
+  uint32_t slot_bytes = 0;     // 0: the daemon's default slot size
+  template <class F>
+  void fields(F&& f) {
+    f(role), f(rank), f(device_count), f(job, kMaxNameLength), f(backup_dir, kMaxPathLength), f(token),
+        f(staging_bytes), f(slot_bytes);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Welcome {
+  static constexpr MsgType kType = MsgType::Welcome;
+  uint64_t session_id = 0;
+  uint64_t token = 0;
+  uint64_t staging_bytes = 0;
+  uint32_t slot_bytes = 0;
+  uint32_t slot_count = 0;
+  uint8_t restored = 0;  // 1: a paused manifest of this rank was adopted (daemon restart)
+  std::string rank_dir;
+  template <class F>
+  void fields(F&& f) {
+    f(session_id), f(token), f(staging_bytes), f(slot_bytes), f(slot_count), f(restored),
+        f(rank_dir, kMaxPathLength);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Reserve {
+  static constexpr MsgType kType = MsgType::Reserve;
+  uint8_t flags = 0;
+  std::vector<BlobSize> blobs;
+  template <class F>
+  void fields(F&& f) {
+    f(flags), f(blobs);
+  }
+  bool check(std::string& why) const;
+};
+
+// Write and Read name one chunk: `slot` of the staging buffer and bytes [offset, offset+length) of a
+// blob. Offsets are multiples of the slot size; length is the slot size except for a blob's tail.
+struct ChunkRef {
+  uint32_t slot = 0;
+  uint32_t length = 0;
+  uint64_t blob = 0;
+  uint64_t offset = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(slot), f(length), f(blob), f(offset);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Write : ChunkRef {
+  static constexpr MsgType kType = MsgType::Write;
+};
+struct Read : ChunkRef {
+  static constexpr MsgType kType = MsgType::Read;
+};
+
+struct Written {
+  static constexpr MsgType kType = MsgType::Written;
+  uint64_t checksum = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(checksum);
+  }
+};
+
+struct ReadDone {
+  static constexpr MsgType kType = MsgType::ReadDone;
+  uint64_t checksum = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(checksum);
+  }
+};
+
+struct Commit {
+  static constexpr MsgType kType = MsgType::Commit;
+  uint8_t state = 0;  // CommitState
+  uint64_t generation = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(state), f(generation);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Report {
+  static constexpr MsgType kType = MsgType::Report;
+  RankStats stats;
+  template <class F>
+  void fields(F&& f) {
+    f(stats);
+  }
+  bool check(std::string& why) const { return stats.check(why); }
+};
+
+struct Command {
+  static constexpr MsgType kType = MsgType::Command;
+  uint8_t op = 0;  // CommandOp
+  template <class F>
+  void fields(F&& f) {
+    f(op);
+  }
+  bool check(std::string& why) const;
+};
+
+struct CommandDone {
+  static constexpr MsgType kType = MsgType::CommandDone;
+  int32_t code = 0;  // 0 or a positive errno value
+  uint64_t bytes = 0;
+  uint64_t nanos = 0;
+  std::string message;
+  template <class F>
+  void fields(F&& f) {
+    f(code), f(bytes), f(nanos), f(message, kMaxTextLength);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Progress {
+  static constexpr MsgType kType = MsgType::Progress;
+  uint64_t session_id = 0;  // filled in by the daemon when it forwards
+  uint64_t done_bytes = 0;
+  uint64_t total_bytes = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(session_id), f(done_bytes), f(total_bytes);
+  }
+  bool check(std::string& why) const;
+};
+
+struct ListSessions {
+  static constexpr MsgType kType = MsgType::ListSessions;
+  uint32_t start = 0;  // index of the first session wanted (paging)
+  template <class F>
+  void fields(F&& f) {
+    f(start);
+  }
+};
+
+struct Sessions {
+  static constexpr MsgType kType = MsgType::Sessions;
+  uint32_t total = 0;  // sessions visible to the caller; ask again from start+size() for more
+  std::vector<SessionInfo> sessions;
+  template <class F>
+  void fields(F&& f) {
+    f(total), f(sessions);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Control {
+  static constexpr MsgType kType = MsgType::Control;
+  uint8_t op = 0;     // CommandOp
+  uint8_t match = 0;  // kMatch* bits
+  std::string job;
+  int64_t rank = -1;
+  int32_t pid = 0;
+  uint32_t timeout_ms = 0;  // 0: no limit
+  template <class F>
+  void fields(F&& f) {
+    f(op), f(match), f(job, kMaxNameLength), f(rank), f(pid), f(timeout_ms);
+  }
+  bool check(std::string& why) const;
+};
+
+struct ControlResult {
+  static constexpr MsgType kType = MsgType::ControlResult;
+  uint8_t last = 1;  // 0: more ControlResult messages follow for the same request
+  std::vector<RankResult> results;
+  template <class F>
+  void fields(F&& f) {
+    f(last), f(results);
+  }
+  bool check(std::string& why) const;
+};
+
+struct Gc {
+  static constexpr MsgType kType = MsgType::Gc;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct GcResult {
+  static constexpr MsgType kType = MsgType::GcResult;
+  uint32_t removed_dirs = 0;
+  uint64_t removed_bytes = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(removed_dirs), f(removed_bytes);
+  }
+};
+
+using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone,
+                             Commit, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control,
+                             ControlResult, Gc, GcResult>;
+
+struct Envelope {
+  uint64_t request_id = 0;
+  Message body;
+};
+
+// Encodes one message. Returns an empty vector if it would exceed kMaxMessageSize or a field breaks
+// its own limits (a string too long): callers treat that as a programming error and report it.
+std::vector<uint8_t> encode(uint64_t request_id, const Message& body);
+
+struct DecodeResult {
+  std::optional<Envelope> envelope;  // set on success
+  int code = 0;                      // on failure: EPROTO, EBADMSG, EPROTONOSUPPORT, EMSGSIZE
+  std::string error;                 // on failure: what was wrong, for the log and the peer
+};
+
+// Decodes and validates one received message. Never throws on bad input; every field is checked.
+DecodeResult decode(std::span<const uint8_t> bytes) noexcept;
+
+// Reads only the header (for answering a version mismatch before trusting anything else).
+std::optional<Header> peek_header(std::span<const uint8_t> bytes) noexcept;
+
+const char* type_name(MsgType type) noexcept;
+const char* state_name(RankState state) noexcept;
+const char* unmanaged_name(Unmanaged reason) noexcept;
+
+template <class T>
+constexpr MsgType type_of() noexcept {
+  return T::kType;
+}
+
+}  // namespace tmsdisk::proto

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sending and receiving whole protocol messages on a SOCK_SEQPACKET Unix socket, with an optional
+// file descriptor passed alongside (SCM_RIGHTS). Functions return 0 or a negative errno value.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tmsdisk::proto {
+
+// Sends one message; `fd` >= 0 is passed to the peer. Retries EINTR. -EAGAIN on a non-blocking
+// socket whose buffer is full; -EPIPE/-ECONNRESET when the peer is gone (never raises SIGPIPE).
+int send_message(int sock, std::span<const uint8_t> bytes, int fd = -1) noexcept;
+
+// Receives one message into `buf` (resized to the message). Returns the message size, 0 when the
+// peer closed the connection, or a negative errno: -EMSGSIZE for a message over kMaxMessageSize (it
+// is discarded). If the message carried descriptors, the first is stored in `*fd` (when `fd` is not
+// null) and any other is closed; all arrive with O_CLOEXEC.
+long recv_message(int sock, std::vector<uint8_t>& buf, int* fd = nullptr) noexcept;
+
+// Connects a SOCK_SEQPACKET socket (CLOEXEC) to `path`. Returns the fd or a negative errno.
+int connect_seqpacket(const std::string& path) noexcept;
+
+}  // namespace tmsdisk::proto

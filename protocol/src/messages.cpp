@@ -1,0 +1,487 @@
+// SPDX-License-Identifier: Apache-2.0
+// Encoding and strict decoding of the wire protocol (messages.h).
+#include "tmsdisk/protocol/messages.h"
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+namespace tmsdisk::proto {
+namespace {
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+template <class T>
+struct is_array : std::false_type {};
+template <class T, std::size_t N>
+struct is_array<std::array<T, N>> : std::true_type {};
+
+template <class T>
+concept HasFields = requires(T& t) { t.fields([](auto&&...) {}); };
+template <class T>
+concept HasCheck = requires(const T& t, std::string& why) {
+  { t.check(why) } -> std::same_as<bool>;
+};
+
+// Appends little-endian fields to a buffer; `failed` latches on any limit violation.
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  bool failed = false;
+
+  template <class T>
+    requires std::is_integral_v<T>
+  void operator()(const T& v) {
+    using U = std::make_unsigned_t<T>;
+    U u = static_cast<U>(v);
+    for (std::size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<uint8_t>(u >> (8 * i)));
+  }
+  void operator()(const std::string& s, std::size_t max) {
+    if (s.size() > max) {
+      failed = true;
+      return;
+    }
+    (*this)(static_cast<uint16_t>(s.size()));
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  template <class T, std::size_t N>
+  void operator()(const std::array<T, N>& a) {
+    for (const auto& e : a) (*this)(e);
+  }
+  template <class T>
+  void operator()(const std::vector<T>& v) {
+    if (v.size() > kMaxPayload) {
+      failed = true;
+      return;
+    }
+    (*this)(static_cast<uint32_t>(v.size()));
+    for (const auto& e : v) (*this)(e);
+  }
+  template <HasFields T>
+  void operator()(const T& record) {
+    // fields() is non-const so the Reader can fill the same list; the Writer only reads.
+    const_cast<T&>(record).fields(*this);
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+// Consumes little-endian fields from a span, checking bounds and limits; `error` latches.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  std::string error;
+  bool ok() const { return error.empty(); }
+  std::size_t remaining() const { return in_.size() - pos_; }
+
+  template <class T>
+    requires std::is_integral_v<T>
+  void operator()(T& v) {
+    if (!need(sizeof(T))) return;
+    using U = std::make_unsigned_t<T>;
+    U u = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) u |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
+    pos_ += sizeof(T);
+    v = static_cast<T>(u);
+  }
+  void operator()(std::string& s, std::size_t max) {
+    uint16_t len = 0;
+    (*this)(len);
+    if (!ok()) return;
+    if (len > max) return fail("string of " + std::to_string(len) + " bytes exceeds its limit of " + std::to_string(max));
+    if (!need(len)) return;
+    s.assign(reinterpret_cast<const char*>(in_.data() + pos_), len);
+    pos_ += len;
+    if (s.find('\0') != std::string::npos) fail("string contains a NUL byte");
+  }
+  template <class T, std::size_t N>
+  void operator()(std::array<T, N>& a) {
+    for (auto& e : a) (*this)(e);
+  }
+  template <class T>
+  void operator()(std::vector<T>& v) {
+    uint32_t count = 0;
+    (*this)(count);
+    if (!ok()) return;
+    // Every element takes at least one byte, so a count above the remaining bytes is a lie; refusing
+    // it here keeps a hostile count from making us reserve memory.
+    if (count > remaining()) return fail("element count " + std::to_string(count) + " exceeds the message");
+    v.clear();
+    v.reserve(count);
+    for (uint32_t i = 0; i < count && ok(); ++i) {
+      T e{};
+      (*this)(e);
+      v.push_back(std::move(e));
+    }
+  }
+  template <HasFields T>
+  void operator()(T& record) {
+    record.fields(*this);
+  }
+
+  void fail(std::string why) {
+    if (error.empty()) error = std::move(why);
+  }
+
+ private:
+  bool need(std::size_t n) {
+    if (!ok()) return false;
+    if (remaining() < n) {
+      fail("message truncated");
+      return false;
+    }
+    return true;
+  }
+  std::span<const uint8_t> in_;
+  std::size_t pos_ = 0;
+};
+
+void put_header(std::vector<uint8_t>& out, const Header& h) {
+  Writer w(out);
+  w(h.magic), w(h.version), w(h.type), w(h.length), w(h.flags), w(h.request_id);
+}
+
+Header read_header(std::span<const uint8_t> bytes) {
+  Header h;
+  Reader r(bytes.first(kHeaderSize));
+  r(h.magic), r(h.version), r(h.type), r(h.length), r(h.flags), r(h.request_id);
+  return h;
+}
+
+template <class T>
+bool decode_body(std::span<const uint8_t> payload, Message& out, std::string& error) {
+  T msg{};
+  Reader r(payload);
+  msg.fields(r);
+  if (!r.ok()) {
+    error = std::string(type_name(T::kType)) + ": " + r.error;
+    return false;
+  }
+  if (r.remaining() != 0) {
+    error = std::string(type_name(T::kType)) + ": " + std::to_string(r.remaining()) + " trailing bytes";
+    return false;
+  }
+  if constexpr (HasCheck<T>) {
+    std::string why;
+    if (!msg.check(why)) {
+      error = std::string(type_name(T::kType)) + ": " + why;
+      return false;
+    }
+  }
+  out = std::move(msg);
+  return true;
+}
+
+// Maps a type number to the decoder of its alternative in Message.
+template <std::size_t I = 0>
+bool decode_by_type(uint16_t type, std::span<const uint8_t> payload, Message& out, std::string& error, bool& known) {
+  if constexpr (I < std::variant_size_v<Message>) {
+    using T = std::variant_alternative_t<I, Message>;
+    if (static_cast<uint16_t>(T::kType) == type) {
+      known = true;
+      return decode_body<T>(payload, out, error);
+    }
+    return decode_by_type<I + 1>(type, payload, out, error, known);
+  } else {
+    known = false;
+    return false;
+  }
+}
+
+bool printable(const std::string& s) {
+  for (unsigned char c : s)
+    if (c < 0x20 && c != '\n' && c != '\t') return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode(uint64_t request_id, const Message& body) {
+  try {
+    std::vector<uint8_t> out;
+    out.reserve(64);
+    Header h;
+    h.request_id = request_id;
+    h.type = static_cast<uint16_t>(std::visit([](const auto& m) { return std::decay_t<decltype(m)>::kType; }, body));
+    put_header(out, h);
+    Writer w(out);
+    std::visit([&](const auto& m) { w(m); }, body);
+    if (w.failed || out.size() > kMaxMessageSize) return {};
+    const auto length = static_cast<uint32_t>(out.size() - kHeaderSize);
+    for (std::size_t i = 0; i < 4; ++i) out[8 + i] = static_cast<uint8_t>(length >> (8 * i));
+    return out;
+  } catch (const std::bad_alloc&) {
+    return {};
+  }
+}
+
+std::optional<Header> peek_header(std::span<const uint8_t> bytes) noexcept {
+  if (bytes.size() < kHeaderSize) return std::nullopt;
+  return read_header(bytes);
+}
+
+DecodeResult decode(std::span<const uint8_t> bytes) noexcept {
+  DecodeResult res;
+  try {
+    if (bytes.size() < kHeaderSize) {
+      res.code = EPROTO;
+      res.error = "message of " + std::to_string(bytes.size()) + " bytes is shorter than the header";
+      return res;
+    }
+    if (bytes.size() > kMaxMessageSize) {
+      res.code = EMSGSIZE;
+      res.error = "message of " + std::to_string(bytes.size()) + " bytes exceeds the 64 KiB limit";
+      return res;
+    }
+    const Header h = read_header(bytes);
+    if (h.magic != kMagic) {
+      res.code = EPROTO;
+      res.error = "bad magic: not a tmsdisk peer";
+      return res;
+    }
+    if (h.version != kVersion) {
+      res.code = EPROTONOSUPPORT;
+      res.error = "peer speaks protocol version " + std::to_string(h.version) + ", this build speaks " +
+                  std::to_string(kVersion) + "; run the same tmsdisk release everywhere on the node";
+      return res;
+    }
+    if (h.flags != 0) {
+      res.code = EPROTO;
+      res.error = "reserved header flags are set";
+      return res;
+    }
+    if (h.length != bytes.size() - kHeaderSize) {
+      res.code = EPROTO;
+      res.error = "header says " + std::to_string(h.length) + " payload bytes, message has " +
+                  std::to_string(bytes.size() - kHeaderSize);
+      return res;
+    }
+    Message body;
+    bool known = false;
+    std::string error;
+    if (!decode_by_type(h.type, bytes.subspan(kHeaderSize), body, error, known)) {
+      res.code = known ? EBADMSG : EPROTO;
+      res.error = known ? error : "unknown message type " + std::to_string(h.type);
+      return res;
+    }
+    res.envelope = Envelope{h.request_id, std::move(body)};
+  } catch (const std::bad_alloc&) {
+    res.envelope.reset();
+    res.code = ENOMEM;
+    res.error = "out of memory while decoding";
+  }
+  return res;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Semantic checks
+
+bool RankStats::check(std::string& why) const {
+  if (state > kRankStateMax) {
+    why = "unknown rank state " + std::to_string(state);
+    return false;
+  }
+  return true;
+}
+
+bool ErrorReply::check(std::string& why) const {
+  if (code <= 0) {
+    why = "error code must be a positive errno value";
+    return false;
+  }
+  if (!printable(message)) {
+    why = "error message has control characters";
+    return false;
+  }
+  return true;
+}
+
+bool Hello::check(std::string& why) const {
+  if (role != static_cast<uint8_t>(Role::Shim) && role != static_cast<uint8_t>(Role::Control)) {
+    why = "unknown role " + std::to_string(role);
+    return false;
+  }
+  if (rank < -1) {
+    why = "rank must be -1 (undeclared) or non-negative";
+    return false;
+  }
+  if (!printable(job) || !printable(backup_dir)) {
+    why = "job or backup dir has control characters";
+    return false;
+  }
+  return true;
+}
+
+bool Welcome::check(std::string& why) const {
+  if (restored > 1) {
+    why = "restored must be 0 or 1";
+    return false;
+  }
+  if (slot_bytes != 0 && staging_bytes / slot_bytes < slot_count) {
+    why = "slot layout exceeds the staging buffer";
+    return false;
+  }
+  return true;
+}
+
+bool Reserve::check(std::string& why) const {
+  if (flags & ~(kReserveFirst | kReserveLast)) {
+    why = "unknown reserve flags";
+    return false;
+  }
+  for (const auto& b : blobs) {
+    if (b.size == 0) {
+      why = "blob " + std::to_string(b.id) + " has size 0";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ChunkRef::check(std::string& why) const {
+  if (length == 0) {
+    why = "chunk length is 0";
+    return false;
+  }
+  if (offset > UINT64_MAX - length) {
+    why = "chunk offset + length overflows";
+    return false;
+  }
+  return true;
+}
+
+bool Commit::check(std::string& why) const {
+  if (state != static_cast<uint8_t>(CommitState::Paused) && state != static_cast<uint8_t>(CommitState::Resumed)) {
+    why = "unknown commit state " + std::to_string(state);
+    return false;
+  }
+  return true;
+}
+
+bool Command::check(std::string& why) const {
+  if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
+    why = "unknown command " + std::to_string(op);
+    return false;
+  }
+  return true;
+}
+
+bool CommandDone::check(std::string& why) const {
+  if (code < 0) {
+    why = "result code must be 0 or a positive errno value";
+    return false;
+  }
+  return true;
+}
+
+bool Progress::check(std::string& why) const {
+  if (done_bytes > total_bytes) {
+    why = "progress beyond its total";
+    return false;
+  }
+  return true;
+}
+
+bool Sessions::check(std::string& why) const {
+  for (const auto& s : sessions)
+    if (!s.stats.check(why)) return false;
+  return true;
+}
+
+bool Control::check(std::string& why) const {
+  if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
+    why = "unknown control operation " + std::to_string(op);
+    return false;
+  }
+  if (match == 0 || (match & ~(kMatchJob | kMatchRank | kMatchPid | kMatchAll)) ||
+      ((match & kMatchAll) && match != kMatchAll)) {
+    why = "selector must be 'all' alone, or any of job/rank/pid";
+    return false;
+  }
+  if ((match & kMatchJob) && job.empty()) {
+    why = "job selector with an empty job name";
+    return false;
+  }
+  if ((match & kMatchRank) && rank < 0) {
+    why = "rank selector with a negative rank";
+    return false;
+  }
+  if ((match & kMatchPid) && pid <= 0) {
+    why = "pid selector with a non-positive pid";
+    return false;
+  }
+  return true;
+}
+
+bool ControlResult::check(std::string& why) const {
+  if (last > 1) {
+    why = "last must be 0 or 1";
+    return false;
+  }
+  for (const auto& r : results) {
+    if (r.code < 0) {
+      why = "result code must be 0 or a positive errno value";
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+const char* type_name(MsgType type) noexcept {
+  switch (type) {
+    case MsgType::Error: return "ERROR";
+    case MsgType::Ok: return "OK";
+    case MsgType::Hello: return "HELLO";
+    case MsgType::Welcome: return "WELCOME";
+    case MsgType::Reserve: return "RESERVE";
+    case MsgType::Write: return "WRITE";
+    case MsgType::Written: return "WRITTEN";
+    case MsgType::Read: return "READ";
+    case MsgType::ReadDone: return "READ_DONE";
+    case MsgType::Commit: return "COMMIT";
+    case MsgType::Report: return "REPORT";
+    case MsgType::Command: return "COMMAND";
+    case MsgType::CommandDone: return "COMMAND_DONE";
+    case MsgType::Progress: return "PROGRESS";
+    case MsgType::ListSessions: return "LIST_SESSIONS";
+    case MsgType::Sessions: return "SESSIONS";
+    case MsgType::Control: return "CONTROL";
+    case MsgType::ControlResult: return "CONTROL_RESULT";
+    case MsgType::Gc: return "GC";
+    case MsgType::GcResult: return "GC_RESULT";
+  }
+  return "UNKNOWN";
+}
+
+const char* state_name(RankState state) noexcept {
+  switch (state) {
+    case RankState::Running: return "running";
+    case RankState::Pausing: return "pausing";
+    case RankState::Paused: return "paused";
+    case RankState::Resuming: return "resuming";
+    case RankState::PartiallyPaused: return "partially-paused";
+  }
+  return "unknown";
+}
+
+const char* unmanaged_name(Unmanaged reason) noexcept {
+  switch (reason) {
+    case Unmanaged::Small: return "small";
+    case Unmanaged::Exported: return "exported";
+    case Unmanaged::Imported: return "imported";
+    case Unmanaged::Multicast: return "multicast";
+    case Unmanaged::Pool: return "pool";
+    case Unmanaged::ManagedMemory: return "managed-memory";
+    case Unmanaged::Other: return "other";
+  }
+  return "unknown";
+}
+
+}  // namespace tmsdisk::proto

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// Whole-message I/O with descriptor passing on SOCK_SEQPACKET sockets (socket.h).
+#include "tmsdisk/protocol/socket.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::proto {
+
+int send_message(int sock, std::span<const uint8_t> bytes, int fd) noexcept {
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  for (;;) {
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n >= 0) return static_cast<std::size_t>(n) == bytes.size() ? 0 : -EIO;
+    if (errno != EINTR) return -errno;
+  }
+}
+
+long recv_message(int sock, std::vector<uint8_t>& buf, int* fd) noexcept {
+  if (fd) *fd = -1;
+  try {
+    buf.resize(kMaxMessageSize);
+  } catch (...) {
+    return -ENOMEM;
+  }
+  iovec iov{buf.data(), buf.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  // Room for a few descriptors so that a peer sending extras cannot make us leak them silently:
+  // whatever arrives beyond the first is closed below.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+
+  int kept = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int got;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (kept < 0 && fd) {
+        kept = got;
+      } else {
+        ::close(got);
+      }
+    }
+  }
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    if (kept >= 0) ::close(kept);
+    buf.clear();
+    return -EMSGSIZE;
+  }
+  if (fd) *fd = kept;
+  buf.resize(static_cast<std::size_t>(n));
+  return n;
+}
+
+int connect_seqpacket(const std::string& path) noexcept {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return -ENAMETOOLONG;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return -errno;
+  int rc;
+  do {
+    rc = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) {
+    int e = errno;
+    ::close(s);
+    return -e;
+  }
+  return s;
+}
+
+}  // namespace tmsdisk::proto
