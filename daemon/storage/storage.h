@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Storage roots, per-rank directories, blob extents and manifests: everything tmsdiskd keeps on disk.
 //
-// Layout: <root>/<uid>/<job>/rank<R>-<pid>/ on every root (mode 0700), each holding `owner` (pid,
-// start time, token), `data` (preallocated, overwritten in place every pause) and, on the first
-// root only, `manifest`. A blob is striped over the roots chunk by chunk: chunk i of a blob lives on
+// Layout: <root>/<uid>/<job>/rank<R>-<pid>/ on every root (mode 0700; the uid and job directories
+// are 0711, owned by the daemon), each holding `owner` (pid, start time, token, uid, job, rank),
+// `data` (preallocated, overwritten in place every pause) and, on the first root only, `manifest`.
+// R is the declared rank, or the pid when the rank declared none (rank < 0), so an undeclared rank
+// of pid 4242 lives in rank4242-4242/. A blob is striped over the roots chunk by chunk: chunk i of a blob lives on
 // root (i % roots) in one contiguous extent of that root's data file.
 //
 // Every path is built with openat/mkdirat relative to a root's directory fd with O_NOFOLLOW: a
@@ -36,15 +38,18 @@ inline constexpr uint32_t kIoAlignment = 4096;
 bool valid_name(std::string_view name) noexcept;
 
 struct Root {
-  std::string path;  // as configured, made absolute
+  std::string path;  // as configured, made absolute and lexically normalised
   UniqueFd dir;      // O_PATH|O_DIRECTORY handle every operation is relative to
   bool direct_io = true;  // false when the filesystem refused O_DIRECT (buffered fallback, logged)
+  dev_t dev = 0;          // filesystem of the root: equal values mean no striping benefit
 };
 
 class Roots {
  public:
   // Opens every root. A tmpfs/ramfs root is refused with a message saying why unless allow_tmpfs;
-  // a missing, non-directory or symlinked root is refused. Roots on the same filesystem are allowed
+  // a missing, non-directory or symlinked root is refused, and so is the same directory listed
+  // twice (both would share one data file). direct_io is probed with an O_TMPFILE where the
+  // filesystem supports that, else decided when a rank's data file is opened. Roots on the same filesystem are allowed
   // but logged by the caller (no striping benefit).
   static Result<Roots> open(const std::vector<std::string>& paths, bool allow_tmpfs);
 
@@ -73,16 +78,24 @@ struct RankIdentity {
   uint64_t token = 0;       // secret a reconnecting shim must present
 };
 
+// "rank<R>-<pid>", R being the rank or, for an undeclared rank (< 0), the pid.
+std::string rank_dir_name(const RankIdentity& id);
+// "<uid>/<job>/rank<R>-<pid>": the form sweep_dead_ranks() hands to its in_use callback.
+std::string rank_relative_dir(const RankIdentity& id);
+
 // One rank's files on all roots: directories, data files, blob extents, checksums, manifest.
+// Methods serialise on an internal mutex, so I/O completion threads may record checksums.
 class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
-  // name left by a dead process), writes `owner`, opens `data` on each root (O_DIRECT where the
-  // filesystem allows it). chunk_bytes is the slot size (a multiple of kIoAlignment).
+  // name left by a dead process; EEXIST if its owner is alive), writes `owner`, opens `data` on each
+  // root (O_DIRECT where the filesystem allows it; else roots[i].direct_io becomes false). chunk_bytes
+  // is the slot size (a non-zero multiple of kIoAlignment). On failure nothing is left behind.
   static Result<std::unique_ptr<RankStore>> create(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
-  // Re-adopts an existing rank directory after a daemon restart: the owner file must name the same
-  // pid, start time and token. Loads the manifest if it holds a committed pause.
+  // Re-adopts an existing rank directory after a daemon restart: the owner file on every root must
+  // name the same pid, start time and token. Loads the manifest (blobs, extents, checksums, paused
+  // or resumed); a corrupt manifest is refused. Without a manifest the rank starts empty.
   static Result<std::unique_ptr<RankStore>> adopt(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
   ~RankStore();
@@ -91,12 +104,18 @@ class RankStore {
 
   // Path of the rank's directory on the first root (what TMS_DISK_BACKUP_DIR is set to).
   const std::string& dir_path() const noexcept;
+  // "<uid>/<job>/rank<R>-<pid>", as rank_relative_dir().
+  const std::string& relative_dir() const noexcept;
+  uint32_t chunk_bytes() const noexcept;
+  std::size_t root_count() const noexcept;
 
   // Makes `blobs` the exact set this rank stores: new or resized blobs get extents, blobs not listed
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
   // Space is preallocated with fallocate(2). All or nothing: on ENOSPC (or any error) the previous
   // set and files are unchanged and the error says how much was needed and available. Clears every
-  // recorded checksum (a new generation is being written).
+  // recorded checksum (a new generation is being written). Duplicate blob ids are refused (EINVAL),
+  // and so is a new set while a committed pause has not been resumed (EBUSY): its data is still
+  // the only copy.
   Status reserve(std::span<const proto::BlobSize> blobs);
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
@@ -110,8 +129,11 @@ class RankStore {
   };
   Result<Location> locate(uint64_t blob, uint64_t offset, uint32_t length) const;
 
-  // Checksum bookkeeping for the chunk at (blob, offset), as located above.
-  void record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
+  // Location::fd stays valid until remove() or destruction.
+  //
+  // Checksum bookkeeping for the chunk at (blob, offset), as located above. Returns false (and
+  // records nothing) when (blob, offset) names no chunk of the reserved set.
+  bool record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
   // The checksum written for that chunk in the current generation, or ENODATA if it was never written.
   Result<uint64_t> expected_checksum(uint64_t blob, uint64_t offset) const;
   // Number of chunks of the reserved set that have no recorded checksum yet.
@@ -130,7 +152,9 @@ class RankStore {
 
   uint64_t disk_bytes() const noexcept;  // bytes allocated in data files on all roots
 
-  // Removes the rank's directories on every root (session closed). Idempotent.
+  // Removes the rank's directories on every root (session closed), then the job and uid
+  // directories where they became empty. Idempotent. The destructor never removes anything (a
+  // daemon restart must keep paused ranks' files).
   Status remove();
 
   struct Impl;
@@ -147,8 +171,12 @@ struct SweepStats {
 
 // Removes every rank directory under every root whose owner process is gone (pid + start time no
 // longer match) and that `in_use` does not claim; `in_use` gets the path relative to the root,
-// "<uid>/<job>/rank<R>-<pid>". Empty job and uid directories are removed too. Never follows symlinks; entries that do not look
-// like ours (bad names, no owner file) are left alone and logged through `warn`.
+// "<uid>/<job>/rank<R>-<pid>". Empty job and uid directories are removed too. Never follows
+// symlinks; entries that do not look like ours (bad names, no or mismatching owner file, links)
+// inside a uid directory are left alone and logged through `warn`. Top-level entries whose name is
+// not a uid are skipped silently, since a root may be a shared directory such as /var/tmp.
+// A sweep may remove an empty job or uid directory in the instant a concurrent create() made it;
+// create() retries once for that, but running both from the daemon's one event loop avoids it.
 Result<SweepStats> sweep_dead_ranks(Roots& roots, const std::function<bool(const std::string& relative_dir)>& in_use,
                                     const std::function<void(const std::string&)>& warn = {});
 

@@ -1,24 +1,256 @@
 // SPDX-License-Identifier: Apache-2.0
-// Protocol encode/decode round trips and rejection of malformed input.
+// Protocol: every message round-trips, and malformed input is rejected with the right code.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 
 #include "tmsdisk/protocol/messages.h"
+#include "tmsdisk/protocol/socket.h"
 
 using namespace tmsdisk::proto;
 
-TEST_CASE("write round-trips") {
-  Write w;
-  w.slot = 3;
-  w.length = 4096;
-  w.blob = 7;
-  w.offset = 8 << 20;
-  auto bytes = encode(42, w);
-  REQUIRE(bytes.size() == kHeaderSize + 24);
+namespace {
+
+template <class T>
+T round_trip(const T& in, uint64_t id = 77) {
+  auto bytes = encode(id, in);
+  REQUIRE(!bytes.empty());
+  REQUIRE(bytes.size() <= kMaxMessageSize);
   auto d = decode(bytes);
+  INFO(d.error);
   REQUIRE(d.envelope);
-  CHECK(d.envelope->request_id == 42);
-  auto* got = std::get_if<Write>(&d.envelope->body);
-  REQUIRE(got);
-  CHECK(got->slot == 3);
-  CHECK(got->offset == (8u << 20));
+  CHECK(d.envelope->request_id == id);
+  auto* out = std::get_if<T>(&d.envelope->body);
+  REQUIRE(out);
+  return *out;
+}
+
+int decode_code(const std::vector<uint8_t>& bytes) {
+  auto d = decode(bytes);
+  CHECK_FALSE(d.envelope);
+  CHECK_FALSE(d.error.empty());
+  return d.code;
+}
+
+}  // namespace
+
+TEST_CASE("every message type round-trips with its fields") {
+  Hello h;
+  h.role = static_cast<uint8_t>(Role::Shim);
+  h.rank = 5;
+  h.device_count = 8;
+  h.job = "job-1.a_b";
+  h.backup_dir = "/nvme0/x";
+  h.token = 0xdeadbeef;
+  h.staging_bytes = 256 << 20;
+  h.slot_bytes = 8 << 20;
+  auto h2 = round_trip(h);
+  CHECK(h2.rank == 5);
+  CHECK(h2.job == "job-1.a_b");
+  CHECK(h2.backup_dir == "/nvme0/x");
+  CHECK(h2.token == 0xdeadbeef);
+  CHECK(h2.slot_bytes == (8u << 20));
+
+  Welcome w;
+  w.session_id = 9;
+  w.staging_bytes = 64 << 20;
+  w.slot_bytes = 8 << 20;
+  w.slot_count = 8;
+  w.restored = 1;
+  w.rank_dir = "/r/0/j/rank0-1";
+  CHECK(round_trip(w).rank_dir == w.rank_dir);
+
+  Reserve r;
+  r.flags = kReserveFirst | kReserveLast;
+  r.blobs = {{1, 100}, {2, 1ull << 40}};
+  auto r2 = round_trip(r);
+  REQUIRE(r2.blobs.size() == 2);
+  CHECK(r2.blobs[1].size == (1ull << 40));
+
+  Read rd;
+  rd.slot = 1;
+  rd.length = 10;
+  rd.blob = 2;
+  rd.offset = 3;
+  CHECK(round_trip(rd).offset == 3);
+  CHECK(round_trip(Written{.checksum = 42}).checksum == 42);
+  CHECK(round_trip(ReadDone{.checksum = 43}).checksum == 43);
+  CHECK(round_trip(Commit{.state = 2, .generation = 7}).generation == 7);
+
+  Report rep;
+  rep.stats.state = static_cast<uint8_t>(RankState::Paused);
+  rep.stats.unmanaged_bytes[static_cast<int>(Unmanaged::Pool)] = 123;
+  CHECK(round_trip(rep).stats.unmanaged_bytes[4] == 123);
+
+  CHECK(round_trip(Command{.op = 2}).op == 2);
+  CommandDone cd;
+  cd.code = ENOSPC;
+  cd.message = "no space";
+  CHECK(round_trip(cd).message == "no space");
+  CHECK(round_trip(Progress{.session_id = 1, .done_bytes = 5, .total_bytes = 10}).done_bytes == 5);
+  CHECK(round_trip(ListSessions{.start = 4}).start == 4);
+
+  Sessions ss;
+  ss.total = 1;
+  SessionInfo info;
+  info.job = "j";
+  info.rank = 3;
+  ss.sessions.push_back(info);
+  CHECK(round_trip(ss).sessions.at(0).rank == 3);
+
+  Control c;
+  c.op = 1;
+  c.match = kMatchJob | kMatchRank;
+  c.job = "j";
+  c.rank = 0;
+  CHECK(round_trip(c).match == (kMatchJob | kMatchRank));
+
+  ControlResult cr;
+  RankResult rr;
+  rr.code = EIO;
+  rr.message = "bad disk";
+  cr.results.push_back(rr);
+  CHECK(round_trip(cr).results.at(0).message == "bad disk");
+  CHECK(round_trip(GcResult{.removed_dirs = 2, .removed_bytes = 3}).removed_bytes == 3);
+  ErrorReply e;
+  e.code = EPERM;
+  e.message = "no";
+  CHECK(round_trip(e).code == EPERM);
+  round_trip(OkReply{});
+  round_trip(Gc{});
+}
+
+TEST_CASE("encode refuses fields beyond their limits") {
+  Hello h;
+  h.role = 1;
+  h.job = std::string(kMaxNameLength + 1, 'a');
+  CHECK(encode(1, h).empty());
+  Reserve r;
+  r.blobs.resize(5000, BlobSize{1, 1});  // 80 KB of entries: over the message limit
+  CHECK(encode(1, r).empty());
+}
+
+TEST_CASE("header problems are rejected with their codes") {
+  auto good = encode(1, Gc{});
+  REQUIRE(decode(good).envelope);
+
+  CHECK(decode_code({}) == EPROTO);
+  CHECK(decode_code(std::vector<uint8_t>(good.begin(), good.begin() + 10)) == EPROTO);
+
+  auto bad_magic = good;
+  bad_magic[0] ^= 0xFF;
+  CHECK(decode_code(bad_magic) == EPROTO);
+
+  auto bad_version = good;
+  bad_version[4] = 2;
+  CHECK(decode_code(bad_version) == EPROTONOSUPPORT);
+
+  auto bad_flags = good;
+  bad_flags[12] = 1;
+  CHECK(decode_code(bad_flags) == EPROTO);
+
+  auto bad_type = good;
+  bad_type[6] = 0xFF;
+  CHECK(decode_code(bad_type) == EPROTO);
+
+  auto long_length = good;
+  long_length[8] = 5;  // claims payload bytes that are not there
+  CHECK(decode_code(long_length) == EPROTO);
+
+  std::vector<uint8_t> huge(kMaxMessageSize + 1, 0);
+  CHECK(decode_code(huge) == EMSGSIZE);
+}
+
+TEST_CASE("payload problems are rejected: truncation, trailing bytes, lying counts, bad enums") {
+  Write w;
+  w.length = 4096;
+  auto bytes = encode(1, w);
+  auto truncated = bytes;
+  truncated.pop_back();
+  truncated[8] = static_cast<uint8_t>(truncated.size() - kHeaderSize);
+  CHECK(decode_code(truncated) == EBADMSG);
+
+  auto trailing = bytes;
+  trailing.push_back(0);
+  trailing[8] = static_cast<uint8_t>(trailing.size() - kHeaderSize);
+  CHECK(decode_code(trailing) == EBADMSG);
+
+  Reserve r;
+  r.flags = kReserveLast;
+  r.blobs = {{1, 1}};
+  auto lying = encode(1, r);
+  lying[kHeaderSize + 1] = 0xFF;  // element count far beyond the payload
+  lying[kHeaderSize + 2] = 0xFF;
+  CHECK(decode_code(lying) == EBADMSG);
+
+  Hello h;
+  h.role = 9;
+  auto bytes_role = encode(1, h);
+  CHECK(decode_code(bytes_role) == EBADMSG);
+
+  Write zero;
+  zero.length = 0;
+  CHECK(decode_code(encode(1, zero)) == EBADMSG);
+
+  Write overflow;
+  overflow.length = 10;
+  overflow.offset = UINT64_MAX - 2;
+  CHECK(decode_code(encode(1, overflow)) == EBADMSG);
+
+  Control all_and_job;
+  all_and_job.op = 1;
+  all_and_job.match = kMatchAll | kMatchJob;
+  all_and_job.job = "j";
+  CHECK(decode_code(encode(1, all_and_job)) == EBADMSG);
+
+  Control empty_job;
+  empty_job.op = 1;
+  empty_job.match = kMatchJob;
+  CHECK(decode_code(encode(1, empty_job)) == EBADMSG);
+
+  Hello nul;
+  nul.role = 1;
+  nul.job = std::string("a\0b", 3);
+  CHECK(decode_code(encode(1, nul)) == EBADMSG);
+
+  Reserve zero_blob;
+  zero_blob.flags = kReserveLast;
+  zero_blob.blobs = {{1, 0}};
+  CHECK(decode_code(encode(1, zero_blob)) == EBADMSG);
+}
+
+TEST_CASE("socket I/O passes one descriptor, closes extras and reports oversized messages") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+  auto bytes = encode(5, Gc{});
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  REQUIRE(send_message(sv[0], bytes, pipefd[0]) == 0);
+  std::vector<uint8_t> buf;
+  int got = -1;
+  REQUIRE(recv_message(sv[1], buf, &got) == static_cast<long>(bytes.size()));
+  REQUIRE(got >= 0);
+  CHECK(buf == bytes);
+  // The received descriptor is a working copy of the pipe's read end.
+  REQUIRE(::write(pipefd[1], "x", 1) == 1);
+  char c = 0;
+  CHECK(::read(got, &c, 1) == 1);
+  CHECK(c == 'x');
+  ::close(got);
+
+  // A receiver that does not want descriptors gets none leaked to it.
+  REQUIRE(send_message(sv[0], bytes, pipefd[0]) == 0);
+  REQUIRE(recv_message(sv[1], buf, nullptr) > 0);
+
+  std::vector<uint8_t> big(kMaxMessageSize + 100, 1);
+  REQUIRE(send_message(sv[0], big) == 0);
+  CHECK(recv_message(sv[1], buf, &got) == -EMSGSIZE);
+
+  ::close(sv[0]);
+  CHECK(recv_message(sv[1], buf, &got) == 0);
+  ::close(sv[1]);
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
 }

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsdiskd's server: accepts shim and tmsctl connections, owns sessions, staging buffers and their
+// rank stores, and moves chunks between staging slots and files through the I/O engine.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io_engine.h"
+#include "tmsdisk/common/result.h"
+
+namespace tmsdisk::server {
+
+struct Config {
+  std::vector<std::string> roots;                       // one per NVMe; chunks stripe across them
+  std::string socket_path = "/run/tmsdisk/tmsdiskd.sock";
+  uint64_t staging_mb = 256;                            // default per-rank staging (chunk budget)
+  uint64_t max_staging_mb = 4096;                       // the most a rank may ask for
+  uint32_t slot_mb = 8;                                 // bytes per I/O request / slot
+  std::vector<uid_t> allowed_uids;                      // empty and no groups: every uid may connect
+  std::vector<gid_t> allowed_gids;
+  bool allow_tmpfs = false;
+  unsigned sweep_interval_s = 60;                       // 0: sweep only at startup and on `tmsctl gc`
+  unsigned queue_depth = 64;
+  bool exit_when_idle = false;                          // embedded per-user daemon: stop after last session
+  int listen_fd = -1;                                   // an already-listening socket (systemd activation)
+  std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
+};
+
+class Server {
+ public:
+  // Opens the roots (refusing tmpfs unless allowed), takes the single-instance lock, sweeps dead
+  // ranks, and binds the socket (or adopts Config::listen_fd).
+  static Result<std::unique_ptr<Server>> create(Config config);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Serves until stop() is called (or, with exit_when_idle, the last session ends).
+  Status run();
+
+  // Asks run() to return. Async-signal-safe: a SIGTERM handler may call it.
+  void stop() noexcept;
+
+  const Config& config() const noexcept;
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tmsdisk::server

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// Manifest encoding and decoding (see manifest.h).
+#include "manifest.h"
+
+#include <xxhash.h>
+
+namespace tmsdisk::storage {
+
+namespace {
+
+void put(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view bytes) : b_(bytes) {}
+  bool get(uint64_t& v, int bytes) {
+    if (b_.size() - pos_ < static_cast<std::size_t>(bytes)) return false;
+    v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
+    pos_ += static_cast<std::size_t>(bytes);
+    return true;
+  }
+  std::size_t left() const { return b_.size() - pos_; }
+  uint8_t byte_at(std::size_t i) const { return static_cast<uint8_t>(b_[pos_ + i]); }
+  void skip(std::size_t n) { pos_ += n; }
+
+ private:
+  std::string_view b_;
+  std::size_t pos_ = 0;
+};
+
+uint64_t chunk_count(uint64_t size, uint32_t chunk) { return size == 0 ? 0 : (size - 1) / chunk + 1; }
+
+}  // namespace
+
+std::string encode_manifest(const Manifest& m) {
+  std::string out;
+  put(out, kManifestMagic, 8);
+  put(out, kManifestVersion, 4);
+  put(out, m.state, 4);
+  put(out, m.generation, 8);
+  put(out, m.chunk_bytes, 4);
+  put(out, m.data_end.size(), 4);
+  for (uint64_t end : m.data_end) put(out, end, 8);
+  put(out, m.blobs.size(), 8);
+  for (const auto& b : m.blobs) {
+    put(out, b.id, 8);
+    put(out, b.size, 8);
+    for (const auto& e : b.extents) {
+      put(out, e.offset, 8);
+      put(out, e.length, 8);
+    }
+    for (uint64_t s : b.sums) put(out, s, 8);
+    uint8_t bits = 0;
+    for (std::size_t i = 0; i < b.have.size(); ++i) {
+      if (b.have[i]) bits |= static_cast<uint8_t>(1u << (i % 8));
+      if (i % 8 == 7 || i + 1 == b.have.size()) {
+        out.push_back(static_cast<char>(bits));
+        bits = 0;
+      }
+    }
+  }
+  put(out, XXH3_64bits(out.data(), out.size()), 8);
+  return out;
+}
+
+std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why) {
+  if (bytes.size() < 8 + 8) {
+    why = "too short";
+    return std::nullopt;
+  }
+  Reader head(bytes);
+  uint64_t magic = 0;
+  head.get(magic, 8);
+  if (magic != kManifestMagic) {
+    why = "bad magic: not a tmsdisk manifest";
+    return std::nullopt;
+  }
+  std::string_view body = bytes.substr(0, bytes.size() - 8);
+  Reader tail(bytes.substr(bytes.size() - 8));
+  uint64_t stored = 0;
+  tail.get(stored, 8);
+  if (XXH3_64bits(body.data(), body.size()) != stored) {
+    why = "checksum mismatch: the file is torn or was modified";
+    return std::nullopt;
+  }
+
+  Reader r(body);
+  Manifest m;
+  uint64_t v = 0, version = 0, state = 0, chunk = 0, nroots = 0, nblobs = 0;
+  r.get(v, 8);
+  if (!r.get(version, 4) || version != kManifestVersion) {
+    why = "unsupported format version " + std::to_string(version) + " (this daemon reads " +
+          std::to_string(kManifestVersion) + ")";
+    return std::nullopt;
+  }
+  if (!r.get(state, 4) || (state != kManifestPaused && state != kManifestResumed)) {
+    why = "invalid state";
+    return std::nullopt;
+  }
+  m.state = static_cast<uint32_t>(state);
+  if (!r.get(m.generation, 8) || !r.get(chunk, 4) || chunk == 0 || chunk % 4096 != 0) {
+    why = "invalid chunk size";
+    return std::nullopt;
+  }
+  m.chunk_bytes = static_cast<uint32_t>(chunk);
+  if (!r.get(nroots, 4) || nroots == 0 || nroots > kManifestMaxRoots || r.left() / 8 < nroots) {
+    why = "invalid root count";
+    return std::nullopt;
+  }
+  m.data_end.resize(nroots);
+  for (auto& end : m.data_end) {
+    r.get(end, 8);
+    if (end % 4096 != 0) {
+      why = "misaligned data file end";
+      return std::nullopt;
+    }
+  }
+  const uint64_t per_blob_min = 16 + 16 * nroots;
+  if (!r.get(nblobs, 8) || nblobs > r.left() / per_blob_min) {
+    why = "invalid blob count";
+    return std::nullopt;
+  }
+  m.blobs.resize(nblobs);
+  for (auto& b : m.blobs) {
+    if (r.left() < per_blob_min) {
+      why = "truncated blob list";
+      return std::nullopt;
+    }
+    r.get(b.id, 8);
+    r.get(b.size, 8);
+    b.extents.resize(nroots);
+    for (auto& e : b.extents) {
+      r.get(e.offset, 8);
+      r.get(e.length, 8);
+      if (e.offset % 4096 != 0 || e.length % 4096 != 0) {
+        why = "misaligned extent";
+        return std::nullopt;
+      }
+    }
+    uint64_t chunks = chunk_count(b.size, m.chunk_bytes);
+    uint64_t bitmap = (chunks + 7) / 8;
+    if (chunks > r.left() / 8 || chunks * 8 + bitmap > r.left()) {
+      why = "truncated checksums of blob " + std::to_string(b.id);
+      return std::nullopt;
+    }
+    b.sums.resize(chunks);
+    for (auto& s : b.sums) r.get(s, 8);
+    b.have.resize(chunks);
+    for (uint64_t i = 0; i < chunks; ++i) b.have[i] = (r.byte_at(i / 8) >> (i % 8)) & 1;
+    r.skip(bitmap);
+  }
+  if (r.left() != 0) {
+    why = "trailing bytes";
+    return std::nullopt;
+  }
+  return m;
+}
+
+}  // namespace tmsdisk::storage

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// The in-process C API (tmsdisk.h) and one-time initialization.
+#include <pthread.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "config.h"
+#include "driver.h"
+#include "engine.h"
+#include "log.h"
+#include "shim.h"
+
+#ifndef TMSDISK_VERSION
+#define TMSDISK_VERSION "unknown"
+#endif
+
+namespace tmsdisk::shim {
+
+void ensure_init() noexcept {
+  static std::once_flag once;
+  try {
+    std::call_once(once, [] {
+      // Fork children drop the parent's session and reconnect lazily (Engine::fork_child).
+      if (int rc = ::pthread_atfork(&Engine::fork_prepare, &Engine::fork_parent, &Engine::fork_child); rc != 0)
+        TMS_WARN("pthread_atfork failed: %s; fork children may inherit a broken session", std::strerror(rc));
+      (void)config();
+    });
+  } catch (...) {
+  }
+}
+
+namespace {
+
+int run(proto::CommandOp op) noexcept {
+  ensure_init();
+  Engine* e = Engine::instance();
+  if (!e) return -ENOMEM;
+  return e->run(op, nullptr);
+}
+
+}  // namespace
+
+int api_pause() noexcept { return run(proto::CommandOp::Pause); }
+int api_resume() noexcept { return run(proto::CommandOp::Resume); }
+
+int api_status(tmsdisk_status* status, std::size_t size) noexcept {
+  if (!status) return -EINVAL;
+  try {
+    tmsdisk_status out{};
+    EngineStatus s;
+    if (Engine* e = Engine::existing()) {
+      s = e->status();
+    } else {
+      s.totals = registry().totals();
+    }
+    out.state = s.stats.state;
+    out.connected = s.connected ? 1 : 0;
+    out.enabled = driver().usable ? 1 : 0;
+    out.managed_allocations = s.totals.managed_allocations;
+    out.paused_allocations = s.totals.paused_allocations;
+    out.last_error = s.last_error;
+    out.session_id = s.session_id;
+    out.resident_bytes = s.totals.resident_bytes;
+    out.paused_bytes = s.totals.paused_bytes;
+    for (std::size_t i = 0; i < TMSDISK_UNMANAGED_REASONS && i < s.totals.unmanaged_bytes.size(); ++i)
+      out.unmanaged_bytes[i] = s.totals.unmanaged_bytes[i];
+    out.last_pause_bytes = s.stats.last_pause_bytes;
+    out.last_pause_ns = s.stats.last_pause_ns;
+    out.last_resume_bytes = s.stats.last_resume_bytes;
+    out.last_resume_ns = s.stats.last_resume_ns;
+    const std::size_t n = std::min(s.last_message.size(), sizeof(out.last_message) - 1);
+    std::memcpy(out.last_message, s.last_message.data(), n);
+    std::memcpy(status, &out, std::min(size, sizeof(out)));
+    return 0;
+  } catch (...) {
+    return -ENOMEM;
+  }
+}
+
+const char* api_version() noexcept { return "tmsdisk " TMSDISK_VERSION; }
+
+}  // namespace tmsdisk::shim

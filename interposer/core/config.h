@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shim's settings: each environment variable read once, on first use, and cached.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tmsdisk::shim {
+
+inline constexpr uint64_t kDefaultMinBytes = 2ull << 20;
+inline constexpr const char* kDefaultSocket = "/run/tmsdisk/tmsdiskd.sock";
+
+struct Config {
+  uint64_t min_bytes = kDefaultMinBytes;  // TMSDISK_MIN_BYTES: smaller allocations stay native
+  std::string socket_path;                // TMSDISK_SOCKET
+  std::string job;                        // TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, RAY_JOB_ID
+  int64_t rank = -1;                      // RANK, SLURM_PROCID
+  std::string backup_dir;                 // TMS_DISK_BACKUP_DIR
+  uint64_t staging_bytes = 0;             // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
+};
+
+// Reads the environment the first time it is called; later calls return the same object. Never
+// called from a static initializer.
+const Config& config() noexcept;
+
+// Pure parsers, exposed for tests.
+// A byte count with an optional K/M/G suffix (powers of 1024); `fallback` when empty or invalid.
+uint64_t parse_bytes(const char* text, uint64_t fallback) noexcept;
+// A non-negative rank, or -1 when empty or invalid.
+int64_t parse_rank(const char* text) noexcept;
+// Keeps [A-Za-z0-9._-] (others become '_'), at most 64 characters, never starting with '.';
+// "default" when nothing is left.
+std::string sanitize_job(std::string_view job);
+
+}  // namespace tmsdisk::shim

@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA driver API as the shim sees it: cuda.h with every entry point named by its exported symbol.
+#pragma once
+
+#include <cuda.h>
+
+// cuda.h maps cuGetProcAddress to cuGetProcAddress_v2. libcuda exports both (the unversioned one is
+// the four-argument CUDA 11 resolver), and the hook table names each entry point by its exported
+// symbol, so the macro must not rewrite the legacy name.
+#undef cuGetProcAddress

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pause/resume engine: one session with tmsdiskd, driven by one control thread that is the only
+// reader of the socket. Commands from the daemon and the in-process C API share it.
+//
+// The application must be idle while a pause runs (holding its CUDA calls is a later step): the
+// engine synchronizes every context it allocated on before copying, but does not stop new work.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_api.h"
+#include "registry.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::shim {
+
+struct OpResult {
+  int code = 0;  // 0 or a positive errno value
+  uint64_t bytes = 0;
+  uint64_t nanos = 0;
+  std::string message;
+};
+
+struct EngineStatus {
+  proto::RankStats stats;
+  RegistryTotals totals;
+  bool connected = false;
+  uint64_t session_id = 0;
+  int last_error = 0;
+  std::string last_message;
+};
+
+// The process-wide registry of allocations (never destroyed).
+Registry& registry() noexcept;
+
+// Starts a private per-user daemon when no system daemon is reachable. Not implemented yet: returns
+// -ENOSYS, so an unreachable daemon means pause and resume fail while allocations keep working.
+int start_private_daemon() noexcept;
+
+class Engine {
+ public:
+  // The process's engine. Created on first use, never destroyed (the control thread may outlive
+  // static destruction); replaced by a fresh one in a fork child. Null only if memory ran out.
+  static Engine* instance() noexcept;
+  // The engine if one was created, without creating it.
+  static Engine* existing() noexcept;
+
+  // Starts the control thread (which connects to the daemon) unless it runs. Cheap once started.
+  void ensure_started() noexcept;
+
+  // Runs a pause or resume on the control thread and waits for it. Returns 0 or -errno; -EBUSY
+  // when another operation is running. `out` (optional) receives the details.
+  int run(proto::CommandOp op, OpResult* out) noexcept;
+
+  EngineStatus status() const;
+
+  // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
+  std::shared_mutex& op_lock() noexcept { return op_lock_; }
+
+  // pthread_atfork handlers.
+  static void fork_prepare() noexcept;
+  static void fork_parent() noexcept;
+  static void fork_child() noexcept;
+
+  Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+ private:
+  struct Request {
+    proto::CommandOp op;
+    bool done = false;
+    OpResult result;
+  };
+  enum class SlotState : uint8_t { Free, Copying, InDaemon, Lost };
+  struct Slot {
+    SlotState state = SlotState::Free;
+    uint64_t request = 0;  // id of the Write/Read the daemon holds this slot for
+    int job = -1;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    int ctx = -1;
+  };
+  struct CtxResources {
+    CUcontext ctx = nullptr;
+    CUstream stream = nullptr;
+    std::vector<CUevent> events;  // one per slot, created on first use
+  };
+  struct Job;
+
+  static void* thread_main(void* self) noexcept;
+  void control_loop();
+  void serve_requests();
+  void serve_socket();
+  OpResult execute(proto::CommandOp op, uint64_t command_request);
+  OpResult pause(uint64_t command_request);
+  OpResult resume(uint64_t command_request);
+  OpResult resume_list(std::vector<std::shared_ptr<Allocation>> list, uint64_t command_request);
+
+  int connect_session(std::string* why);
+  void drop_session(const char* why);
+  void release_staging() noexcept;
+  int send(uint64_t request_id, const proto::Message& body);
+  int receive(proto::Envelope& env, int timeout_ms);
+  int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why);
+  void handle_other(const proto::Envelope& env);
+  void send_report();
+  void maybe_progress(uint64_t command_request, uint64_t done, uint64_t total, bool force);
+
+  int ctx_index(CUcontext ctx, std::string* why);
+  CUevent slot_event(int ctx, std::size_t slot, std::string* why);
+  void register_staging(CUcontext ctx);
+  int free_slot() const noexcept;
+  void map_job(Job& j);
+  void unmap_job(Job& j) noexcept;
+  void set_state(proto::RankState s);
+  proto::RankStats make_stats();
+
+  // Shared with application threads (guarded by mu_).
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request*> queue_;
+  bool thread_started_ = false;
+  bool busy_ = false;
+  int wake_fd_ = -1;
+  proto::RankStats last_;  // state and last_* fields
+  bool connected_ = false;
+  uint64_t session_id_ = 0;
+  int last_error_ = 0;
+  std::string last_message_;
+  std::shared_mutex op_lock_;
+
+  // Control thread only.
+  int sock_ = -1;
+  uint64_t token_ = 0;
+  uint8_t* staging_ = nullptr;
+  std::size_t staging_bytes_ = 0;
+  uint32_t slot_bytes_ = 0;
+  std::vector<Slot> slots_;
+  bool staging_registered_ = false;
+  CUcontext registered_ctx_ = nullptr;
+  std::vector<CtxResources> ctxs_;
+  uint64_t next_request_ = 1;
+  uint64_t generation_ = 0;
+  bool committed_paused_ = false;  // the daemon's manifest holds a committed pause
+  uint64_t reported_version_ = ~0ull;
+  int64_t last_report_ms_ = 0;
+  int64_t next_connect_ms_ = 0;
+  int64_t connect_backoff_ms_ = 1000;
+  bool unreachable_logged_ = false;
+  int64_t last_progress_ms_ = 0;
+  std::vector<uint8_t> rx_;
+};
+
+}  // namespace tmsdisk::shim

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// Registry of managed and native device allocations (registry.h).
+#include "registry.h"
+
+#include <tuple>
+
+namespace tmsdisk::shim {
+
+std::shared_ptr<Allocation> Registry::add(std::unique_ptr<Allocation> a) {
+  std::shared_ptr<Allocation> shared(std::move(a));
+  std::lock_guard lock(mu_);
+  shared->id = next_id_++;
+  managed_[shared->base] = shared;
+  version_.fetch_add(1, std::memory_order_relaxed);
+  return shared;
+}
+
+std::shared_ptr<Allocation> Registry::find(CUdeviceptr ptr) const {
+  std::lock_guard lock(mu_);
+  auto it = managed_.upper_bound(ptr);
+  if (it == managed_.begin()) return nullptr;
+  --it;
+  const Allocation& a = *it->second;
+  if (ptr - a.base < a.mapped) return it->second;
+  return nullptr;
+}
+
+std::shared_ptr<Allocation> Registry::remove(CUdeviceptr base) {
+  std::lock_guard lock(mu_);
+  auto it = managed_.find(base);
+  if (it == managed_.end()) return nullptr;
+  auto a = std::move(it->second);
+  managed_.erase(it);
+  version_.fetch_add(1, std::memory_order_relaxed);
+  return a;
+}
+
+std::vector<std::shared_ptr<Allocation>> Registry::snapshot() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<Allocation>> out;
+  out.reserve(managed_.size());
+  for (const auto& [base, a] : managed_) out.push_back(a);
+  return out;
+}
+
+void Registry::add_unmanaged(CUdeviceptr ptr, std::size_t bytes, proto::Unmanaged reason) noexcept {
+  std::lock_guard lock(mu_);
+  decltype(native_)::iterator it;
+  bool inserted;
+  try {
+    std::tie(it, inserted) = native_.try_emplace(ptr, Native{bytes, reason});
+  } catch (...) {
+    return;
+  }
+  if (!inserted) {
+    // The driver reused an address we missed the free of: replace the stale record.
+    unmanaged_bytes_[static_cast<std::size_t>(it->second.reason)] -= it->second.bytes;
+    it->second = Native{bytes, reason};
+  }
+  unmanaged_bytes_[static_cast<std::size_t>(reason)] += bytes;
+  version_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Registry::remove_unmanaged(CUdeviceptr ptr) noexcept {
+  std::lock_guard lock(mu_);
+  auto it = native_.find(ptr);
+  if (it == native_.end()) return false;
+  unmanaged_bytes_[static_cast<std::size_t>(it->second.reason)] -= it->second.bytes;
+  native_.erase(it);
+  version_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+RegistryTotals Registry::totals() const {
+  std::lock_guard lock(mu_);
+  RegistryTotals t;
+  t.unmanaged_bytes = unmanaged_bytes_;
+  for (const auto& [base, a] : managed_) {
+    ++t.managed_allocations;
+    if (a->state.load(std::memory_order_relaxed) == AllocState::Paused) {
+      t.paused_bytes += a->size;
+      ++t.paused_allocations;
+    } else {
+      t.resident_bytes += a->size;
+    }
+  }
+  return t;
+}
+
+}  // namespace tmsdisk::shim

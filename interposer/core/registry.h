@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// Registry of the device memory the shim knows about: managed (VMM-backed, pausable) allocations by
+// base address, and the bytes left to the native allocator with the reason (status reports them).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_api.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::shim {
+
+enum class AllocState : uint8_t { Resident = 0, Paused = 1 };
+
+struct Allocation {
+  uint64_t id = 0;         // stable for the allocation's life; the daemon's blob id
+  CUdeviceptr base = 0;    // start of the reserved virtual range (what the application got)
+  std::size_t size = 0;    // bytes the application asked for: what a pause saves
+  std::size_t mapped = 0;  // size rounded up to the granularity: what is reserved and mapped
+  CUcontext ctx = nullptr;  // context current when it was allocated (synchronized before a pause)
+  CUdevice device = 0;
+  CUmemAllocationProp prop{};            // recreated with exactly these properties on resume
+  std::vector<CUmemAccessDesc> access;   // restored after every resume
+  CUmemGenericAllocationHandle handle = 0;  // physical memory; 0 while paused
+  // Written by the engine (under the registry's op lock), read by status.
+  std::atomic<AllocState> state{AllocState::Resident};
+};
+
+struct RegistryTotals {
+  uint64_t resident_bytes = 0;
+  uint64_t paused_bytes = 0;
+  uint32_t managed_allocations = 0;
+  uint32_t paused_allocations = 0;
+  std::array<uint64_t, proto::kUnmanagedReasons> unmanaged_bytes{};
+};
+
+class Registry {
+ public:
+  // Takes ownership of a new managed allocation and assigns its id. Throws std::bad_alloc.
+  std::shared_ptr<Allocation> add(std::unique_ptr<Allocation> a);
+  // The managed allocation that contains `ptr`, or null.
+  std::shared_ptr<Allocation> find(CUdeviceptr ptr) const;
+  // Removes and returns the managed allocation starting exactly at `base`, or null.
+  std::shared_ptr<Allocation> remove(CUdeviceptr base);
+  // Every managed allocation, in address order.
+  std::vector<std::shared_ptr<Allocation>> snapshot() const;
+
+  // Native allocations, counted so status can show why they are not paused. Out of memory only
+  // loses the accounting, never the allocation.
+  void add_unmanaged(CUdeviceptr ptr, std::size_t bytes, proto::Unmanaged reason) noexcept;
+  // Forgets a native allocation; false if the pointer was not one.
+  bool remove_unmanaged(CUdeviceptr ptr) noexcept;
+
+  RegistryTotals totals() const;
+
+  // Increments on every change, so the control thread can tell when to send a fresh report.
+  uint64_t version() const noexcept { return version_.load(std::memory_order_relaxed); }
+
+  // Held around fork() so the child never inherits a locked mutex.
+  void lock_for_fork() noexcept { mu_.lock(); }
+  void unlock_after_fork() noexcept { mu_.unlock(); }
+
+ private:
+  struct Native {
+    std::size_t bytes;
+    proto::Unmanaged reason;
+  };
+  mutable std::mutex mu_;
+  std::map<CUdeviceptr, std::shared_ptr<Allocation>> managed_;
+  std::unordered_map<CUdeviceptr, Native> native_;
+  std::array<uint64_t, proto::kUnmanagedReasons> unmanaged_bytes_{};
+  uint64_t next_id_ = 1;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace tmsdisk::shim

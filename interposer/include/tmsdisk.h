@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tmsdisk.h: the in-process C API of libtmsdisk.so (pause/resume this process's GPU memory).
+ *
+ * Every function returns 0 on success or a negative errno value, never throws and never exits.
+ * From Python:
+ *   lib = ctypes.CDLL("libtmsdisk.so")      # or ctypes.CDLL(None) when it is LD_PRELOADed
+ *   if lib.tmsdisk_pause() != 0: ...
+ * The application must not run CUDA work while a pause is in progress (holding such calls is not
+ * implemented yet). */
+#ifndef TMSDISK_H
+#define TMSDISK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TMSDISK_API_VERSION 1
+
+/* tmsdisk_status.state */
+enum {
+  TMSDISK_STATE_RUNNING = 0,
+  TMSDISK_STATE_PAUSING = 1,
+  TMSDISK_STATE_PAUSED = 2,
+  TMSDISK_STATE_RESUMING = 3,
+  TMSDISK_STATE_PARTIALLY_PAUSED = 4 /* a pause or resume failed half-way; see last_message */
+};
+
+/* Indexes of tmsdisk_status.unmanaged_bytes: why bytes stay resident. */
+enum {
+  TMSDISK_UNMANAGED_SMALL = 0, /* below TMSDISK_MIN_BYTES */
+  TMSDISK_UNMANAGED_EXPORTED = 1,
+  TMSDISK_UNMANAGED_IMPORTED = 2,
+  TMSDISK_UNMANAGED_MULTICAST = 3,
+  TMSDISK_UNMANAGED_POOL = 4,
+  TMSDISK_UNMANAGED_MANAGED_MEMORY = 5,
+  TMSDISK_UNMANAGED_OTHER = 6, /* e.g. the device has no virtual memory management */
+  TMSDISK_UNMANAGED_REASONS = 8
+};
+
+struct tmsdisk_status {
+  uint32_t state;     /* TMSDISK_STATE_* */
+  uint32_t connected; /* 1 while a session with tmsdiskd is open */
+  uint32_t enabled;   /* 1 when libcuda was found and the shim manages allocations */
+  uint32_t managed_allocations;
+  uint32_t paused_allocations;
+  int32_t last_error; /* positive errno of the last pause/resume, 0 if it succeeded */
+  uint64_t session_id;
+  uint64_t resident_bytes; /* managed bytes in GPU memory */
+  uint64_t paused_bytes;   /* managed bytes on disk */
+  uint64_t unmanaged_bytes[TMSDISK_UNMANAGED_REASONS];
+  uint64_t last_pause_bytes;
+  uint64_t last_pause_ns;
+  uint64_t last_resume_bytes;
+  uint64_t last_resume_ns;
+  char last_message[256]; /* what the last pause/resume said, NUL-terminated */
+};
+
+/* Pauses this process: every managed allocation is written to disk through tmsdiskd and its GPU
+ * memory released; virtual addresses stay valid. Blocks until done. Returns 0, or -errno:
+ * -EBUSY (another pause/resume runs), -ENOSPC (no room on disk: nothing changed), -ECONNREFUSED or
+ * -ENOENT (no daemon), -ENOTSUP (no usable libcuda), -EIO... On failure, allocations not yet
+ * written stay resident and intact; the state says whether some are paused. */
+int tmsdisk_pause(void);
+
+/* Brings every paused allocation back at its address, verified against its checksums. Returns 0 or
+ * -errno (-EBADMSG: a chunk failed verification; that allocation stays paused, its file is kept). */
+int tmsdisk_resume(void);
+
+/* Fills the first `size` bytes of *status (pass sizeof(struct tmsdisk_status)); fields added in
+ * later versions go at the end. Returns 0 or -EINVAL. */
+int tmsdisk_status(struct tmsdisk_status* status, size_t size);
+
+/* "tmsdisk <version>"; static storage. */
+const char* tmsdisk_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TMSDISK_H */

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Sets up and runs every test: installs dependencies, builds with -Werror, runs CTest; then builds
+# the daemon, tools and tests with ASan+UBSan and runs them again; then fuzzes the protocol decoder
+# for a bounded time. GPU tests are not part of this (see tests/gpu/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=$(nproc)
+
+cmake -S . -B build -G Ninja -DTMSDISK_WERROR=ON
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+cmake -S . -B build-asan -G Ninja -DTMSDISK_WERROR=ON -DTMSDISK_SANITIZE=ON
+cmake --build build-asan -j"$jobs"
+ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DTMSDISK_BUILD_FUZZ=ON -DTMSDISK_FUZZ_SECONDS="${TMSDISK_FUZZ_SECONDS:-60}"
+cmake --build build-fuzz -j"$jobs" --target fuzz_decode
+ctest --test-dir build-fuzz --output-on-failure -R fuzz_decode

@@ -1,0 +1,562 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsdiskd end to end: a real daemon on a temp socket and temp roots, driven by a client that plays
+// the shim's role. Each TEST_CASE runs as its own CTest test; one that cannot run here exits 77.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "client.h"
+#include "server.h"
+#include "test_support.h"
+#include "tmsdisk/protocol/socket.h"
+
+namespace fs = std::filesystem;
+using namespace tmsdisk;
+using namespace tmsdisk::testing;
+using proto::BlobSize;
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20;
+
+[[noreturn]] void skip(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(77);
+}
+
+// Waits for a condition the daemon makes true asynchronously (e.g. a closed session's teardown),
+// checking it every millisecond up to a deadline; the assertion is on the condition, not the time.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+struct Daemon {
+  TempDir dir{test_tmp_root()};
+  std::string socket = dir / "d.sock";
+  std::vector<std::string> roots;
+  DaemonProcess proc;
+
+  explicit Daemon(int nroots = 1) {
+    for (int i = 0; i < nroots; ++i) {
+      roots.push_back(dir / ("root" + std::to_string(i)));
+      fs::create_directories(roots.back());
+    }
+  }
+  std::vector<std::string> args(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> a{"--socket", socket, "--log-level", "debug"};
+    for (auto& r : roots) a.insert(a.end(), {"--root", r});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  void start(std::vector<std::string> extra = {}) {
+    int rc = proc.start(TMSDISK_DAEMON_PATH, args(extra));
+    INFO(proc.log());
+    REQUIRE(rc == 0);
+  }
+  ShimClient shim(ShimClient::Options o = {}) {
+    if (!o.staging_bytes) o.staging_bytes = 32 * MiB;
+    if (!o.slot_bytes) o.slot_bytes = 4 * MiB;
+    auto c = ShimClient::connect(socket, o);
+    INFO((c ? "" : c.error().describe()));
+    REQUIRE(c);
+    return std::move(c.value());
+  }
+  ctl::Client control() {
+    auto c = ctl::Client::connect(socket);
+    REQUIRE(c);
+    return std::move(c.value());
+  }
+  std::size_t session_count() {
+    auto c = ctl::Client::connect(socket);
+    if (!c) return 999;
+    auto s = c->list_sessions();
+    return s ? s->size() : 999;
+  }
+  std::string rank_dir(std::size_t root, const std::string& job, int64_t rank, pid_t pid) const {
+    return roots[root] + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" +
+           std::to_string(pid);
+  }
+};
+
+int expect_error(ShimClient& c, const proto::Message& m) {
+  auto r = c.call(m);
+  if (r) return 0;
+  return r.error().errnum();
+}
+
+// Sends raw bytes on a fresh connection and returns the daemon's error code (0 if none).
+int raw_exchange(const std::string& socket, const std::vector<uint8_t>& bytes) {
+  UniqueFd fd(proto::connect_seqpacket(socket));
+  REQUIRE(fd);
+  REQUIRE(proto::send_message(fd.get(), bytes) == 0);
+  std::vector<uint8_t> buf;
+  long n = proto::recv_message(fd.get(), buf);
+  if (n <= 0) return 0;
+  auto d = proto::decode(buf);
+  REQUIRE(d.envelope);
+  auto* e = std::get_if<proto::ErrorReply>(&d.envelope->body);
+  if (!e) return 0;
+  // The daemon closes a connection after a protocol violation.
+  CHECK(proto::recv_message(fd.get(), buf) == 0);
+  return e->code;
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (auto& e : fs::recursive_directory_iterator(dir)) {
+    struct stat st{};
+    if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+const std::vector<BlobSize> kBlobs = {{1, 160 * MiB}, {2, 100 * MiB + 12345}, {3, 3 * 4096 + 1}, {4, 40 * MiB}};
+
+}  // namespace
+
+TEST_CASE("round trip of a few hundred MiB striped over two roots, repeated pauses keep disk usage constant") {
+  Daemon d(2);
+  d.start();
+  auto c = d.shim({.job = "rt", .rank = 3});
+  REQUIRE(c.welcome().slot_count == 8);
+  const std::string dir0 = d.rank_dir(0, "rt", 3, ::getpid());
+  const std::string dir1 = d.rank_dir(1, "rt", 3, ::getpid());
+  CHECK(c.welcome().rank_dir == dir0);
+
+  uint64_t usage = 0;
+  for (int cycle = 1; cycle <= 3; ++cycle) {
+    REQUIRE(c.reserve(kBlobs));
+    auto w = c.write_all(kBlobs, fill_pattern);
+    INFO((w ? "" : w.error().describe()));
+    REQUIRE(w);
+    REQUIRE(c.commit(proto::CommitState::Paused, cycle));
+    CHECK(fs::exists(dir0 + "/data"));
+    CHECK(fs::exists(dir1 + "/data"));
+    CHECK(fs::exists(dir0 + "/manifest"));
+    struct stat st{};
+    REQUIRE(::stat(dir0.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+    const uint64_t now = dir_bytes(dir0) + dir_bytes(dir1);
+    if (cycle == 1) usage = now;
+    CHECK(now == usage);  // files are overwritten in place, never grown by a repeat
+    auto r = c.read_all(kBlobs, check_pattern);
+    INFO((r ? "" : r.error().describe()));
+    REQUIRE(r);
+    REQUIRE(c.commit(proto::CommitState::Resumed, cycle));
+  }
+  uint64_t total = 0;
+  for (auto& b : kBlobs) total += b.size;
+  CHECK(usage >= total);
+
+  c.close();
+  CHECK(eventually([&] { return d.session_count() == 0; }));
+  CHECK(!fs::exists(dir0));
+  CHECK(!fs::exists(dir1));
+}
+
+TEST_CASE("a smaller set after a larger one recycles extents and drops vanished blobs") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "shrink"});
+  REQUIRE(c.reserve(kBlobs));
+  REQUIRE(c.write_all(kBlobs, fill_pattern));
+  std::vector<BlobSize> fewer = {{2, 100 * MiB + 12345}, {5, 8 * MiB}};
+  REQUIRE(c.reserve(fewer));
+  REQUIRE(c.write_all(fewer, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused, 2));
+  REQUIRE(c.read_all(fewer, check_pattern));
+  proto::Read gone;
+  gone.slot = 0;
+  gone.length = 4 * MiB;
+  gone.blob = 1;
+  CHECK(expect_error(c, gone) != 0);
+}
+
+TEST_CASE("malformed, truncated, wrong-version and oversized messages are refused and the daemon keeps serving") {
+  Daemon d;
+  d.start();
+  proto::Hello h;
+  h.role = static_cast<uint8_t>(proto::Role::Control);
+  auto good = proto::encode(1, h);
+
+  std::vector<uint8_t> garbage(100, 0x5A);
+  CHECK(raw_exchange(d.socket, garbage) == EPROTO);
+
+  auto truncated = good;
+  truncated.resize(proto::kHeaderSize + 3);
+  CHECK(raw_exchange(d.socket, truncated) == EPROTO);  // header length no longer matches
+
+  auto short_header = good;
+  short_header.resize(10);
+  CHECK(raw_exchange(d.socket, short_header) == EPROTO);
+
+  auto wrong_version = good;
+  wrong_version[4] = 99;
+  CHECK(raw_exchange(d.socket, wrong_version) == EPROTONOSUPPORT);
+
+  std::vector<uint8_t> oversized(70 * 1024, 0);
+  std::memcpy(oversized.data(), good.data(), proto::kHeaderSize);
+  CHECK(raw_exchange(d.socket, oversized) == EMSGSIZE);
+
+  proto::ListSessions before_hello;
+  CHECK(raw_exchange(d.socket, proto::encode(1, before_hello)) == EPROTO);
+
+  // Still serving: a well-behaved client gets a session.
+  auto c = d.shim();
+  CHECK(c.welcome().slot_count > 0);
+}
+
+TEST_CASE("out-of-range slots and extents are answered with errors; the session stays usable") {
+  Daemon d;
+  d.start();
+  auto c = d.shim();
+  REQUIRE(c.reserve({{1, 10 * MiB}}));
+  proto::Write w;
+  w.length = 4 * MiB;
+  w.blob = 1;
+  w.slot = c.welcome().slot_count;  // one past the end
+  CHECK(expect_error(c, w) == ERANGE);
+  w.slot = 0;
+  w.blob = 2;  // never reserved
+  CHECK(expect_error(c, w) != 0);
+  w.blob = 1;
+  w.offset = 4096;  // not a chunk boundary
+  CHECK(expect_error(c, w) != 0);
+  w.offset = 8 * MiB;
+  w.length = 4 * MiB;  // the tail is only 2 MiB
+  CHECK(expect_error(c, w) != 0);
+  w.offset = 12 * MiB;  // past the end
+  w.length = 4096;
+  CHECK(expect_error(c, w) != 0);
+  proto::Read r;
+  r.slot = 0;
+  r.length = 4 * MiB;
+  r.blob = 1;
+  CHECK(expect_error(c, r) == ENODATA);  // reserved but never written
+  CHECK(expect_error(c, proto::Commit{.state = 1, .generation = 1}) == EINVAL);  // chunks missing
+  REQUIRE(c.write_all({{1, 10 * MiB}}, fill_pattern));
+  REQUIRE(c.read_all({{1, 10 * MiB}}, check_pattern));
+}
+
+TEST_CASE("job names with path traversal, backup dirs outside the roots and oversized staging are refused") {
+  Daemon d;
+  d.start();
+  for (std::string bad : {std::string("../../etc"), std::string("a/b"), std::string(".."), std::string(".hidden"), std::string(65, 'x')}) {
+    auto c = ShimClient::connect(d.socket, {.job = bad});
+    REQUIRE_FALSE(c);
+    CHECK(c.error().errnum() == EINVAL);
+  }
+  auto outside = ShimClient::connect(d.socket, {.backup_dir = "/etc"});
+  REQUIRE_FALSE(outside);
+  auto traversal = ShimClient::connect(d.socket, {.backup_dir = d.roots[0] + "/../../etc"});
+  REQUIRE_FALSE(traversal);
+  auto inside = ShimClient::connect(d.socket, {.staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB, .backup_dir = d.roots[0]});
+  CHECK(inside);
+  auto huge = ShimClient::connect(d.socket, {.staging_bytes = 1ull << 40});
+  REQUIRE_FALSE(huge);
+  CHECK(huge.error().errnum() == EINVAL);
+}
+
+TEST_CASE("a symlink planted inside a root is never followed") {
+  Daemon d;
+  d.start();
+  TempDir target(test_tmp_root(), "victim");
+  fs::create_symlink(target.path(), d.roots[0] + "/" + std::to_string(::getuid()));
+  auto c = ShimClient::connect(d.socket, {.job = "sym"});
+  REQUIRE_FALSE(c);
+  CHECK(fs::is_empty(target.path()));
+}
+
+TEST_CASE("a tmpfs root is refused with the reason, unless allowed") {
+  struct statfs_probe {
+    static bool is_tmpfs(const char* p) {
+      struct stat st{};
+      return ::stat(p, &st) == 0 && std::system((std::string("stat -f -c %T ") + p + " | grep -q tmpfs").c_str()) == 0;
+    }
+  };
+  if (!statfs_probe::is_tmpfs("/dev/shm")) skip("/dev/shm is not a tmpfs on this machine");
+  TempDir shm("/dev/shm", "tmsdisk-tmpfs");
+  Daemon d;
+  d.roots = {shm.path()};
+  int rc = d.proc.start(TMSDISK_DAEMON_PATH, d.args());
+  CHECK(rc != 0);
+  CHECK(d.proc.log().find("tmpfs") != std::string::npos);
+  DaemonProcess allowed;
+  CHECK(allowed.start(TMSDISK_DAEMON_PATH, d.args({"--allow-tmpfs"})) == 0);
+}
+
+TEST_CASE("a second daemon on the same socket refuses to start and the first keeps serving") {
+  Daemon d;
+  d.start();
+  DaemonProcess second;
+  CHECK(second.start(TMSDISK_DAEMON_PATH, d.args()) != 0);
+  CHECK(second.log().find("another tmsdiskd") != std::string::npos);
+  auto c = d.shim();
+  CHECK(c.welcome().slot_count > 0);
+}
+
+TEST_CASE("a client of another uid cannot see or pause someone else's ranks") {
+  if (::geteuid() != 0) skip("needs root to switch to another uid");
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "owned"});
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    auto ctl = ctl::Client::connect(d.socket);
+    if (!ctl) ::_exit(ctl.error().errnum() == EACCES ? 77 : 11);
+    auto list = ctl->list_sessions();
+    if (!list || !list->empty()) ::_exit(12);
+    proto::Control req;
+    req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+    req.match = proto::kMatchJob;
+    req.job = "owned";
+    auto r = ctl->control(req);
+    ::_exit(!r && r.error().errnum() == EPERM ? 0 : 13);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) skip("uid 65534 cannot reach the test socket (parent directory permissions)");
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a client that vanishes mid-transfer leaves no files and does not disturb others") {
+  Daemon d;
+  d.start();
+  auto other = d.shim({.job = "bystander", .rank = 1});
+  REQUIRE(other.reserve({{1, 16 * MiB}}));
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto c = ShimClient::connect(d.socket, {.job = "vanish", .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    if (!c || !c->reserve({{1, 64 * MiB}})) ::_exit(1);
+    for (uint32_t s = 0; s < c->welcome().slot_count; ++s) {
+      proto::Write w;
+      w.slot = s;
+      w.length = 4 * MiB;
+      w.blob = 1;
+      w.offset = uint64_t{s} * 4 * MiB;
+      (void)c->send(w);
+    }
+    ::_exit(0);  // gone with writes in flight
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(eventually([&] { return d.session_count() == 1; }));
+  CHECK(eventually([&] { return !fs::exists(d.roots[0] + "/" + std::to_string(::getuid()) + "/vanish"); }));
+  REQUIRE(other.write_all({{1, 16 * MiB}}, fill_pattern));
+  REQUIRE(other.read_all({{1, 16 * MiB}}, check_pattern));
+}
+
+TEST_CASE("a corrupted byte in a backup file is detected on read") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "corrupt"});
+  const std::vector<BlobSize> blobs = {{1, 20 * MiB}};
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  const std::string data = d.rank_dir(0, "corrupt", 0, ::getpid()) + "/data";
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f);
+    f.seekg(4 * MiB + 100);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x01);
+    f.seekp(4 * MiB + 100);
+    f.write(&b, 1);
+  }
+  ::sync();
+  // The page cache may hold the old byte for a buffered fallback; O_DIRECT reads see the disk.
+  auto r = c.read_all(blobs, check_pattern);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().errnum() == EBADMSG);
+  CHECK(fs::exists(data));  // the file is kept for inspection
+}
+
+TEST_CASE("killing a client with SIGKILL removes its directory") {
+  Daemon d;
+  d.start();
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto c = ShimClient::connect(d.socket, {.job = "killed", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    if (!c || !c->reserve({{1, 8 * MiB}}) || !c->write_all({{1, 8 * MiB}}, fill_pattern)) ::_exit(1);
+    char x = 1;
+    (void)!::write(ready[1], &x, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char x = 0;
+  REQUIRE(::read(ready[0], &x, 1) == 1);
+  ::close(ready[0]);
+  const std::string dir = d.rank_dir(0, "killed", 0, child);
+  REQUIRE(fs::exists(dir + "/data"));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  CHECK(eventually([&] { return !fs::exists(dir); }));
+}
+
+TEST_CASE("files of a live rank survive a daemon restart and the rank resumes from the manifest") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "restart", .rank = 2});
+  const uint64_t token = c.welcome().token;
+  const std::vector<BlobSize> blobs = {{7, 30 * MiB + 5}};
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  const std::string dir = d.rank_dir(0, "restart", 2, ::getpid());
+  CHECK(d.proc.stop() == 0);
+  c.close();
+  CHECK(fs::exists(dir + "/data"));
+  d.start();  // the startup sweep must keep a live owner's files
+  CHECK(fs::exists(dir + "/manifest"));
+  auto wrong = ShimClient::connect(d.socket, {.job = "restart", .rank = 2, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token + 1});
+  REQUIRE_FALSE(wrong);
+  auto again = d.shim({.job = "restart", .rank = 2, .token = token});
+  CHECK(again.welcome().restored == 1);
+  auto r = again.read_all(blobs, check_pattern);
+  INFO((r ? "" : r.error().describe()));
+  CHECK(r);
+}
+
+TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones") {
+  Daemon d;
+  d.start();
+  auto live = d.shim({.job = "gc"});
+  // A dead rank's directory as a crashed daemon would leave it: owner names a finished process.
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string dead = d.rank_dir(0, "gc", 9, child);
+  fs::create_directories(dead);
+  {
+    std::ofstream(dead + "/owner") << "tmsdisk-owner 1\npid " << child << "\nstart_time 1\ntoken 1\nuid " << ::getuid() << "\njob gc\nrank 9\n";
+    std::ofstream(dead + "/data") << std::string(8192, 'x');
+  }
+  auto ctl = d.control();
+  auto r = ctl.gc();
+  REQUIRE(r);
+  CHECK(r->removed_dirs == 1);
+  CHECK(!fs::exists(dead));
+  CHECK(fs::exists(d.rank_dir(0, "gc", 0, ::getpid())));
+}
+
+TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem") {
+  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
+  TempDir base(test_tmp_root(), "enospc");
+  const std::string image = base / "fs.img";
+  const std::string mnt = base / "mnt";
+  fs::create_directories(mnt);
+  if (std::system(("truncate -s 96M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
+    skip("mkfs.ext4 unavailable");
+  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0)
+    skip("cannot loop-mount here (no loop devices or no privilege)");
+  struct Unmount {
+    std::string m;
+    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
+  } unmount{mnt};
+  Daemon d;
+  d.roots = {mnt};
+  d.start();
+  auto c = d.shim({.job = "full"});
+  const std::vector<BlobSize> fits = {{1, 40 * MiB}};
+  REQUIRE(c.reserve(fits));
+  REQUIRE(c.write_all(fits, fill_pattern));
+  auto too_big = c.reserve({{1, 40 * MiB}, {2, 200 * MiB}});
+  REQUIRE_FALSE(too_big);
+  CHECK(too_big.error().errnum() == ENOSPC);
+  INFO(too_big.error().describe());
+  // Nothing changed: the earlier set is still there, written data intact.
+  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  REQUIRE(c.read_all(fits, check_pattern));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Faults injected into the I/O engine of an in-process server.
+
+namespace {
+struct InProcessDaemon {
+  TempDir dir{test_tmp_root()};
+  std::string socket = dir / "d.sock";
+  std::unique_ptr<server::Server> srv;
+  std::thread loop;
+  explicit InProcessDaemon(std::function<int(const io::Request&, int)> fault) {
+    fs::create_directories(dir / "root");
+    server::Config cfg;
+    cfg.roots = {dir / "root"};
+    cfg.socket_path = socket;
+    cfg.io_fault = std::move(fault);
+    auto s = server::Server::create(cfg);
+    INFO((s ? "" : s.error().describe()));
+    REQUIRE(s);
+    srv = std::move(s.value());
+    loop = std::thread([this] { (void)srv->run(); });
+  }
+  ~InProcessDaemon() {
+    srv->stop();
+    loop.join();
+  }
+};
+}  // namespace
+
+TEST_CASE("EIO during a write reaches the client; other sessions are unaffected; no files remain") {
+  std::atomic<bool> fail_next_write{false};
+  InProcessDaemon d([&](const io::Request& r, int raw) {
+    if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;
+    return raw;
+  });
+  auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+  auto bystander = ShimClient::connect(d.socket, {.job = "ok", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+  REQUIRE(victim);
+  REQUIRE(bystander);
+  REQUIRE(victim->reserve({{1, 16 * MiB}}));
+  fail_next_write = true;
+  auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
+  REQUIRE_FALSE(w);
+  CHECK(w.error().errnum() == EIO);
+  CHECK(victim->commit(proto::CommitState::Paused, 1).ok() == false);  // a chunk is missing
+  REQUIRE(bystander->reserve({{1, 16 * MiB}}));
+  REQUIRE(bystander->write_all({{1, 16 * MiB}}, fill_pattern));
+  REQUIRE(bystander->read_all({{1, 16 * MiB}}, check_pattern));
+  const std::string job_dir = d.dir / ("root/" + std::to_string(::getuid()) + "/eio");
+  victim->close();
+  CHECK(eventually([&] { return !fs::exists(job_dir); }));
+}
+
+TEST_CASE("short writes and reads are resubmitted and the data survives intact") {
+  std::atomic<int> shortened{0};
+  InProcessDaemon d([&](const io::Request& r, int raw) {
+    // Every other completion moves only half the bytes (kept 4 KiB aligned for O_DIRECT).
+    if (raw > 8192 && (shortened.fetch_add(1) % 2 == 0)) return static_cast<int>((r.length / 2) & ~4095u);
+    return raw;
+  });
+  auto c = ShimClient::connect(d.socket, {.job = "short", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+  REQUIRE(c);
+  const std::vector<BlobSize> blobs = {{1, 24 * MiB + 777}};
+  REQUIRE(c->reserve(blobs));
+  REQUIRE(c->write_all(blobs, fill_pattern));
+  REQUIRE(c->commit(proto::CommitState::Paused, 1));
+  REQUIRE(c->read_all(blobs, check_pattern));
+  CHECK(shortened.load() > 4);
+}

@@ -1,0 +1,913 @@
+// SPDX-License-Identifier: Apache-2.0
+// Storage: name validation, roots, rank directories, extents, checksums, manifests and the sweep.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "extent_allocator.h"
+#include "storage.h"
+#include "storage_test_util.h"
+#include "storage_testing.h"
+#include "tmsdisk/common/proc.h"
+
+using namespace tmsdisk;
+using namespace tmsdisk::storage;
+using storage_test::exists;
+using storage_test::mode_of;
+using storage_test::my_identity;
+using storage_test::TempDir;
+using storage_test::usage_of;
+
+namespace {
+
+constexpr uint32_t kChunk = 64 * 1024;
+
+Roots open_roots(const std::vector<std::string>& paths) {
+  auto r = Roots::open(paths, false);
+  INFO((r ? std::string() : r.error().describe()));
+  REQUIRE(r);
+  return std::move(r).value();
+}
+
+std::unique_ptr<RankStore> make_store(Roots& roots, const RankIdentity& id, uint32_t chunk = kChunk) {
+  auto s = RankStore::create(roots, id, chunk);
+  INFO((s ? std::string() : s.error().describe()));
+  REQUIRE(s);
+  return std::move(s).value();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// A pid that existed and is gone (reaped), with the start time it had: an owner that provably died.
+pid_t dead_process(uint64_t& start_time) {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) ::_exit(0);
+  // Until reaped, the exited child is a zombie whose /proc/<pid>/stat is still readable.
+  auto st = process_start_time(pid);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(st);
+  start_time = *st;
+  REQUIRE_FALSE(process_alive(pid, start_time));
+  return pid;
+}
+
+RankIdentity dead_identity(const std::string& job, int64_t rank = 0) {
+  uint64_t start = 0;
+  pid_t pid = dead_process(start);
+  RankIdentity id = storage_test::identity_of(pid, job, rank);
+  id.start_time = start;
+  return id;
+}
+
+void fill_checksums(RankStore& store, const std::vector<proto::BlobSize>& set, uint64_t salt = 0) {
+  for (const auto& b : set) {
+    for (uint64_t off = 0; off < b.size; off += kChunk) REQUIRE(store.record_checksum(b.id, off, b.id * 1000 + off + salt));
+  }
+}
+
+// Writes `fill` over the chunk through its Location, as the I/O engine would (aligned for O_DIRECT).
+void write_chunk(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  auto loc = store.locate(blob, off, len);
+  REQUIRE(loc);
+  void* buf = std::aligned_alloc(kIoAlignment, loc->io_length);
+  REQUIRE(buf);
+  std::memset(buf, fill, loc->io_length);
+  ssize_t n = ::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
+  std::free(buf);
+  REQUIRE(n == static_cast<ssize_t>(loc->io_length));
+}
+
+bool chunk_is(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  auto loc = store.locate(blob, off, len);
+  REQUIRE(loc);
+  auto* buf = static_cast<unsigned char*>(std::aligned_alloc(kIoAlignment, loc->io_length));
+  REQUIRE(buf);
+  ssize_t n = ::pread(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
+  bool same = n == static_cast<ssize_t>(loc->io_length) &&
+              std::all_of(buf, buf + len, [fill](unsigned char c) { return c == fill; });
+  std::free(buf);
+  return same;
+}
+
+uint64_t offset_of(const RankStore& store, uint64_t blob, uint64_t off, uint64_t size) {
+  auto loc = store.locate(blob, off, static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)));
+  INFO((loc ? std::string() : loc.error().describe()));
+  REQUIRE(loc);
+  return loc->file_offset;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("valid_name accepts plain names and refuses traversal") {
+  CHECK(valid_name("job1"));
+  CHECK(valid_name("A-b_c.9"));
+  CHECK(valid_name(std::string(64, 'x')));
+  CHECK_FALSE(valid_name(std::string(65, 'x')));
+  CHECK_FALSE(valid_name(""));
+  CHECK_FALSE(valid_name("."));
+  CHECK_FALSE(valid_name(".."));
+  CHECK_FALSE(valid_name(".hidden"));
+  CHECK_FALSE(valid_name("../etc"));
+  CHECK_FALSE(valid_name("a/b"));
+  CHECK_FALSE(valid_name("/"));
+  CHECK_FALSE(valid_name(std::string_view("a\0b", 3)));
+  CHECK_FALSE(valid_name("a b"));
+  CHECK_FALSE(valid_name("caf\xc3\xa9"));
+  CHECK_FALSE(valid_name("a\nb"));
+}
+
+TEST_CASE("rank directory names map an undeclared rank to the pid") {
+  RankIdentity id;
+  id.uid = 7;
+  id.job = "j";
+  id.pid = 4242;
+  id.rank = 3;
+  CHECK(rank_dir_name(id) == "rank3-4242");
+  CHECK(rank_relative_dir(id) == "7/j/rank3-4242");
+  id.rank = -1;
+  CHECK(rank_dir_name(id) == "rank4242-4242");
+}
+
+TEST_CASE("Roots::open refuses missing, symlinked, duplicate and non-directory roots") {
+  TempDir tmp;
+  std::filesystem::create_directory(tmp / "real");
+  std::filesystem::create_directory_symlink(tmp / "real", tmp / "link");
+  write_text(tmp / "file", "x");
+
+  auto missing = Roots::open({tmp / "nope"}, false);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().errnum() == ENOENT);
+  CHECK_THAT(missing.error().message, Catch::Contains("does not exist"));
+
+  auto link = Roots::open({tmp / "link"}, false);
+  REQUIRE_FALSE(link);
+  CHECK(link.error().errnum() == ELOOP);
+  CHECK_THAT(link.error().message, Catch::Contains("symbolic link"));
+
+  auto file = Roots::open({tmp / "file"}, false);
+  REQUIRE_FALSE(file);
+  CHECK(file.error().errnum() == ENOTDIR);
+
+  auto dup = Roots::open({tmp / "real", tmp.path() + "//real/./"}, false);
+  REQUIRE_FALSE(dup);
+  CHECK_THAT(dup.error().message, Catch::Contains("same directory"));
+
+  auto dots = Roots::open({tmp / "real/../real"}, false);
+  REQUIRE_FALSE(dots);
+  CHECK(dots.error().errnum() == EINVAL);
+
+  auto none = Roots::open({}, false);
+  REQUIRE_FALSE(none);
+  CHECK_THAT(none.error().message, Catch::Contains("--root"));
+
+  Roots ok = open_roots({tmp.path() + "//real/."});
+  REQUIRE(ok.size() == 1);
+  CHECK(ok[0].path == tmp / "real");
+  auto free = ok.free_bytes(0);
+  REQUIRE(free);
+  CHECK(*free > 0);
+  CHECK_FALSE(ok.free_bytes(1));
+}
+
+TEST_CASE("Roots::open makes a relative root absolute") {
+  TempDir tmp;
+  auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(tmp.path());
+  std::filesystem::create_directory("rel");
+  auto r = Roots::open({"rel"}, false);
+  std::filesystem::current_path(cwd);
+  REQUIRE(r);
+  CHECK((*r)[0].path == tmp / "rel");
+}
+
+TEST_CASE("root_for matches TMS_DISK_BACKUP_DIR lexically under a root") {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp / "a/sub");
+  std::filesystem::create_directories(tmp / "b");
+  Roots roots = open_roots({tmp / "a", tmp / "b", tmp / "a/sub"});
+
+  auto in_a = roots.root_for(tmp.path() + "/a//x/./y");
+  REQUIRE(in_a);
+  CHECK(*in_a == 0);
+  auto exact = roots.root_for(tmp / "b");
+  REQUIRE(exact);
+  CHECK(*exact == 1);
+  auto nested = roots.root_for(tmp / "a/sub/rank");  // the most specific root wins
+  REQUIRE(nested);
+  CHECK(*nested == 2);
+
+  auto sibling = roots.root_for(tmp / "ab");  // a prefix of the string, not of the path
+  REQUIRE_FALSE(sibling);
+  CHECK_THAT(sibling.error().message, Catch::Contains("not under a storage root"));
+  CHECK_THAT(sibling.error().message, Catch::Contains(tmp / "a"));
+
+  auto escape = roots.root_for(tmp / "a/../../etc");
+  REQUIRE_FALSE(escape);
+  CHECK(escape.error().errnum() == EINVAL);
+  CHECK_FALSE(roots.root_for("relative/path"));
+  CHECK_FALSE(roots.root_for(""));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("create makes the rank directory with its modes, owner and data file; remove deletes it") {
+  ::umask(022);
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("job1", 3);
+  auto store = make_store(roots, id);
+
+  const std::string uid_dir = root / "1000";
+  const std::string job_dir = uid_dir + "/job1";
+  const std::string rank_dir = job_dir + "/rank3-" + std::to_string(::getpid());
+  CHECK(store->dir_path() == rank_dir);
+  CHECK(store->relative_dir() == "1000/job1/rank3-" + std::to_string(::getpid()));
+  CHECK(mode_of(uid_dir) == 0711);
+  CHECK(mode_of(job_dir) == 0711);
+  CHECK(mode_of(rank_dir) == 0700);
+  CHECK(mode_of(rank_dir + "/owner") == 0600);
+  CHECK(mode_of(rank_dir + "/data") == 0600);
+  CHECK_FALSE(exists(rank_dir + "/owner.tmp"));
+
+  std::string owner = read_text(rank_dir + "/owner");
+  CHECK_THAT(owner, Catch::Contains("pid " + std::to_string(::getpid()) + "\n"));
+  CHECK_THAT(owner, Catch::Contains("start_time " + std::to_string(id.start_time) + "\n"));
+  CHECK_THAT(owner, Catch::Contains("token 1234\n"));
+  CHECK_THAT(owner, Catch::Contains("uid 1000\n"));
+  CHECK_THAT(owner, Catch::Contains("job job1\n"));
+  CHECK_THAT(owner, Catch::Contains("rank 3\n"));
+
+  // The data file uses O_DIRECT exactly when the root says it can.
+  std::vector<proto::BlobSize> set{{1, kChunk}};
+  REQUIRE(store->reserve(set));
+  auto loc = store->locate(1, 0, kChunk);
+  REQUIRE(loc);
+  int flags = ::fcntl(loc->fd, F_GETFL);
+  CHECK(((flags & O_DIRECT) != 0) == loc->direct_io);
+  CHECK(loc->direct_io == roots[0].direct_io);
+
+  // A second rank of the same job keeps the job directory alive when the first goes.
+  auto other = make_store(roots, my_identity("job1", 4));
+  REQUIRE(store->remove());
+  CHECK_FALSE(exists(rank_dir));
+  CHECK(exists(job_dir));
+  CHECK(store->remove());  // idempotent
+  CHECK_FALSE(store->locate(1, 0, kChunk));
+  REQUIRE(other->remove());
+  CHECK_FALSE(exists(job_dir));
+  CHECK_FALSE(exists(uid_dir));
+  CHECK(exists(root.path()));
+}
+
+TEST_CASE("an undeclared rank lives in rank<pid>-<pid>") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity("job1", -1));
+  std::string pid = std::to_string(::getpid());
+  CHECK(store->dir_path() == root / ("1000/job1/rank" + pid + "-" + pid));
+  CHECK(exists(store->dir_path()));
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("create refuses bad job names and chunk sizes") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  for (const std::string& job : std::vector<std::string>{"..", "a/b", "", ".x", std::string(65, 'j')}) {
+    auto s = RankStore::create(roots, my_identity(job), kChunk);
+    REQUIRE_FALSE(s);
+    CHECK(s.error().errnum() == EINVAL);
+  }
+  CHECK_FALSE(RankStore::create(roots, my_identity(), 1000));
+  CHECK_FALSE(RankStore::create(roots, my_identity(), 0));
+  CHECK(entries(root.path()).empty());
+}
+
+TEST_CASE("symlinks planted inside a root are refused, never followed") {
+  TempDir root;
+  TempDir victim;
+  write_text(victim / "precious", "keep me");
+  Roots roots = open_roots({root.path()});
+  const auto before = entries(victim.path());
+
+  SECTION("as <root>/<uid>") {
+    std::filesystem::create_directory_symlink(victim.path(), root / "1000");
+    auto s = RankStore::create(roots, my_identity(), kChunk);
+    REQUIRE_FALSE(s);
+    CHECK((s.error().errnum() == ELOOP || s.error().errnum() == ENOTDIR));
+    CHECK_THAT(s.error().message, Catch::Contains("symbolic link"));
+  }
+  SECTION("as <root>/<uid>/<job>") {
+    std::filesystem::create_directory(root / "1000");
+    std::filesystem::create_directory_symlink(victim.path(), root / "1000/job1");
+    auto s = RankStore::create(roots, my_identity(), kChunk);
+    REQUIRE_FALSE(s);
+    CHECK((s.error().errnum() == ELOOP || s.error().errnum() == ENOTDIR));
+    CHECK_THAT(s.error().message, Catch::Contains(root / "1000/job1"));
+  }
+  SECTION("as the rank directory") {
+    std::filesystem::create_directories(root / "1000/job1");
+    std::filesystem::create_directory_symlink(victim.path(),
+                                              root / ("1000/job1/rank0-" + std::to_string(::getpid())));
+    auto s = RankStore::create(roots, my_identity(), kChunk);
+    REQUIRE_FALSE(s);
+    CHECK((s.error().errnum() == ELOOP || s.error().errnum() == ENOTDIR));
+  }
+  SECTION("planted in the rank directory before remove()") {
+    auto store = make_store(roots, my_identity());
+    std::filesystem::create_directory_symlink(victim.path(), store->dir_path() + "/evil");
+    REQUIRE(store->remove());
+    CHECK_FALSE(exists(root / "1000"));
+  }
+  CHECK(entries(victim.path()) == before);
+  CHECK(read_text(victim / "precious") == "keep me");
+}
+
+TEST_CASE("a failure on a later root leaves nothing on earlier roots") {
+  TempDir a, b, victim;
+  Roots roots = open_roots({a.path(), b.path()});
+  std::filesystem::create_directory_symlink(victim.path(), b / "1000");
+  auto s = RankStore::create(roots, my_identity(), kChunk);
+  REQUIRE_FALSE(s);
+  CHECK(entries(a.path()).empty());
+  CHECK(entries(victim.path()).empty());
+}
+
+TEST_CASE("create replaces a dead process's directory and refuses a live one's") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+
+  RankIdentity dead = dead_identity("job1");
+  {
+    auto s = make_store(roots, dead);
+    REQUIRE(s->reserve(std::vector<proto::BlobSize>{{1, kChunk}}));
+    write_text(s->dir_path() + "/leftover", "x");
+  }  // destroyed without remove(): as after a daemon crash
+  dead.token = 99;
+  auto again = make_store(roots, dead);
+  CHECK_FALSE(exists(again->dir_path() + "/leftover"));
+  CHECK_THAT(read_text(again->dir_path() + "/owner"), Catch::Contains("token 99\n"));
+  REQUIRE(again->remove());
+
+  { auto live = make_store(roots, my_identity()); }
+  auto dup = RankStore::create(roots, my_identity(), kChunk);
+  REQUIRE_FALSE(dup);
+  CHECK(dup.error().errnum() == EEXIST);
+  CHECK_THAT(dup.error().message, Catch::Contains("token"));
+  CHECK(exists(root / ("1000/job1/rank0-" + std::to_string(::getpid()) + "/owner")));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("extent allocator: growth, first fit, coalescing, reuse") {
+  constexpr uint64_t P = 4096;
+  ExtentAllocator a(P);
+  CHECK(a.allocate(2 * P) == 0u);
+  CHECK(a.allocate(P) == 2 * P);
+  CHECK(a.allocate(3 * P) == 3 * P);
+  CHECK(a.end() == 6 * P);
+  CHECK(a.used_bytes() == 6 * P);
+  CHECK_FALSE(a.allocate(0));
+  CHECK_FALSE(a.allocate(P + 1));
+
+  SECTION("first fit takes the lowest hole that is large enough") {
+    REQUIRE(a.release(0, 2 * P));
+    REQUIRE(a.release(3 * P, 3 * P));  // touches the end: stays free until trimmed
+    CHECK(a.allocate(3 * P) == 3 * P);  // the hole at 0 is too small
+    CHECK(a.allocate(P) == 0u);         // first fit: the lowest hole
+    CHECK(a.allocate(P) == P);
+    CHECK(a.free_bytes() == 0);
+    CHECK(a.end() == 6 * P);
+  }
+  SECTION("neighbouring free extents coalesce") {
+    REQUIRE(a.release(0, 2 * P));
+    REQUIRE(a.release(3 * P, 3 * P));
+    CHECK(a.free_extents().size() == 2);
+    REQUIRE(a.release(2 * P, P));  // bridges both
+    REQUIRE(a.free_extents().size() == 1);
+    CHECK(a.free_extents().begin()->first == 0u);
+    CHECK(a.free_extents().begin()->second == 6 * P);
+    CHECK(a.allocate(6 * P) == 0u);  // reused whole, no growth
+    CHECK(a.end() == 6 * P);
+  }
+  SECTION("a free tail grows instead of leaving a hole") {
+    REQUIRE(a.release(3 * P, 3 * P));
+    CHECK(a.allocate(5 * P) == 3 * P);
+    CHECK(a.end() == 8 * P);
+    CHECK(a.free_bytes() == 0);
+  }
+  SECTION("trim_tail drops the free end") {
+    REQUIRE(a.release(2 * P, 4 * P));
+    a.trim_tail();
+    CHECK(a.end() == 2 * P);
+    CHECK(a.free_extents().empty());
+    CHECK(a.allocate(P) == 2 * P);
+  }
+  SECTION("bad releases are refused and change nothing") {
+    REQUIRE(a.release(0, 2 * P));
+    CHECK_FALSE(a.release(0, 2 * P));      // double free
+    CHECK_FALSE(a.release(P, 2 * P));      // overlaps a free extent
+    CHECK_FALSE(a.release(2 * P + 1, P));  // misaligned
+    CHECK_FALSE(a.release(5 * P, 2 * P));  // past the end
+    CHECK_FALSE(a.release(2 * P, 0));
+    CHECK(a.free_bytes() == 2 * P);
+    CHECK(a.free_extents().size() == 1);
+  }
+  SECTION("claim rebuilds used extents inside a free file") {
+    ExtentAllocator b = ExtentAllocator::with_free_file(P, 8 * P);
+    CHECK(b.claim(2 * P, 2 * P));
+    CHECK(b.claim(6 * P, 2 * P));
+    CHECK_FALSE(b.claim(3 * P, 2 * P));  // overlaps a used extent
+    CHECK_FALSE(b.claim(8 * P, P));      // past the end
+    CHECK(b.used_bytes() == 4 * P);
+    CHECK(b.allocate(2 * P) == 0u);
+    CHECK(b.allocate(2 * P) == 4 * P);
+    CHECK(b.free_bytes() == 0);
+  }
+}
+
+TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped extents") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity());
+  const std::string data = store->dir_path() + "/data";
+
+  // Blob 1: three full chunks and a 3392-byte tail rounded up to 4096.
+  const uint64_t b1 = 3 * kChunk + 3392;
+  std::vector<proto::BlobSize> set{{1, b1}, {2, kChunk}};
+  REQUIRE(store->reserve(set));
+  CHECK(store->disk_bytes() == 3 * kChunk + 4096 + kChunk);
+  CHECK(store->missing_chunks() == 5);
+  CHECK(store->blobs().size() == 2);
+  const uint64_t off1 = offset_of(*store, 1, 0, b1);
+  const uint64_t off2 = offset_of(*store, 2, 0, kChunk);
+  CHECK(off1 % kIoAlignment == 0);
+  CHECK(offset_of(*store, 1, 3 * kChunk, b1) == off1 + 3 * kChunk);
+  auto tail = store->locate(1, 3 * kChunk, 3392);
+  REQUIRE(tail);
+  CHECK(tail->io_length == 4096);
+  CHECK(usage_of(data).size == store->disk_bytes());
+  CHECK(usage_of(data).blocks * 512 >= store->disk_bytes());  // preallocated, not sparse
+
+  SECTION("repeating the same set keeps extents and disk usage constant") {
+    const auto usage = usage_of(data);
+    for (int i = 0; i < 5; ++i) {
+      fill_checksums(*store, set, static_cast<uint64_t>(i));
+      REQUIRE(store->commit(proto::CommitState::Paused, static_cast<uint64_t>(i)));
+      REQUIRE(store->commit(proto::CommitState::Resumed, static_cast<uint64_t>(i)));
+      REQUIRE(store->reserve(set));
+      CHECK(store->disk_bytes() == 3 * kChunk + 4096 + kChunk);
+      CHECK(usage_of(data) == usage);
+      CHECK(offset_of(*store, 1, 0, b1) == off1);
+      CHECK(offset_of(*store, 2, 0, kChunk) == off2);
+    }
+  }
+  SECTION("a dropped blob's extent is reused by a new one of the same size") {
+    std::vector<proto::BlobSize> next{{2, kChunk}, {3, b1}};
+    REQUIRE(store->reserve(next));
+    CHECK(offset_of(*store, 2, 0, kChunk) == off2);
+    CHECK(offset_of(*store, 3, 0, b1) == off1);
+    CHECK_FALSE(store->locate(1, 0, kChunk));
+    CHECK(usage_of(data).size == 3 * kChunk + 4096 + kChunk);
+  }
+  SECTION("a resized blob moves, the file grows at the end, and shrinks when the tail frees") {
+    std::vector<proto::BlobSize> bigger{{1, b1}, {2, 4 * kChunk}};
+    REQUIRE(store->reserve(bigger));
+    CHECK(offset_of(*store, 1, 0, b1) == off1);
+    CHECK(offset_of(*store, 2, 0, 4 * kChunk) == off1 + 3 * kChunk + 4096);  // off2 + its old extent freed, merged
+    CHECK(store->disk_bytes() == 3 * kChunk + 4096 + 4 * kChunk);
+    CHECK(usage_of(data).size == store->disk_bytes());
+    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, b1}}));
+    CHECK(usage_of(data).size == 3 * kChunk + 4096);
+    REQUIRE(store->reserve(std::vector<proto::BlobSize>{}));
+    CHECK(store->disk_bytes() == 0);
+    CHECK(usage_of(data).size == 0);
+  }
+  SECTION("invalid sets are refused and change nothing") {
+    auto dup = store->reserve(std::vector<proto::BlobSize>{{7, kChunk}, {7, kChunk}});
+    REQUIRE_FALSE(dup);
+    CHECK(dup.error().errnum() == EINVAL);
+    CHECK_THAT(dup.error().message, Catch::Contains("twice"));
+    auto huge = store->reserve(std::vector<proto::BlobSize>{{8, uint64_t{1} << 61}});
+    REQUIRE_FALSE(huge);
+    CHECK(huge.error().errnum() == EFBIG);
+    // More than the disk holds: refused before touching it, with both numbers in the message.
+    auto nospace = store->reserve(std::vector<proto::BlobSize>{{1, b1}, {9, uint64_t{1} << 59}});
+    REQUIRE_FALSE(nospace);
+    CHECK(nospace.error().errnum() == ENOSPC);
+    CHECK_THAT(nospace.error().message, Catch::Contains("needs") && Catch::Contains("free"));
+    CHECK(store->blobs().size() == 2);
+    CHECK(offset_of(*store, 1, 0, b1) == off1);
+    CHECK(offset_of(*store, 2, 0, kChunk) == off2);
+    CHECK(usage_of(data).size == 3 * kChunk + 4096 + kChunk);
+  }
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("blobs stripe chunk by chunk over the roots") {
+  TempDir a, b;
+  Roots roots = open_roots({a.path(), b.path()});
+  auto store = make_store(roots, my_identity());
+  const uint64_t size = 4 * kChunk + 100;  // chunks 0,2,4 on root 0 (4 is the tail); 1,3 on root 1
+  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{5, size}}));
+  CHECK(store->disk_bytes() == 2 * kChunk + 4096 + 2 * kChunk);
+  auto c0 = store->locate(5, 0, kChunk);
+  auto c1 = store->locate(5, kChunk, kChunk);
+  auto c2 = store->locate(5, 2 * kChunk, kChunk);
+  auto c3 = store->locate(5, 3 * kChunk, kChunk);
+  auto c4 = store->locate(5, 4 * kChunk, 100);
+  REQUIRE((c0 && c1 && c2 && c3 && c4));
+  CHECK(c0->fd == c2->fd);
+  CHECK(c0->fd == c4->fd);
+  CHECK(c1->fd == c3->fd);
+  CHECK(c0->fd != c1->fd);
+  CHECK(c2->file_offset == c0->file_offset + kChunk);
+  CHECK(c4->file_offset == c0->file_offset + 2 * kChunk);
+  CHECK(c3->file_offset == c1->file_offset + kChunk);
+  CHECK(c4->io_length == 4096);
+  CHECK(usage_of(a.path() + "/" + store->relative_dir() + "/data").size == 2 * kChunk + 4096);
+  CHECK(usage_of(b.path() + "/" + store->relative_dir() + "/data").size == 2 * kChunk);
+  CHECK_FALSE(exists(b.path() + "/" + store->relative_dir() + "/manifest"));
+  REQUIRE(store->remove());
+  CHECK(entries(a.path()).empty());
+  CHECK(entries(b.path()).empty());
+}
+
+namespace {
+int g_fail_calls = 0;
+int g_fail_at = 0;
+int g_fail_errno = ENOSPC;
+int fail_nth(std::size_t, uint64_t, uint64_t) { return ++g_fail_calls == g_fail_at ? g_fail_errno : 0; }
+}  // namespace
+
+TEST_CASE("reserve is all or nothing when a preallocation fails") {
+  TempDir a, b;
+  Roots roots = open_roots({a.path(), b.path()});
+  auto store = make_store(roots, my_identity());
+  const std::string data_a = a.path() + "/" + store->relative_dir() + "/data";
+  const std::string data_b = b.path() + "/" + store->relative_dir() + "/data";
+  std::vector<proto::BlobSize> first{{1, 3 * kChunk}, {2, 2 * kChunk}};
+  REQUIRE(store->reserve(first));
+  fill_checksums(*store, first);
+  write_chunk(*store, 2, 0, kChunk, 0xa5);
+  write_chunk(*store, 2, kChunk, kChunk, 0x5a);
+  const auto ua = usage_of(data_a);
+  const auto ub = usage_of(data_b);
+  const uint64_t disk = store->disk_bytes();
+  const uint64_t o1 = offset_of(*store, 1, kChunk, 3 * kChunk);
+
+  // The new set drops blob 2 and adds two blobs: four fresh extents; fail each one in turn so the
+  // rollback runs after 0..3 successful preallocations spread over both roots.
+  std::vector<proto::BlobSize> next{{1, 3 * kChunk}, {3, 8 * kChunk}, {4, 2 * kChunk}};
+  int err = GENERATE(ENOSPC, EIO);
+  int at = GENERATE(1, 2, 3, 4);
+  g_fail_calls = 0;
+  g_fail_at = at;
+  g_fail_errno = err;
+  auto prev = testing::set_fallocate_hook(&fail_nth);
+  auto st = store->reserve(next);
+  testing::set_fallocate_hook(prev);
+  REQUIRE_FALSE(st);
+  CHECK(st.error().errnum() == err);
+  if (err == ENOSPC) {
+    CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free"));
+  } else {
+    CHECK_THAT(st.error().message, Catch::Contains("cannot preallocate"));
+  }
+  CHECK(usage_of(data_a) == ua);
+  CHECK(usage_of(data_b) == ub);
+  CHECK(store->disk_bytes() == disk);
+  auto blobs = store->blobs();
+  REQUIRE(blobs.size() == 2);
+  CHECK(blobs[1].id == 2);
+  CHECK(offset_of(*store, 1, kChunk, 3 * kChunk) == o1);
+  CHECK(store->missing_chunks() == 0);  // checksums of the old set survive a refused reserve
+  auto sum = store->expected_checksum(2, kChunk);
+  REQUIRE(sum);
+  CHECK(*sum == 2 * 1000 + kChunk);
+  // Blob 2 is dropped by the refused set and its space would have gone to blob 3: still intact.
+  CHECK(chunk_is(*store, 2, 0, kChunk, 0xa5));
+  CHECK(chunk_is(*store, 2, kChunk, kChunk, 0x5a));
+
+  REQUIRE(store->reserve(next));
+  CHECK(store->blobs().size() == 3);
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("locate validates blob, offset and length") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity());
+  const uint64_t size = 2 * kChunk + 10;
+  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size}, {2, 0}}));
+
+  auto unknown = store->locate(99, 0, kChunk);
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().errnum() == ENOENT);
+  auto misaligned = store->locate(1, 4096, kChunk);
+  REQUIRE_FALSE(misaligned);
+  CHECK(misaligned.error().errnum() == EINVAL);
+  auto short_len = store->locate(1, 0, kChunk - 4096);
+  REQUIRE_FALSE(short_len);
+  CHECK(short_len.error().errnum() == EINVAL);
+  auto long_tail = store->locate(1, 2 * kChunk, kChunk);
+  REQUIRE_FALSE(long_tail);
+  CHECK_THAT(long_tail.error().message, Catch::Contains("is 10 bytes"));
+  auto past = store->locate(1, 3 * kChunk, kChunk);
+  REQUIRE_FALSE(past);
+  CHECK_THAT(past.error().message, Catch::Contains("past the end"));
+  CHECK_FALSE(store->locate(2, 0, 0));  // an empty blob has no chunk
+  auto ok = store->locate(1, 2 * kChunk, 10);
+  REQUIRE(ok);
+  CHECK(ok->io_length == 4096);
+  CHECK(store->missing_chunks() == 3);
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("checksums are kept per chunk and cleared by reserve") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity());
+  std::vector<proto::BlobSize> set{{1, 2 * kChunk}, {2, 100}};
+  REQUIRE(store->reserve(set));
+  CHECK(store->missing_chunks() == 3);
+
+  auto none = store->expected_checksum(1, 0);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().errnum() == ENODATA);
+  CHECK(store->record_checksum(1, 0, 42));
+  CHECK(store->missing_chunks() == 2);
+  CHECK(store->record_checksum(1, 0, 43));  // rewriting a chunk replaces its checksum
+  CHECK(store->missing_chunks() == 2);
+  auto got = store->expected_checksum(1, 0);
+  REQUIRE(got);
+  CHECK(*got == 43);
+
+  CHECK_FALSE(store->record_checksum(3, 0, 1));
+  CHECK_FALSE(store->record_checksum(1, 5, 1));
+  CHECK_FALSE(store->record_checksum(1, 2 * kChunk, 1));
+  CHECK(store->missing_chunks() == 2);
+  CHECK_FALSE(store->expected_checksum(9, 0));
+
+  CHECK(store->record_checksum(1, kChunk, 7));
+  CHECK(store->record_checksum(2, 0, 8));
+  CHECK(store->missing_chunks() == 0);
+  REQUIRE(store->reserve(set));
+  CHECK(store->missing_chunks() == 3);
+  CHECK_FALSE(store->expected_checksum(2, 0));
+  REQUIRE(store->remove());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("commit writes a manifest that adopt restores after a daemon restart") {
+  TempDir a, b;
+  Roots roots = open_roots({a.path(), b.path()});
+  RankIdentity id = my_identity("job1", 2);
+  std::vector<proto::BlobSize> set{{10, 5 * kChunk + 300}, {11, kChunk}, {12, 0}};
+  uint64_t o10 = 0, o11 = 0;
+  std::string manifest;
+  {
+    auto store = make_store(roots, id);
+    manifest = store->dir_path() + "/manifest";
+    REQUIRE(store->reserve(set));
+    fill_checksums(*store, std::vector<proto::BlobSize>{{10, 5 * kChunk + 300}});
+    auto incomplete = store->commit(proto::CommitState::Paused, 1);
+    REQUIRE_FALSE(incomplete);
+    CHECK(incomplete.error().errnum() == EINVAL);
+    CHECK_THAT(incomplete.error().message, Catch::Contains("1 of 7 chunks"));
+    CHECK_FALSE(exists(manifest));
+    CHECK_FALSE(store->paused());
+
+    fill_checksums(*store, set);
+    REQUIRE(store->commit(proto::CommitState::Paused, 7));
+    CHECK(store->paused());
+    CHECK(store->generation() == 7);
+    CHECK(mode_of(manifest) == 0600);
+    CHECK_FALSE(exists(manifest + ".tmp"));
+    o10 = offset_of(*store, 10, 5 * kChunk, 5 * kChunk + 300);
+    o11 = offset_of(*store, 11, 0, kChunk);
+
+    auto busy = store->reserve(set);  // the paused data is the only copy
+    REQUIRE_FALSE(busy);
+    CHECK(busy.error().errnum() == EBUSY);
+  }  // the daemon "exits" without removing anything
+
+  {
+    auto adopted = RankStore::adopt(roots, id, kChunk);
+    INFO((adopted ? std::string() : adopted.error().describe()));
+    REQUIRE(adopted);
+    auto& store = **adopted;
+    CHECK(store.paused());
+    CHECK(store.generation() == 7);
+    auto blobs = store.blobs();
+    REQUIRE(blobs.size() == 3);
+    CHECK(blobs[0].id == 10);
+    CHECK(blobs[0].size == 5 * kChunk + 300);
+    CHECK(blobs[2].size == 0);
+    CHECK(store.missing_chunks() == 0);
+    CHECK(offset_of(store, 10, 5 * kChunk, 5 * kChunk + 300) == o10);
+    CHECK(offset_of(store, 11, 0, kChunk) == o11);
+    auto sum = store.expected_checksum(10, 3 * kChunk);
+    REQUIRE(sum);
+    CHECK(*sum == 10 * 1000 + 3 * kChunk);
+    CHECK(store.disk_bytes() == (3 * kChunk) + (2 * kChunk + 4096) + kChunk);
+
+    // Resume completes: the manifest says so, and the extents stay for the next pause.
+    REQUIRE(store.commit(proto::CommitState::Resumed, 8));
+    CHECK_FALSE(store.paused());
+  }
+  {
+    auto adopted = RankStore::adopt(roots, id, kChunk);
+    REQUIRE(adopted);
+    auto& store = **adopted;
+    CHECK_FALSE(store.paused());
+    CHECK(store.generation() == 8);
+    REQUIRE(store.reserve(set));
+    CHECK(store.missing_chunks() == 7);
+    CHECK(offset_of(store, 10, 5 * kChunk, 5 * kChunk + 300) == o10);
+    CHECK(offset_of(store, 11, 0, kChunk) == o11);
+    // New blobs after an adopt take free space, never space of the adopted extents.
+    REQUIRE(store.reserve(std::vector<proto::BlobSize>{{10, 5 * kChunk + 300}, {11, kChunk}, {13, kChunk}}));
+    uint64_t o13 = offset_of(store, 13, 0, kChunk);
+    CHECK(o13 != o11);
+    CHECK(o13 != offset_of(store, 10, 0, 5 * kChunk + 300));
+    REQUIRE(store.remove());
+  }
+}
+
+TEST_CASE("adopt refuses a wrong owner and starts empty without a manifest") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity();
+  { auto store = make_store(roots, id); }
+
+  RankIdentity wrong_token = id;
+  wrong_token.token = 1;
+  auto t = RankStore::adopt(roots, wrong_token, kChunk);
+  REQUIRE_FALSE(t);
+  CHECK(t.error().errnum() == EPERM);
+  CHECK_THAT(t.error().message, Catch::Contains("another session"));
+
+  RankIdentity wrong_start = id;
+  wrong_start.start_time += 1;
+  auto s = RankStore::adopt(roots, wrong_start, kChunk);
+  REQUIRE_FALSE(s);
+  CHECK(s.error().errnum() == EPERM);
+
+  auto other_job = RankStore::adopt(roots, my_identity("job2"), kChunk);
+  REQUIRE_FALSE(other_job);
+  CHECK(other_job.error().errnum() == ENOENT);
+
+  auto fresh = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(fresh);
+  CHECK_FALSE((*fresh)->paused());
+  CHECK((*fresh)->blobs().empty());
+  REQUIRE((*fresh)->remove());
+}
+
+TEST_CASE("a corrupt manifest is refused") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity();
+  std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  std::string manifest;
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(set));
+    fill_checksums(*store, set);
+    REQUIRE(store->commit(proto::CommitState::Paused, 3));
+    manifest = store->dir_path() + "/manifest";
+  }
+  const std::string good = read_text(manifest);
+  REQUIRE(good.size() > 64);
+
+  auto expect_refused = [&](const std::string& bytes, const char* why) {
+    write_text(manifest, bytes);
+    auto r = RankStore::adopt(roots, id, kChunk);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().errnum() == EBADMSG);
+    CHECK_THAT(r.error().message, Catch::Contains("corrupt") && Catch::Contains(why));
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x40;
+  expect_refused(flipped, "checksum mismatch");
+  std::string magic = good;
+  magic[0] = 'X';
+  expect_refused(magic, "magic");
+  expect_refused(good.substr(0, good.size() - 9), "checksum");
+  expect_refused("", "too short");
+
+  write_text(manifest, good);
+  auto wrong_chunk = RankStore::adopt(roots, id, 2 * kChunk);
+  REQUIRE_FALSE(wrong_chunk);
+  CHECK_THAT(wrong_chunk.error().message, Catch::Contains("chunk size"));
+  auto ok = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(ok);
+  CHECK((*ok)->paused());
+  REQUIRE((*ok)->remove());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("sweep removes dead ranks' directories and nothing else") {
+  TempDir root;
+  TempDir victim;
+  write_text(victim / "precious", "keep me");
+  Roots roots = open_roots({root.path()});
+
+  RankIdentity dead = dead_identity("jobA");
+  RankIdentity held = dead_identity("jobC");
+  RankIdentity live = my_identity("jobB");
+  std::string dead_dir, held_dir, live_dir;
+  uint64_t dead_bytes = 0;
+  for (auto* id : {&dead, &held, &live}) {
+    auto s = make_store(roots, *id);
+    REQUIRE(s->reserve(std::vector<proto::BlobSize>{{1, 4 * kChunk}}));
+    fill_checksums(*s, std::vector<proto::BlobSize>{{1, 4 * kChunk}});
+    REQUIRE(s->commit(proto::CommitState::Paused, 1));
+    if (id == &dead) {
+      dead_dir = s->dir_path();
+      dead_bytes = s->disk_bytes();
+    }
+    if (id == &held) held_dir = s->dir_path();
+    if (id == &live) live_dir = s->dir_path();
+  }  // stores dropped without remove(), as after a daemon restart
+
+  // Things that are not ours: left alone, reported.
+  std::filesystem::create_directories(root / "1000/jobD/notarank");
+  std::filesystem::create_directories(root / "1000/jobD/rank5-77");  // no owner file
+  std::filesystem::create_directory_symlink(victim.path(), root / "1000/jobE");
+  std::filesystem::create_directory(victim / "rank0-1");
+  std::filesystem::copy_file(dead_dir + "/owner", victim / "rank0-1/owner");
+  std::filesystem::create_directories(root / "lost+found-like");  // not a uid: silently skipped
+
+  std::vector<std::string> warnings;
+  std::vector<std::string> asked;
+  auto r = sweep_dead_ranks(
+      roots,
+      [&](const std::string& rel) {
+        asked.push_back(rel);
+        return rel == rank_relative_dir(held);
+      },
+      [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(r);
+  CHECK(r->removed_dirs == 1);
+  CHECK(r->removed_bytes >= dead_bytes);
+  CHECK_FALSE(exists(dead_dir));
+  CHECK_FALSE(exists(root / "1000/jobA"));  // emptied job directory goes too
+  CHECK(exists(held_dir + "/manifest"));
+  CHECK(exists(live_dir + "/manifest"));
+  CHECK(exists(live_dir + "/data"));
+  // Only dead owners are put to the daemon; a live one is kept before it is even asked.
+  CHECK(std::find(asked.begin(), asked.end(), rank_relative_dir(live)) == asked.end());
+  CHECK(std::find(asked.begin(), asked.end(), rank_relative_dir(held)) != asked.end());
+
+  CHECK(exists(root / "1000/jobD/notarank"));
+  CHECK(exists(root / "1000/jobD/rank5-77"));
+  CHECK(exists(root / "lost+found-like"));
+  CHECK(read_text(victim / "precious") == "keep me");
+  CHECK(exists(victim / "rank0-1/owner"));
+  auto mentions = [&](const std::string& s) {
+    return std::any_of(warnings.begin(), warnings.end(), [&](const std::string& w) { return w.find(s) != std::string::npos; });
+  };
+  CHECK(mentions("jobD/notarank"));
+  CHECK(mentions("jobD/rank5-77"));
+  CHECK(mentions("jobE"));
+  CHECK_FALSE(mentions("lost+found-like"));
+
+  // The live rank's store can still be adopted after the sweep.
+  auto again = RankStore::adopt(roots, live, kChunk);
+  REQUIRE(again);
+  CHECK((*again)->paused());
+  REQUIRE((*again)->commit(proto::CommitState::Resumed, 2));
+  REQUIRE((*again)->remove());
+}

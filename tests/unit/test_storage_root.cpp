@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+// Storage tests that need root: real ENOSPC on a small loop-mounted ext4, and planted foreign owners.
+// Exits 77 (skipped, with the reason) when not root or when the loop mount is not possible here.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage.h"
+#include "storage_test_util.h"
+
+extern char** environ;
+
+using namespace tmsdisk;
+using namespace tmsdisk::storage;
+using storage_test::my_identity;
+using storage_test::TempDir;
+using storage_test::usage_of;
+
+namespace {
+
+constexpr uint32_t kChunk = 1 << 20;
+std::string g_mnt;  // the mounted 64 MiB ext4
+
+// Runs argv quietly; returns the exit status, or -1 if it could not run.
+int run(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  int rc = -1;
+  // mkfs.ext4 lives in sbin, which a non-login PATH may lack.
+  for (std::string dir : {"", "/usr/sbin/", "/sbin/"}) {
+    std::string prog = dir + argv[0];
+    args[0] = prog.data();
+    if (posix_spawnp(&pid, prog.c_str(), &fa, nullptr, args.data(), environ) == 0) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      break;
+    }
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  return rc;
+}
+
+Roots open_roots(const std::vector<std::string>& paths) {
+  auto r = Roots::open(paths, false);
+  INFO((r ? std::string() : r.error().describe()));
+  REQUIRE(r);
+  return std::move(r).value();
+}
+
+std::unique_ptr<RankStore> make_store(Roots& roots, const RankIdentity& id) {
+  auto s = RankStore::create(roots, id, kChunk);
+  INFO((s ? std::string() : s.error().describe()));
+  REQUIRE(s);
+  return std::move(s).value();
+}
+
+uint64_t free_of(const Roots& roots, std::size_t i) {
+  auto f = roots.free_bytes(i);
+  REQUIRE(f);
+  return *f;
+}
+
+void fill(RankStore& store, uint64_t blob, uint64_t size, unsigned char byte) {
+  void* buf = std::aligned_alloc(kIoAlignment, kChunk);
+  REQUIRE(buf);
+  std::memset(buf, byte, kChunk);
+  for (uint64_t off = 0; off < size; off += kChunk) {
+    auto loc = store.locate(blob, off, static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)));
+    REQUIRE(loc);
+    REQUIRE(::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset)) ==
+            static_cast<ssize_t>(loc->io_length));
+    REQUIRE(store.record_checksum(blob, off, byte));
+  }
+  std::free(buf);
+}
+
+bool holds(const RankStore& store, uint64_t blob, uint64_t size, unsigned char byte) {
+  auto* buf = static_cast<unsigned char*>(std::aligned_alloc(kIoAlignment, kChunk));
+  REQUIRE(buf);
+  bool same = true;
+  for (uint64_t off = 0; off < size && same; off += kChunk) {
+    auto loc = store.locate(blob, off, static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)));
+    REQUIRE(loc);
+    same = ::pread(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset)) ==
+               static_cast<ssize_t>(loc->io_length) &&
+           std::all_of(buf, buf + loc->io_length, [byte](unsigned char c) { return c == byte; });
+  }
+  std::free(buf);
+  return same;
+}
+
+}  // namespace
+
+TEST_CASE("a set larger than the free space is refused up front and changes nothing") {
+  TempDir dir(g_mnt);
+  Roots roots = open_roots({dir.path()});
+  auto store = make_store(roots, my_identity());
+  const std::string data = store->dir_path() + "/data";
+  std::vector<proto::BlobSize> small{{1, 4 * kChunk}};
+  REQUIRE(store->reserve(small));
+  fill(*store, 1, 4 * kChunk, 0x11);
+  const auto usage = usage_of(data);
+
+  const uint64_t free = free_of(roots, 0);
+  auto st = store->reserve(std::vector<proto::BlobSize>{{1, 4 * kChunk}, {2, free + 16 * kChunk}});
+  REQUIRE_FALSE(st);
+  CHECK(st.error().errnum() == ENOSPC);
+  CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free") && Catch::Contains(dir.path()));
+  CHECK(usage_of(data) == usage);
+  CHECK(store->blobs().size() == 1);
+  CHECK(store->missing_chunks() == 0);
+  CHECK(holds(*store, 1, 4 * kChunk, 0x11));
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") {
+  // Two roots on one filesystem: each one alone has room for its share, so the early check
+  // passes, but the second preallocation hits the real ENOSPC of the filesystem.
+  TempDir dir(g_mnt);
+  std::filesystem::create_directory(dir / "r0");
+  std::filesystem::create_directory(dir / "r1");
+  Roots roots = open_roots({dir / "r0", dir / "r1"});
+  auto store = make_store(roots, my_identity());
+  const std::string data0 = (dir / "r0/") + store->relative_dir() + "/data";
+  const std::string data1 = (dir / "r1/") + store->relative_dir() + "/data";
+
+  std::vector<proto::BlobSize> small{{1, 2 * kChunk}, {2, 2 * kChunk}};
+  REQUIRE(store->reserve(small));
+  fill(*store, 1, 2 * kChunk, 0x21);
+  fill(*store, 2, 2 * kChunk, 0x22);
+  const auto u0 = usage_of(data0);
+  const auto u1 = usage_of(data1);
+  const uint64_t free_before = free_of(roots, 0);
+
+  // Blob 3's share on each root is 60% of the free space: 120% in all.
+  const uint64_t share = free_before * 6 / 10 / kChunk * kChunk;
+  REQUIRE(share >= 4 * kChunk);
+  // Blob 2 is dropped, so its extents are recycled into blob 3's: they must survive the rollback.
+  auto st = store->reserve(std::vector<proto::BlobSize>{{1, 2 * kChunk}, {3, 2 * share}});
+  REQUIRE_FALSE(st);
+  CHECK(st.error().errnum() == ENOSPC);
+  CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free"));
+  INFO("data0 " << u0.size << "/" << u0.blocks << " -> " << usage_of(data0).size << "/" << usage_of(data0).blocks);
+  INFO("data1 " << u1.size << "/" << u1.blocks << " -> " << usage_of(data1).size << "/" << usage_of(data1).blocks);
+  // Sizes are exact. Blocks may differ by the extent-tree index block ext4 allocated for the large
+  // fragmented preallocation: it stays after the punch and truncate (metadata, not data).
+  constexpr uint64_t kMetaSlack = 8192;
+  CHECK(usage_of(data0).size == u0.size);
+  CHECK(usage_of(data1).size == u1.size);
+  CHECK(usage_of(data0).blocks * 512 <= u0.blocks * 512 + kMetaSlack);
+  CHECK(usage_of(data1).blocks * 512 <= u1.blocks * 512 + kMetaSlack);
+  CHECK(free_of(roots, 0) + 2 * kMetaSlack >= free_before);
+  REQUIRE(store->blobs().size() == 2);
+  CHECK(store->missing_chunks() == 0);
+  CHECK(holds(*store, 1, 2 * kChunk, 0x21));
+  CHECK(holds(*store, 2, 2 * kChunk, 0x22));
+
+  // The space really came back: a set that fits (30% per root) now succeeds.
+  const uint64_t fits = free_before * 3 / 10 / kChunk * kChunk;
+  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, 2 * kChunk}, {3, 2 * fits}}));
+  CHECK(holds(*store, 1, 2 * kChunk, 0x21));
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("a job or uid directory planted by another user is refused") {
+  TempDir dir(g_mnt);
+  Roots roots = open_roots({dir.path()});
+  std::filesystem::create_directory(dir / "1000");
+  REQUIRE(::chown((dir / "1000").c_str(), 2000, 2000) == 0);
+  auto s = RankStore::create(roots, my_identity(), kChunk);
+  REQUIRE_FALSE(s);
+  CHECK(s.error().errnum() == EPERM);
+  CHECK_THAT(s.error().message, Catch::Contains("owned by uid 2000"));
+
+  // The failed create removed the planted directory, being empty; one of the rank's own user is fine.
+  std::filesystem::create_directories(dir / "1000/job1");
+  REQUIRE(::chown((dir / "1000").c_str(), 1000, 1000) == 0);
+  REQUIRE(::chown((dir / "1000/job1").c_str(), 3000, 3000) == 0);
+  auto j = RankStore::create(roots, my_identity(), kChunk);
+  REQUIRE_FALSE(j);
+  CHECK_THAT(j.error().message, Catch::Contains("owned by uid 3000"));
+}
+
+int main(int argc, char** argv) {
+  if (::geteuid() != 0) {
+    std::printf("SKIPPED: needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories\n");
+    return 77;
+  }
+  std::unique_ptr<TempDir> base;
+  try {
+    base = std::make_unique<TempDir>();
+  } catch (const std::exception& e) {
+    std::printf("SKIPPED: %s\n", e.what());
+    return 77;
+  }
+  const std::string image = *base / "fs.img";
+  g_mnt = *base / "mnt";
+  std::filesystem::create_directory(g_mnt);
+  int fd = ::open(image.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  bool sized = fd >= 0 && ::ftruncate(fd, 64 << 20) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!sized ||
+      run({"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image}) != 0) {
+    std::printf("SKIPPED: cannot make an ext4 image with mkfs.ext4 (is e2fsprogs installed?)\n");
+    return 77;
+  }
+  if (run({"mount", "-o", "loop", image, g_mnt}) != 0) {
+    std::printf("SKIPPED: cannot loop-mount %s (no loop devices in this container?)\n", image.c_str());
+    return 77;
+  }
+  int rc = Catch::Session().run(argc, argv);
+  if (::umount2(g_mnt.c_str(), 0) != 0) ::umount2(g_mnt.c_str(), MNT_DETACH);
+  return rc;
+}

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsctl's subcommands, each returning the process exit status. main.cpp only parses options.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tmsdisk::ctl {
+
+struct Common {
+  std::string socket;  // empty: default_socket_path()
+  bool json = false;
+};
+
+struct Selector {
+  std::string job;
+  int64_t rank = -1;
+  int32_t pid = 0;
+  bool all = false;
+  double timeout_s = 0;  // 0: wait as long as it takes
+};
+
+struct LaunchOptions {
+  std::string job;           // TMSDISK_JOB for the launch (default: launcher ids, else "default")
+  uint64_t chunk_mb = 0;     // TMS_DISK_BACKUP_CHUNK_MB (0: the daemon's default)
+  uint64_t min_mb = 0;       // TMSDISK_MIN_BYTES in MiB (0: the shim's default)
+  std::string on_touch;      // TMSDISK_ON_TOUCH
+  bool start_daemon = true;  // run: start a private daemon when none answers
+};
+
+int cmd_status(const Common& common);
+int cmd_control(const Common& common, const Selector& sel, bool pause);
+int cmd_gc(const Common& common);
+int cmd_env(const Common& common, const LaunchOptions& launch);
+int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector<std::string>& command);
+
+// Path of libtmsdisk.so for LD_PRELOAD: $TMSDISK_LIBRARY, else next to this tmsctl's install or
+// build tree. Empty if not found.
+std::string find_shim_library();
+
+}  // namespace tmsdisk::ctl
