@@ -117,10 +117,6 @@ struct ControlOp {
   Clock::time_point deadline = Clock::time_point::max();
 };
 
-std::string relative_rank_dir(uid_t uid, const std::string& job, int64_t rank, pid_t pid) {
-  return std::to_string(uid) + "/" + job + "/rank" + std::to_string(rank < 0 ? pid : rank) + "-" + std::to_string(pid);
-}
-
 }  // namespace
 
 struct Server::Impl {
@@ -210,6 +206,10 @@ struct Server::Impl {
       if (!roots[i].direct_io)
         spdlog::warn("root {} does not support O_DIRECT: falling back to buffered I/O (page cache will hold data)",
                      roots[i].path);
+      for (std::size_t j = 0; j < i; ++j)
+        if (roots[j].dev == roots[i].dev)
+          spdlog::warn("roots {} and {} are on the same filesystem: striping over them gains no bandwidth",
+                       roots[j].path, roots[i].path);
     }
 
     io::Engine::Options eo;
@@ -219,6 +219,8 @@ struct Server::Impl {
     auto e = io::Engine::create(eo);
     if (!e) return std::move(e).error();
     engine = std::move(e.value());
+    if (!engine->uses_io_uring())
+      spdlog::warn("io_uring unavailable ({}); using synchronous pread/pwrite, which is slower", engine->fallback_reason());
 
     if (auto s = take_lock(); !s) return s;
     sweep();
@@ -531,8 +533,16 @@ struct Server::Impl {
                                     std::to_string(slot));
     const auto start_time = process_start_time(c.cred.pid);
     if (!start_time) return make_error(ESRCH, "cannot read the start time of pid " + std::to_string(c.cred.pid));
-    const std::string relative_dir = relative_rank_dir(c.cred.uid, h.job, h.rank, c.cred.pid);
-    for (auto& [id, other] : sessions) {
+    storage::RankIdentity id;
+    id.uid = c.cred.uid;
+    id.gid = c.cred.gid;
+    id.job = h.job;
+    id.rank = h.rank;
+    id.pid = c.cred.pid;
+    id.start_time = *start_time;
+    id.token = h.token ? h.token : random_token();
+    const std::string relative_dir = storage::rank_relative_dir(id);
+    for (auto& [sid, other] : sessions) {
       if (other.relative_dir == relative_dir)
         return make_error(EBUSY, "pid " + std::to_string(c.cred.pid) + " already has a session as job " + h.job +
                                      " rank " + std::to_string(h.rank));
@@ -544,14 +554,6 @@ struct Server::Impl {
     s.job = h.job;
     s.rank = h.rank;
     s.relative_dir = relative_dir;
-    storage::RankIdentity id;
-    id.uid = c.cred.uid;
-    id.gid = c.cred.gid;
-    id.job = h.job;
-    id.rank = h.rank;
-    id.pid = c.cred.pid;
-    id.start_time = *start_time;
-    id.token = h.token ? h.token : random_token();
     s.token = id.token;
     auto store = h.token ? storage::RankStore::adopt(roots, id, static_cast<uint32_t>(slot))
                          : storage::RankStore::create(roots, id, static_cast<uint32_t>(slot));
@@ -655,7 +657,8 @@ struct Server::Impl {
   }
 
   // Shared validation of WRITE and READ; on success the slot is marked busy and the I/O queued.
-  void start_chunk_io(Connection& c, uint64_t rid, const proto::ChunkRef& m, io::Op op) {
+  // `client_checksum` is what WRITTEN acknowledged to the client (reads only; 0 if unknown).
+  void start_chunk_io(Connection& c, uint64_t rid, const proto::ChunkRef& m, io::Op op, uint64_t client_checksum = 0) {
     Session& s = *session_of(c);
     if (m.slot >= s.slot_count)
       return send_error(c, rid, ERANGE, "slot " + std::to_string(m.slot) + " out of range (session has " +
@@ -677,8 +680,16 @@ struct Server::Impl {
       p.checksum = XXH3_64bits(slot_ptr, m.length);
     } else {
       auto expected = s.store->expected_checksum(m.blob, m.offset);
-      if (!expected) return send_error(c, rid, expected.error().errnum(), expected.error().describe());
-      p.checksum = *expected;
+      if (expected) {
+        if (client_checksum != 0 && client_checksum != *expected)
+          return send_error(c, rid, EBADMSG, "the checksum the rank holds for blob " + std::to_string(m.blob) +
+                                                 " at offset " + std::to_string(m.offset) + " differs from the daemon's");
+        p.checksum = *expected;
+      } else if (client_checksum != 0) {
+        p.checksum = client_checksum;  // daemon restarted before this pause was committed
+      } else {
+        return send_error(c, rid, expected.error().errnum(), expected.error().describe());
+      }
     }
     io::Request req;
     req.op = op;
@@ -699,7 +710,7 @@ struct Server::Impl {
   }
 
   void on_shim(Connection& c, uint64_t rid, proto::Write& m) { start_chunk_io(c, rid, m, io::Op::Write); }
-  void on_shim(Connection& c, uint64_t rid, proto::Read& m) { start_chunk_io(c, rid, m, io::Op::Read); }
+  void on_shim(Connection& c, uint64_t rid, proto::Read& m) { start_chunk_io(c, rid, m, io::Op::Read, m.checksum); }
 
   void on_shim(Connection& c, uint64_t rid, proto::Commit& m) {
     Session& s = *session_of(c);

@@ -31,7 +31,9 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-uint64_t chunk_count(uint64_t size, uint32_t chunk) { return size == 0 ? 0 : (size - 1) / chunk + 1; }
+uint64_t chunk_count(uint64_t size, uint32_t chunk) {
+  return size == 0 ? 0 : (size - 1) / chunk + 1;
+}
 
 }  // namespace
 
@@ -96,7 +98,7 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
           std::to_string(kManifestVersion) + ")";
     return std::nullopt;
   }
-  if (!r.get(state, 4) || (state != kManifestPaused && state != kManifestResumed)) {
+  if (!r.get(state, 4) || (state != kManifestPaused && state != kManifestResumed && state != kManifestWriting)) {
     why = "invalid state";
     return std::nullopt;
   }

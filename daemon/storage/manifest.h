@@ -2,7 +2,7 @@
 // The manifest: a rank's committed state (blobs, extents, checksums) in a self-checking binary file.
 //
 // Layout, all integers little-endian:
-//   u64 magic "TMSDMANI"   u32 version (1)   u32 state (1 paused, 2 resumed)
+//   u64 magic "TMSDMANI"   u32 version (1)   u32 state (1 paused, 2 resumed, 3 writing)
 //   u64 generation   u32 chunk_bytes   u32 root count R   R x u64 data file end
 //   u64 blob count, then per blob: u64 id, u64 size, R x (u64 offset, u64 length),
 //       C x u64 checksum, ceil(C/8) bytes bitmap of recorded checksums (bit i of byte i/8)
@@ -24,6 +24,7 @@ inline constexpr uint64_t kManifestMagic = 0x494e414d44534d54ull;  // "TMSDMANI"
 inline constexpr uint32_t kManifestVersion = 1;
 inline constexpr uint32_t kManifestPaused = 1;
 inline constexpr uint32_t kManifestResumed = 2;
+inline constexpr uint32_t kManifestWriting = 3;  // a pause in progress: extents valid, checksums partial
 inline constexpr uint32_t kManifestMaxRoots = 1024;
 // A manifest holds 8 bytes and a bit per chunk; 1 GiB covers over 100 million chunks.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;

@@ -33,7 +33,9 @@ namespace testing {
 namespace {
 std::atomic<FallocateHook> g_fallocate_hook{nullptr};
 }  // namespace
-FallocateHook set_fallocate_hook(FallocateHook hook) noexcept { return g_fallocate_hook.exchange(hook); }
+FallocateHook set_fallocate_hook(FallocateHook hook) noexcept {
+  return g_fallocate_hook.exchange(hook);
+}
 }  // namespace testing
 
 namespace {
@@ -241,7 +243,9 @@ Status empty_dir(int dirfd, const std::string& path, int depth, uint64_t* bytes)
 // ranks still use it).
 // Failure is fine: ENOTEMPTY/EEXIST means still in use, ENOENT already gone, and anything else
 // only leaves an empty directory behind, which the next sweep retries.
-void remove_if_empty(int dirfd, const char* name) { (void)::unlinkat(dirfd, name, AT_REMOVEDIR); }
+void remove_if_empty(int dirfd, const char* name) {
+  (void)::unlinkat(dirfd, name, AT_REMOVEDIR);
+}
 
 // What an `owner` file says.
 struct Owner {
@@ -443,8 +447,9 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
     int err = errno;
     struct stat lst {};
     if (err == ENOENT) {
-      return make_error(err, "storage root " + root.path + " does not exist: create it (a directory on local NVMe) or "
-                                                           "fix --root");
+      return make_error(err, "storage root " + root.path +
+                                 " does not exist: create it (a directory on local NVMe) or "
+                                 "fix --root");
     }
     if (::lstat(root.path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
       return make_error(ELOOP, "storage root " + root.path +
@@ -579,7 +584,9 @@ struct BlobState {
   std::vector<uint8_t> have;
 };
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 }  // namespace
 
@@ -603,6 +610,7 @@ struct RankStore::Impl {
   Status remove_locked();
   Status reserve_locked(std::span<const proto::BlobSize> set);
   Status load_manifest();
+  Status write_manifest(uint32_t state, uint64_t gen);
   Result<const BlobState*> find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const;
 };
 
@@ -704,8 +712,9 @@ Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
     if (!owner) return make_error(EINVAL, owner_path + " is not a tmsdisk owner file");
     if (owner->pid != id.pid || owner->start_time != id.start_time || owner->token != id.token ||
         owner->uid != id.uid || owner->job != id.job) {
-      return make_error(EPERM, rf.rank_path + " belongs to another session (pid, start time or token differ): "
-                                              "reconnect with the token this daemon issued, or start afresh");
+      return make_error(EPERM, rf.rank_path +
+                                   " belongs to another session (pid, start time or token differ): "
+                                   "reconnect with the token this daemon issued, or start afresh");
     }
   }
 
@@ -782,10 +791,18 @@ Result<std::unique_ptr<RankStore>> RankStore::adopt(Roots& roots, const RankIden
 RankStore::RankStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RankStore::~RankStore() = default;
 
-const std::string& RankStore::dir_path() const noexcept { return impl_->dir_path; }
-const std::string& RankStore::relative_dir() const noexcept { return impl_->relative; }
-uint32_t RankStore::chunk_bytes() const noexcept { return impl_->chunk; }
-std::size_t RankStore::root_count() const noexcept { return impl_->roots.size(); }
+const std::string& RankStore::dir_path() const noexcept {
+  return impl_->dir_path;
+}
+const std::string& RankStore::relative_dir() const noexcept {
+  return impl_->relative;
+}
+uint32_t RankStore::chunk_bytes() const noexcept {
+  return impl_->chunk;
+}
+std::size_t RankStore::root_count() const noexcept {
+  return impl_->roots.size();
+}
 
 Status RankStore::remove() {
   try {
@@ -847,8 +864,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     for (std::size_t r = 0; r < n; ++r) {
       const auto& e = blobs[i].extents[r];
       if (e.length > 0 && !plan[r].release(e.offset, e.length)) {
-        return make_error(EIO, "internal error: extent allocator of " + roots[r].rank_path +
-                                   " is inconsistent; restart the rank");
+        return make_error(
+            EIO, "internal error: extent allocator of " + roots[r].rank_path + " is inconsistent; restart the rank");
       }
     }
   }
@@ -901,7 +918,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     uint64_t grow = plan[r].end() > old_size[r] ? plan[r].end() - old_size[r] : 0;
     if (grow == 0) continue;
     struct statvfs vfs {};
-    if (::fstatvfs(roots[r].data.get(), &vfs) != 0) return errno_error("cannot stat the filesystem of " + roots[r].path);
+    if (::fstatvfs(roots[r].data.get(), &vfs) != 0)
+      return errno_error("cannot stat the filesystem of " + roots[r].path);
     uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
     if (grow > avail) {
       return make_error(ENOSPC, "not enough disk space for this pause on " + roots[r].path + ": it needs " +
@@ -951,8 +969,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
                                  " are free" + (err == EDQUOT ? " within the disk quota" : "") +
                                  ". Free space there, add a storage root, or pause less");
     }
-    return make_error(err, "cannot preallocate " + bytes_text(f.length) + " in the data file of " +
-                               roots[f.root].rank_path);
+    return make_error(err,
+                      "cannot preallocate " + bytes_text(f.length) + " in the data file of " + roots[f.root].rank_path);
   }
 
   // Committed in memory from here on; what follows only gives unused space back (best effort).
@@ -968,6 +986,12 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
   blobs = std::move(next);
   index = std::move(next_index);
   missing = total_chunks;
+  // Record where this pause's chunks will go before any is written: if the daemon dies mid-pause,
+  // its successor still knows the extents, and the rank (which holds every acknowledged chunk's
+  // checksum) can read back what it had already released.
+  if (auto s = write_manifest(kManifestWriting, generation); !s) {
+    return make_error(s.error().errnum(), "cannot record the reservation: " + s.error().describe());
+  }
   return {};
 }
 
@@ -1114,19 +1138,7 @@ Status RankStore::commit(proto::CommitState state, uint64_t generation) {
       }
     }
 
-    Manifest mf;
-    mf.state = state == proto::CommitState::Paused ? kManifestPaused : kManifestResumed;
-    mf.generation = generation;
-    mf.chunk_bytes = m.chunk;
-    for (const auto& rf : m.roots) mf.data_end.push_back(rf.alloc.end());
-    mf.blobs.reserve(m.blobs.size());
-    for (const auto& b : m.blobs) {
-      mf.blobs.push_back({b.id, b.size, b.extents, b.sums, b.have});
-    }
-    std::string bytes = encode_manifest(mf);
-    RootFiles& first = m.roots[0];
-    if (auto s = write_file_atomic(first.rank_dir.get(), kManifestTmpName, kManifestName, bytes, true,
-                                   first.rank_path);
+    if (auto s = m.write_manifest(state == proto::CommitState::Paused ? kManifestPaused : kManifestResumed, generation);
         !s) {
       return s;
     }
@@ -1136,6 +1148,19 @@ Status RankStore::commit(proto::CommitState state, uint64_t generation) {
   } catch (const std::bad_alloc&) {
     return out_of_memory("committing the manifest");
   }
+}
+
+Status RankStore::Impl::write_manifest(uint32_t state, uint64_t gen) {
+  Manifest mf;
+  mf.state = state;
+  mf.generation = gen;
+  mf.chunk_bytes = chunk;
+  for (const auto& rf : roots) mf.data_end.push_back(rf.alloc.end());
+  mf.blobs.reserve(blobs.size());
+  for (const auto& b : blobs) mf.blobs.push_back({b.id, b.size, b.extents, b.sums, b.have});
+  std::string bytes = encode_manifest(mf);
+  RootFiles& first = roots[0];
+  return write_file_atomic(first.rank_dir.get(), kManifestTmpName, kManifestName, bytes, true, first.rank_path);
 }
 
 Status RankStore::Impl::load_manifest() {
@@ -1173,7 +1198,8 @@ Status RankStore::Impl::load_manifest() {
   allocs.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {
     struct stat st {};
-    if (::fstat(roots[r].data.get(), &st) != 0) return errno_error("cannot stat the data file in " + roots[r].rank_path);
+    if (::fstat(roots[r].data.get(), &st) != 0)
+      return errno_error("cannot stat the data file in " + roots[r].rank_path);
     if (static_cast<uint64_t>(st.st_size) < mf->data_end[r]) {
       return make_error(EBADMSG, "the data file in " + roots[r].rank_path + " is shorter (" +
                                      std::to_string(st.st_size) + " bytes) than its manifest says (" +

@@ -38,8 +38,8 @@ inline constexpr uint32_t kIoAlignment = 4096;
 bool valid_name(std::string_view name) noexcept;
 
 struct Root {
-  std::string path;  // as configured, made absolute and lexically normalised
-  UniqueFd dir;      // O_PATH|O_DIRECTORY handle every operation is relative to
+  std::string path;       // as configured, made absolute and lexically normalised
+  UniqueFd dir;           // O_PATH|O_DIRECTORY handle every operation is relative to
   bool direct_io = true;  // false when the filesystem refused O_DIRECT (buffered fallback, logged)
   dev_t dev = 0;          // filesystem of the root: equal values mean no striping benefit
 };
@@ -113,7 +113,8 @@ class RankStore {
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
   // Space is preallocated with fallocate(2). All or nothing: on ENOSPC (or any error) the previous
   // set and files are unchanged and the error says how much was needed and available. Clears every
-  // recorded checksum (a new generation is being written). Duplicate blob ids are refused (EINVAL),
+  // recorded checksum (a new generation is being written) and records the new extents in the manifest
+  // (state "writing"), so a daemon restarted mid-pause can still locate chunks already written. Duplicate blob ids are refused (EINVAL),
   // and so is a new set while a committed pause has not been resumed (EBUSY): its data is still
   // the only copy.
   Status reserve(std::span<const proto::BlobSize> blobs);

@@ -46,10 +46,10 @@ int run(proto::CommandOp op) noexcept {
 int api_pause() noexcept { return run(proto::CommandOp::Pause); }
 int api_resume() noexcept { return run(proto::CommandOp::Resume); }
 
-int api_status(tmsdisk_status* status, std::size_t size) noexcept {
+int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
   if (!status) return -EINVAL;
   try {
-    tmsdisk_status out{};
+    struct tmsdisk_status out {};
     EngineStatus s;
     if (Engine* e = Engine::existing()) {
       s = e->status();

@@ -198,12 +198,13 @@ int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int 
   for (std::size_t i = 0; i < table.size(); ++i) {
     const HookInfo& h = table[i];
     if (base != h.base || cuda_version < h.since) continue;
+    // Per-thread requests fall back to the legacy function where no per-thread twin exists (as the
+    // driver does); legacy requests never get a per-thread one.
     if (h.variant == Variant::PerThread && !per_thread) continue;
-    if (h.variant == Variant::Legacy && per_thread) continue;
-    // The newest variant introduced at or before the requested version wins; at equal versions the
-    // stream-specific one beats Any.
+    // The newest variant introduced at or before the requested version wins; at equal versions a
+    // per-thread request prefers the per-thread twin.
     if (best < 0 || h.since > table[best].since ||
-        (h.since == table[best].since && table[best].variant == Variant::Any && h.variant != Variant::Any))
+        (h.since == table[best].since && h.variant == Variant::PerThread))
       best = static_cast<int>(i);
   }
   return best;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -148,6 +149,7 @@ void Engine::fork_child() noexcept {
 // Application side
 
 void Engine::ensure_started() noexcept {
+  if (started_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu_);
   if (thread_started_) return;
   if (wake_fd_ < 0) wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -173,12 +175,14 @@ void Engine::ensure_started() noexcept {
   }
   pthread_setname_np(thread, "tmsdisk-ctl");
   thread_started_ = true;
+  started_.store(true, std::memory_order_release);
 }
 
 int Engine::run(proto::CommandOp op, OpResult* out) noexcept {
   try {
     ensure_started();
-    Request req{op};
+    Request req;
+    req.op = op;
     {
       std::unique_lock lock(mu_);
       if (!thread_started_) {

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -130,6 +131,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Request*> queue_;
   bool thread_started_ = false;
+  std::atomic<bool> started_{false};  // thread_started_, readable without the lock (allocation path)
   bool busy_ = false;
   int wake_fd_ = -1;
   proto::RankStats last_;  // state and last_* fields

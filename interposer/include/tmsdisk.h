@@ -19,6 +19,12 @@ extern "C" {
 
 #define TMSDISK_API_VERSION 1
 
+#if defined(__cplusplus)
+#define TMSDISK_NOEXCEPT noexcept
+#else
+#define TMSDISK_NOEXCEPT
+#endif
+
 /* tmsdisk_status.state */
 enum {
   TMSDISK_STATE_RUNNING = 0,
@@ -63,18 +69,18 @@ struct tmsdisk_status {
  * -EBUSY (another pause/resume runs), -ENOSPC (no room on disk: nothing changed), -ECONNREFUSED or
  * -ENOENT (no daemon), -ENOTSUP (no usable libcuda), -EIO... On failure, allocations not yet
  * written stay resident and intact; the state says whether some are paused. */
-int tmsdisk_pause(void);
+int tmsdisk_pause(void) TMSDISK_NOEXCEPT;
 
 /* Brings every paused allocation back at its address, verified against its checksums. Returns 0 or
  * -errno (-EBADMSG: a chunk failed verification; that allocation stays paused, its file is kept). */
-int tmsdisk_resume(void);
+int tmsdisk_resume(void) TMSDISK_NOEXCEPT;
 
 /* Fills the first `size` bytes of *status (pass sizeof(struct tmsdisk_status)); fields added in
  * later versions go at the end. Returns 0 or -EINVAL. */
-int tmsdisk_status(struct tmsdisk_status* status, size_t size);
+int tmsdisk_status(struct tmsdisk_status* status, size_t size) TMSDISK_NOEXCEPT;
 
 /* "tmsdisk <version>"; static storage. */
-const char* tmsdisk_version(void);
+const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 
 #ifdef __cplusplus
 }

@@ -202,6 +202,7 @@ struct Driver {
   std::unordered_map<CUctx_st*, std::shared_ptr<CUctx_st>> contexts;  // live (primaries always)
   std::vector<std::shared_ptr<CUctx_st>> all_contexts;                 // never freed
   std::vector<CUctx_st*> primaries;
+  std::vector<unsigned> primary_flags;
   std::unordered_map<CUmod_st*, std::unique_ptr<CUmod_st>> modules;
   std::unordered_map<CUfunc_st*, CUmod_st*> functions;
 

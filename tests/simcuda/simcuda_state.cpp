@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdarg>
@@ -19,7 +20,7 @@
 namespace simcuda {
 namespace {
 
-constexpr uint64_t kLedgerMagic = 0x3141445543'4d4953ull;  // "SIMCUDA1", little-endian
+constexpr uint64_t kLedgerMagic = 0x31414455'434d4953ull;  // "SIMCUDA1", little-endian
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the ledger is shared between processes: its atomics must not hide a lock");
@@ -119,11 +120,12 @@ __attribute__((destructor)) void release_at_exit() {
 void log(const char* fmt, ...) {
   char buf[512];
   int n = snprintf(buf, sizeof buf, "[simcuda %d] ", static_cast<int>(getpid()));
+  size_t len = n < 0 ? 0 : static_cast<size_t>(n);
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n) - 1, fmt, ap);
+  int m = vsnprintf(buf + len, sizeof buf - len - 1, fmt, ap);  // one byte kept for the newline
   va_end(ap);
-  size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : std::min(static_cast<size_t>(m), sizeof buf - n - 2));
+  if (m > 0) len = std::min(len + static_cast<size_t>(m), sizeof buf - 2);
   buf[len++] = '\n';
   ssize_t ignored = write(STDERR_FILENO, buf, len);
   (void)ignored;
@@ -155,6 +157,7 @@ CUresult init(unsigned flags) {
     return g_init_result;
   }
   d->primaries.assign(static_cast<size_t>(d->cfg.device_count), nullptr);
+  d->primary_flags.assign(static_cast<size_t>(d->cfg.device_count), 0);
   g_driver.store(d.release(), std::memory_order_release);  // never deleted: workers may outlive exit
   g_init_result = CUDA_SUCCESS;
   return g_init_result;

@@ -307,29 +307,4 @@ Status ShimClient::read_all(const std::vector<proto::BlobSize>& blobs,
       [&](uint32_t slot, uint64_t blob, uint64_t off, uint32_t len) { return verify(blob, off, this->slot(slot), len); });
 }
 
-// ------------------------------------------------------------------------------------------------
-
-namespace {
-inline uint64_t pattern_word(uint64_t blob, uint64_t word_index) {
-  uint64_t x = (blob + 1) * 0x9E3779B97F4A7C15ull ^ word_index * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  return x;
-}
-}  // namespace
-
-void fill_pattern(uint64_t blob, uint64_t offset, uint8_t* dst, uint32_t len) {
-  for (uint32_t i = 0; i < len; ++i) {
-    const uint64_t abs = offset + i;
-    dst[i] = static_cast<uint8_t>(pattern_word(blob, abs / 8) >> (8 * (abs % 8)));
-  }
-}
-
-bool check_pattern(uint64_t blob, uint64_t offset, const uint8_t* src, uint32_t len) {
-  for (uint32_t i = 0; i < len; ++i) {
-    const uint64_t abs = offset + i;
-    if (src[i] != static_cast<uint8_t>(pattern_word(blob, abs / 8) >> (8 * (abs % 8)))) return false;
-  }
-  return true;
-}
-
 }  // namespace tmsdisk::testing

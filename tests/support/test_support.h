@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pattern.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
@@ -106,9 +107,5 @@ class ShimClient {
   proto::Welcome welcome_;
   uint64_t next_request_ = 1;
 };
-
-// The deterministic test pattern: 8-byte words derived from (blob, absolute offset).
-void fill_pattern(uint64_t blob, uint64_t offset, uint8_t* dst, uint32_t len);
-bool check_pattern(uint64_t blob, uint64_t offset, const uint8_t* src, uint32_t len);
 
 }  // namespace tmsdisk::testing

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Storage tests that need root: real ENOSPC on a small loop-mounted ext4, and planted foreign owners.
 // Exits 77 (skipped, with the reason) when not root or when the loop mount is not possible here.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// main() is in test_storage_catch_impl.cpp; it calls storage_test_setup() first.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/mount.h>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -201,34 +201,45 @@ TEST_CASE("a job or uid directory planted by another user is refused") {
   CHECK_THAT(j.error().message, Catch::Contains("owned by uid 3000"));
 }
 
-int main(int argc, char** argv) {
+namespace {
+std::unique_ptr<TempDir> g_base;
+bool g_mounted = false;
+}  // namespace
+
+int storage_test_setup() {
   if (::geteuid() != 0) {
     std::printf("SKIPPED: needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories\n");
     return 77;
   }
-  std::unique_ptr<TempDir> base;
   try {
-    base = std::make_unique<TempDir>();
+    g_base = std::make_unique<TempDir>();
   } catch (const std::exception& e) {
     std::printf("SKIPPED: %s\n", e.what());
     return 77;
   }
-  const std::string image = *base / "fs.img";
-  g_mnt = *base / "mnt";
+  const std::string image = *g_base / "fs.img";
+  g_mnt = *g_base / "mnt";
   std::filesystem::create_directory(g_mnt);
   int fd = ::open(image.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   bool sized = fd >= 0 && ::ftruncate(fd, 64 << 20) == 0;
   if (fd >= 0) ::close(fd);
-  if (!sized ||
-      run({"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image}) != 0) {
+  if (!sized || run({"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image}) != 0) {
     std::printf("SKIPPED: cannot make an ext4 image with mkfs.ext4 (is e2fsprogs installed?)\n");
+    g_base.reset();
     return 77;
   }
   if (run({"mount", "-o", "loop", image, g_mnt}) != 0) {
     std::printf("SKIPPED: cannot loop-mount %s (no loop devices in this container?)\n", image.c_str());
+    g_base.reset();
     return 77;
   }
-  int rc = Catch::Session().run(argc, argv);
-  if (::umount2(g_mnt.c_str(), 0) != 0) ::umount2(g_mnt.c_str(), MNT_DETACH);
-  return rc;
+  g_mounted = true;
+  return 0;
+}
+
+void storage_test_teardown() {
+  // A lazy unmount as the fallback: the loop device is released once the last user goes.
+  if (g_mounted && ::umount2(g_mnt.c_str(), 0) != 0) ::umount2(g_mnt.c_str(), MNT_DETACH);
+  g_mounted = false;
+  g_base.reset();
 }

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Storage on tmpfs: refused by default with the reason and the override, usable with allow_tmpfs.
 // Exits 77 (skipped, with the reason) when this machine has no writable tmpfs to test against.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// main() is in test_storage_catch_impl.cpp; it calls storage_test_setup() first.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -43,8 +43,7 @@ TEST_CASE("a tmpfs root is refused with the reason and the override") {
   auto r = Roots::open({g_tmpfs}, false);
   REQUIRE_FALSE(r);
   CHECK(r.error().errnum() == EINVAL);
-  CHECK_THAT(r.error().message, Catch::Contains("tmpfs") && Catch::Contains("RAM") &&
-                                    Catch::Contains("--allow-tmpfs"));
+  CHECK_THAT(r.error().message, Catch::Contains("tmpfs") && Catch::Contains("RAM") && Catch::Contains("--allow-tmpfs"));
 }
 
 TEST_CASE("a tmpfs root works when explicitly allowed") {
@@ -63,19 +62,26 @@ TEST_CASE("a tmpfs root works when explicitly allowed") {
   REQUIRE((*store)->remove());
 }
 
-int main(int argc, char** argv) {
+namespace {
+std::unique_ptr<storage_test::TempDir> g_dir;
+}  // namespace
+
+int storage_test_setup() {
   std::string mount = find_tmpfs();
   if (mount.empty()) {
     std::printf("SKIPPED: no writable tmpfs on this machine (looked at /dev/shm and /proc/self/mounts)\n");
     return 77;
   }
-  std::unique_ptr<storage_test::TempDir> dir;
   try {
-    dir = std::make_unique<storage_test::TempDir>(mount);
+    g_dir = std::make_unique<storage_test::TempDir>(mount);
   } catch (const std::exception& e) {
     std::printf("SKIPPED: %s\n", e.what());
     return 77;
   }
-  g_tmpfs = dir->path();
-  return Catch::Session().run(argc, argv);
+  g_tmpfs = g_dir->path();
+  return 0;
+}
+
+void storage_test_teardown() {
+  g_dir.reset();
 }

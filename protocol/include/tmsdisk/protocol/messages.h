@@ -250,6 +250,14 @@ struct Write : ChunkRef {
 };
 struct Read : ChunkRef {
   static constexpr MsgType kType = MsgType::Read;
+  // The checksum WRITTEN acknowledged for this chunk (0: unknown). The daemon verifies the data
+  // against it as well as its own record; after a daemon restart mid-pause it is the only record of
+  // chunks whose manifest was never committed, so they can still be resumed.
+  uint64_t checksum = 0;
+  template <class F>
+  void fields(F&& f) {
+    ChunkRef::fields(f), f(checksum);
+  }
 };
 
 struct Written {

@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsdisk-session-bench: the daemon's write/read path through a session, beside the raw O_DIRECT
+// ceiling of the same directory measured in the same run, and the host memory it took.
+//
+//   tmsdisk-session-bench DIR [--gib 8] [--staging-mb 256] [--slot-mb 8] [--json]
+//
+// The client plays the shim: it fills its staging slots once (the benchmark measures the disk path,
+// not pattern generation), reserves one blob, and streams it through every slot to the daemon, then
+// reads it back (the daemon verifies every chunk's checksum). Write time includes the commit's
+// fdatasync, as the raw ceiling's includes one.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "rawdisk.h"
+#include "test_support.h"
+
+using namespace tmsdisk;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// VmHWM (peak resident set) of a process, in bytes.
+uint64_t peak_rss(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  double gib = 8;
+  uint64_t staging_mb = 256;
+  uint32_t slot_mb = 8;
+  bool as_json = false;
+  CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
+  app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")->required()->check(CLI::ExistingDirectory);
+  app.add_option("--gib", gib, "bytes moved in each direction, GiB")->capture_default_str();
+  app.add_option("--staging-mb", staging_mb, "staging per rank (the chunk budget), MiB")->capture_default_str();
+  app.add_option("--slot-mb", slot_mb, "slot and request size, MiB")->capture_default_str();
+  app.add_flag("--json", as_json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+  const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{slot_mb} << 20) - 1);
+
+  auto raw = bench::measure_raw_disk(dir, bytes, uint64_t{slot_mb} << 20, 8);
+  if (!raw) {
+    std::fprintf(stderr, "raw measurement failed: %s\n", raw.error().describe().c_str());
+    return 1;
+  }
+
+  testing::TempDir work(dir, "tmsdisk-bench");
+  const std::string root = work / "root";
+  std::filesystem::create_directories(root);
+  testing::DaemonProcess daemon;
+  const std::string socket = work / "d.sock";
+  if (daemon.start(TMSDISK_DAEMON_PATH, {"--socket", socket, "--root", root, "--staging-mb", std::to_string(staging_mb),
+                                         "--slot-mb", std::to_string(slot_mb), "--log-level", "warn"}) != 0) {
+    std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
+    return 1;
+  }
+  testing::ShimClient::Options options;
+  options.job = "bench";
+  auto client = testing::ShimClient::connect(socket, options);
+  if (!client) {
+    std::fprintf(stderr, "session: %s\n", client.error().describe().c_str());
+    return 1;
+  }
+  for (uint32_t s = 0; s < client->welcome().slot_count; ++s)
+    testing::fill_pattern(s, 0, client->slot(s), client->welcome().slot_bytes);
+  const std::vector<proto::BlobSize> blobs = {{1, bytes}};
+  if (auto st = client->reserve(blobs); !st) {
+    std::fprintf(stderr, "reserve: %s\n", st.error().describe().c_str());
+    return 1;
+  }
+
+  auto t0 = Clock::now();
+  auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
+  auto c = w ? client->commit(proto::CommitState::Paused, 1) : Status(w.error());
+  const double write_s = seconds_since(t0);
+  if (!c) {
+    std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
+    return 1;
+  }
+  t0 = Clock::now();
+  auto r = client->read_all(blobs, [](uint64_t, uint64_t, const uint8_t*, uint32_t) { return true; });
+  const double read_s = seconds_since(t0);
+  if (!r) {
+    std::fprintf(stderr, "session read: %s\n", r.error().describe().c_str());
+    return 1;
+  }
+  const uint64_t daemon_rss = peak_rss(daemon.pid());
+  const uint64_t client_rss = peak_rss(::getpid());
+  const uint64_t budget = client->welcome().staging_bytes;
+  client->close();
+  daemon.stop();
+
+  const double sw = static_cast<double>(bytes) / write_s, sr = static_cast<double>(bytes) / read_s;
+  nlohmann::json out = {
+      {"dir", dir},
+      {"bytes", bytes},
+      {"slot_bytes", uint64_t{slot_mb} << 20},
+      {"staging_bytes", budget},
+      {"raw", {{"write_gb_s", raw->write_bytes_per_s / 1e9}, {"read_gb_s", raw->read_bytes_per_s / 1e9},
+               {"direct_io", raw->direct_io}, {"io_uring", raw->io_uring}, {"notes", raw->notes}}},
+      {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}}},
+      {"ratio", {{"write", sw / raw->write_bytes_per_s}, {"read", sr / raw->read_bytes_per_s}}},
+      {"memory", {{"daemon_peak_rss", daemon_rss}, {"client_peak_rss", client_rss},
+                  {"daemon_rss_per_budget", static_cast<double>(daemon_rss) / static_cast<double>(budget)}}}};
+  if (as_json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("directory            %s (%s, %s)\n", dir.c_str(), raw->direct_io ? "O_DIRECT" : "buffered",
+              raw->io_uring ? "io_uring" : "pread/pwrite");
+  std::printf("bytes each way       %.2f GiB, %u MiB requests, %.0f MiB staging\n", static_cast<double>(bytes) / (1ull << 30),
+              slot_mb, static_cast<double>(budget) / (1 << 20));
+  std::printf("                     %10s %10s %8s\n", "raw GB/s", "session", "ratio");
+  std::printf("write                %10.3f %10.3f %8.3f\n", raw->write_bytes_per_s / 1e9, sw / 1e9, sw / raw->write_bytes_per_s);
+  std::printf("read                 %10.3f %10.3f %8.3f\n", raw->read_bytes_per_s / 1e9, sr / 1e9, sr / raw->read_bytes_per_s);
+  std::printf("daemon peak RSS      %.1f MiB = %.2f x the staging budget\n", static_cast<double>(daemon_rss) / (1 << 20),
+              static_cast<double>(daemon_rss) / static_cast<double>(budget));
+  std::printf("client peak RSS      %.1f MiB (includes the mapped staging)\n", static_cast<double>(client_rss) / (1 << 20));
+  if (!raw->notes.empty()) std::printf("notes                %s\n", raw->notes.c_str());
+  return 0;
+}

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// libtmsdisk.so's exported symbols. Each one only forwards to the core (core/), which the unit tests
+// link directly; nothing else belongs in this file.
+#include <dlfcn.h>
+
+#include "driver.h"
+#include "shim.h"
+#include "tmsdisk.h"
+
+#define TMSDISK_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The driver's entry points, under their exported (versioned) names.
+#define TMSDISK_X(name, params, args, ...) \
+  TMSDISK_EXPORT CUresult name params noexcept { return tmsdisk::shim::hook::name args; }
+TMSDISK_HOOKS(TMSDISK_X)
+#undef TMSDISK_X
+
+// Programs that dlopen libcuda and look functions up by name (XLA, Triton) get the hooks too. The
+// return address tells the core who asked, so that RTLD_NEXT keeps glibc's meaning.
+TMSDISK_EXPORT void* dlsym(void* __restrict handle, const char* __restrict name) noexcept {
+  return tmsdisk::shim::dlsym_hook(handle, name, __builtin_return_address(0));
+}
+
+TMSDISK_EXPORT int tmsdisk_pause(void) noexcept { return tmsdisk::shim::api_pause(); }
+TMSDISK_EXPORT int tmsdisk_resume(void) noexcept { return tmsdisk::shim::api_resume(); }
+TMSDISK_EXPORT int tmsdisk_status(struct tmsdisk_status* status, size_t size) noexcept {
+  return tmsdisk::shim::api_status(status, size);
+}
+TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept { return tmsdisk::shim::api_version(); }

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// End to end on the simulated driver: unmodified CUDA programs run with the real libtmsdisk.so
+// preloaded, the real tmsdiskd, and the real tmsctl. Each TEST_CASE is its own CTest test.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "client.h"
+#include "server.h"
+#include "test_support.h"
+#include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/private_daemon.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+using namespace tmsdisk;
+using namespace tmsdisk::testing;
+using nlohmann::json;
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20;
+
+[[noreturn]] void skip(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(77);
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pred();
+}
+
+using Env = std::map<std::string, std::string>;
+
+// The current environment, minus anything that would leak between tests, plus `extra`.
+std::vector<std::string> make_env(const Env& extra) {
+  Env env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = kv.substr(0, eq);
+    if (k == "LD_PRELOAD" || k.rfind("TMSDISK_", 0) == 0 || k.rfind("TMS_DISK_", 0) == 0 || k.rfind("SIMCUDA_", 0) == 0 ||
+        k == "RANK" || k == "XDG_RUNTIME_DIR")
+      continue;
+    env[k] = kv.substr(eq + 1);
+  }
+  for (auto& [k, v] : extra) env[k] = v;
+  std::vector<std::string> out;
+  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+// A child process with line-oriented stdin/stdout.
+class Proc {
+ public:
+  Proc(const std::vector<std::string>& argv, const Env& env) {
+    int in[2], out[2];
+    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    auto envs = make_env(env);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      std::vector<char*> a, e;
+      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
+      e.push_back(nullptr);
+      ::execve(a[0], a.data(), e.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_.reset(in[1]);
+    from_.reset(out[0]);
+  }
+  ~Proc() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // Reads one line (the program's answer); empty on EOF or timeout.
+  std::string line(int timeout_ms = 120000) {
+    for (;;) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      pollfd p{from_.get(), POLLIN, 0};
+      if (::poll(&p, 1, timeout_ms) <= 0) return {};
+      char tmp[4096];
+      ssize_t n = ::read(from_.get(), tmp, sizeof(tmp));
+      if (n <= 0) return {};
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+  std::string cmd(const std::string& c) {
+    std::string l = c + "\n";
+    REQUIRE(::write(to_.get(), l.data(), l.size()) == static_cast<ssize_t>(l.size()));
+    return line();
+  }
+  int wait() {
+    to_.reset();
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd to_, from_;
+  std::string buf_;
+};
+
+// Runs a command to completion; returns {exit status, stdout}.
+std::pair<int, std::string> run(const std::vector<std::string>& argv, const Env& env) {
+  Proc p(argv, env);
+  std::string out, l;
+  while (!(l = p.line()).empty() || false) out += l + "\n";
+  return {p.wait(), out};
+}
+
+struct Node {
+  TempDir dir{test_tmp_root(), "e2e"};
+  std::string socket = dir / "d.sock";
+  std::string root = dir / "root";
+  std::string sim_state = dir / "simcuda-state";
+  DaemonProcess daemon;
+  uint64_t device_mb = 512;
+
+  Node() { fs::create_directories(root); }
+  void start_daemon(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--socket", socket, "--root", root, "--staging-mb", "16", "--slot-mb", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    int rc = daemon.start(TMSDISK_DAEMON_PATH, args);
+    INFO(daemon.log());
+    REQUIRE(rc == 0);
+  }
+  Env sim_env() const {
+    return {{"LD_LIBRARY_PATH", SIMCUDA_DIR},
+            {"SIMCUDA_STATE", sim_state},
+            {"SIMCUDA_DEVICE_MEM_MB", std::to_string(device_mb)}};
+  }
+  Env shim_env(const std::string& job, int rank) const {
+    Env e = sim_env();
+    e["LD_PRELOAD"] = SHIM_PATH;
+    e["TMSDISK_SOCKET"] = socket;
+    e["TMSDISK_JOB"] = job;
+    e["RANK"] = std::to_string(rank);
+    e["TMSDISK_LOG"] = "info";
+    return e;
+  }
+  // A second process (without the shim) asking for `mib` MiB of device memory.
+  bool probe(uint64_t mib) const { return run({CUDA_PROBE_PATH, std::to_string(mib)}, sim_env()).first == 0; }
+  std::pair<int, json> tmsctl(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{TMSCTL_PATH, "--socket", socket, "--json"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto [rc, out] = run(argv, sim_env());
+    INFO(out);
+    json j = json::parse(out, nullptr, false);
+    return {rc, j};
+  }
+  std::string rank_dir(const std::string& job, int rank, pid_t pid) const {
+    return root + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" + std::to_string(pid);
+  }
+};
+
+uint64_t disk_usage(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    struct stat st{};
+    if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+std::string ok_addr(const std::string& answer) {
+  // "ok ID 0xADDR"
+  auto sp = answer.rfind(' ');
+  return answer.rfind("ok ", 0) == 0 && sp != std::string::npos ? answer.substr(sp + 1) : "";
+}
+
+}  // namespace
+
+TEST_CASE("tmsctl pause frees device memory for another process; resume restores every byte at the same addresses") {
+  Node node;
+  node.device_mb = 256;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("e2e", 0));
+  REQUIRE(prog.line() == "ready");
+  std::map<int, std::string> addr;
+  addr[1] = ok_addr(prog.cmd("alloc 1 67108864 direct"));        // 64 MiB
+  addr[2] = ok_addr(prog.cmd("alloc 2 50331648 procaddr"));      // 48 MiB
+  addr[3] = ok_addr(prog.cmd("alloc 3 33558528 dlsym"));         // 32 MiB + 4 KiB
+  addr[4] = ok_addr(prog.cmd("alloc 4 65536 direct"));           // small: stays native
+  for (auto& [id, a] : addr) REQUIRE_FALSE(a.empty());
+  REQUIRE(prog.cmd("check") == "ok 4");
+  CHECK_FALSE(node.probe(200));  // the device is too full for a second user
+
+  const std::string dir = node.rank_dir("e2e", 0, prog.pid());
+  uint64_t usage = 0;
+  for (int cycle = 0; cycle < 5; ++cycle) {
+    auto [prc, pj] = node.tmsctl({"pause", "--job", "e2e"});
+    INFO(pj.dump());
+    REQUIRE(prc == 0);
+    REQUIRE(pj.size() == 1);
+    CHECK(pj[0]["ok"] == true);
+    CHECK(pj[0]["bytes"].get<uint64_t>() >= 64 * MiB + 48 * MiB + 32 * MiB);
+
+    auto [src, sj] = node.tmsctl({"status"});
+    REQUIRE(src == 0);
+    CHECK(sj[0]["state"] == "paused");
+    CHECK(sj[0]["resident_bytes"].get<uint64_t>() == 0);
+
+    CHECK(node.probe(200));  // the freed memory is usable by another process now
+    CHECK(fs::exists(dir + "/data"));
+    const uint64_t now = disk_usage(dir);
+    if (cycle == 0) usage = now;
+    CHECK(now == usage);
+
+    auto [rrc, rj] = node.tmsctl({"resume", "--job", "e2e"});
+    INFO(rj.dump());
+    REQUIRE(rrc == 0);
+    CHECK(rj[0]["ok"] == true);
+    REQUIRE(prog.cmd("check") == "ok 4");
+    for (auto& [id, a] : addr) CHECK(prog.cmd("addr " + std::to_string(id)) == "ok " + a);
+    CHECK_FALSE(node.probe(200));
+
+    // The program lives on between pauses: frees and allocates again (same sizes, so disk usage
+    // must stay where it is).
+    REQUIRE(prog.cmd("free 2") == "ok");
+    addr[2] = ok_addr(prog.cmd("alloc 2 50331648 " + std::string(cycle % 2 ? "direct" : "dlsym")));
+    REQUIRE_FALSE(addr[2].empty());
+  }
+  prog.cmd("exit");
+  CHECK(prog.wait() == 0);
+  CHECK(eventually([&] { return !fs::exists(dir); }));
+}
+
+TEST_CASE("the in-process C API pauses and resumes from inside the program") {
+  Node node;
+  node.device_mb = 256;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("api", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 134217728 direct")).empty());
+  REQUIRE(prog.cmd("check") == "ok 1");
+  CHECK_FALSE(node.probe(200));
+  REQUIRE(prog.cmd("api pause") == "ok");
+  CHECK(node.probe(200));
+  REQUIRE(prog.cmd("api resume") == "ok");
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("tmsctl run starts two ranks of one job and tmsctl pause --job pauses both") {
+  Node node;
+  node.start_daemon();
+  std::vector<std::unique_ptr<Proc>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    Env env = node.sim_env();
+    env["RANK"] = std::to_string(r);
+    ranks.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "duo", "--", CUDA_PATTERN_PATH}, env));
+    REQUIRE(ranks.back()->line() == "ready");
+    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 1 33554432 direct")).empty());
+  }
+  auto [rc, j] = node.tmsctl({"pause", "--job", "duo"});
+  INFO(j.dump());
+  REQUIRE(rc == 0);
+  REQUIRE(j.size() == 2);
+  CHECK(j[0]["rank"] == 0);
+  CHECK(j[1]["rank"] == 1);
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "duo"});
+  REQUIRE(rrc == 0);
+  for (auto& p : ranks) CHECK(p->cmd("check") == "ok 1");
+}
+
+TEST_CASE("without a daemon the shim starts a private one, which leaves when the last process exits") {
+  Node node;  // no daemon started
+  if (fs::exists(kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");
+  const std::string xdg = node.dir / "xdg";
+  fs::create_directories(xdg);
+  ::chmod(xdg.c_str(), 0700);
+  Env env = node.sim_env();
+  env["LD_PRELOAD"] = SHIM_PATH;
+  env["XDG_RUNTIME_DIR"] = xdg;
+  env["TMS_DISK_BACKUP_DIR"] = node.root;
+  env["TMSDISK_JOB"] = "private";
+  env["TMSDISK_LOG"] = "info";
+  const std::string socket = xdg + "/tmsdisk/tmsdiskd.sock";
+  {
+    Proc prog({CUDA_PATTERN_PATH}, env);
+    REQUIRE(prog.line() == "ready");
+    REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+    REQUIRE(prog.cmd("api pause") == "ok");
+    CHECK(fs::exists(socket));
+    CHECK(fs::exists(node.rank_dir("private", prog.pid(), prog.pid()) + "/data"));  // undeclared rank: the pid
+    REQUIRE(prog.cmd("api resume") == "ok");
+    CHECK(prog.cmd("check") == "ok 1");
+    prog.cmd("exit");
+    CHECK(prog.wait() == 0);
+  }
+  CHECK(eventually([&] { return !socket_answers(socket); }));
+  CHECK(eventually([&] { return disk_usage(node.root) == 0; }));
+}

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+// Unit tests of the shim's core without a driver: hook table and lookup map, versioned-name
+// resolution, the dlsym replacement, registry, settings, and the C API when libcuda is absent.
+#include <catch2/catch.hpp>
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "config.h"
+#include "driver.h"
+#include "engine.h"
+#include "registry.h"
+#include "shim.h"
+
+using namespace tmsdisk::shim;
+
+namespace {
+
+// Settings are read once per process: point the shim at a socket nobody listens on before any test
+// runs, so nothing here can reach a daemon of the machine.
+const bool g_env_ready = [] {
+  ::setenv("TMSDISK_SOCKET", "/nonexistent/tmsdisk-unit-test.sock", 1);
+  ::setenv("TMSDISK_LOG", "error", 1);
+  return true;
+}();
+
+int index_of(const char* name) {
+  for (std::size_t i = 0; i < kHookCount; ++i)
+    if (std::strcmp(kHooks[i].name, name) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+std::set<std::string> map_globals() {
+  std::ifstream in(TMSDISK_SHIM_MAP_PATH);
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = std::regex_replace(ss.str(), std::regex(R"(/\*[\s\S]*?\*/)"), "");
+  std::smatch m;
+  REQUIRE(std::regex_search(text, m, std::regex(R"(global:([\s\S]*)local:)")));
+  std::set<std::string> names;
+  const std::string block = m[1];
+  std::regex ident(R"([A-Za-z_][A-Za-z0-9_]*)");
+  for (auto it = std::sregex_iterator(block.begin(), block.end(), ident); it != std::sregex_iterator(); ++it)
+    names.insert(it->str());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("hook table: the lookup map covers every entry") {
+  REQUIRE(g_env_ready);
+  std::set<void*> addresses;
+  for (std::size_t i = 0; i < kHookCount; ++i) {
+    INFO(kHooks[i].name);
+    CHECK(find_hook(kHooks[i].name) == static_cast<int>(i));
+    void* addr = hook_address(i);
+    CHECK(addr != nullptr);
+    addresses.insert(addr);
+    CHECK(std::strncmp(kHooks[i].base, "cu", 2) == 0);
+  }
+  CHECK(addresses.size() == kHookCount);
+  CHECK(hook_address(kHookCount) == nullptr);
+  CHECK(find_hook("cuMemAlloc") == -1);  // the unversioned CUDA 3.1 symbol is not hooked
+  CHECK(find_hook("cuMemAlloc_v3") == -1);
+  CHECK(find_hook("cuGetExportTable") == -1);  // must always reach the driver untouched
+  CHECK(find_hook("malloc") == -1);
+  CHECK(find_hook("") == -1);
+  CHECK(find_hook("c") == -1);
+}
+
+TEST_CASE("hook table: names agree with the version script") {
+  const auto globals = map_globals();
+  std::set<std::string> cu_in_map;
+  for (const auto& n : globals)
+    if (n.rfind("cu", 0) == 0) cu_in_map.insert(n);
+  std::set<std::string> in_table;
+  for (const auto& h : kHooks) in_table.insert(h.name);
+  CHECK(cu_in_map == in_table);
+  for (const char* n : {"dlsym", "tmsdisk_pause", "tmsdisk_resume", "tmsdisk_status", "tmsdisk_version"})
+    CHECK(globals.count(n) == 1);
+}
+
+TEST_CASE("versioned names: cuGetProcAddress base names resolve to the right variant") {
+  const auto resolve = [](const char* base, int version, uint64_t flags = 0) {
+    int i = resolve_by_base(kHooks, base, version, flags);
+    return i < 0 ? std::string("-") : std::string(kHooks[static_cast<std::size_t>(i)].name);
+  };
+  CHECK(resolve("cuMemAlloc", 12000) == "cuMemAlloc_v2");
+  CHECK(resolve("cuMemAlloc", 3020) == "cuMemAlloc_v2");
+  CHECK(resolve("cuMemAlloc", 3010) == "-");  // the 32-bit CUDA 3.1 function is not ours
+  CHECK(resolve("cuMemAlloc", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) == "cuMemAlloc_v2");
+  CHECK(resolve("cuMemAllocPitch", 12080) == "cuMemAllocPitch_v2");
+  CHECK(resolve("cuMemFree", 11080, CU_GET_PROC_ADDRESS_LEGACY_STREAM) == "cuMemFree_v2");
+  CHECK(resolve("cuGetProcAddress", 11030) == "cuGetProcAddress");
+  CHECK(resolve("cuGetProcAddress", 11080) == "cuGetProcAddress");
+  CHECK(resolve("cuGetProcAddress", 12000) == "cuGetProcAddress_v2");
+  CHECK(resolve("cuGetProcAddress", 13000) == "cuGetProcAddress_v2");
+  CHECK(resolve("cuGetProcAddress", 11020) == "-");
+  CHECK(resolve("cuMemCreate", 12000) == "-");
+  CHECK(resolve("cuMemAlloc_v2", 12000) == "-");  // cuGetProcAddress takes base names only
+  // Beyond the CUDA major the table was written for, only pointer identity substitutes.
+  CHECK(resolve("cuMemAlloc", kNameResolutionLimit) == "-");
+  CHECK(resolve("cuMemAlloc", kNameResolutionLimit - 10) == "cuMemAlloc_v2");
+}
+
+TEST_CASE("versioned names: per-thread twins follow the flags") {
+  const HookInfo table[] = {
+      {"cuFoo", "cuFoo", 3020, Variant::Legacy, Need::Required},
+      {"cuFoo_ptsz", "cuFoo", 7000, Variant::PerThread, Need::Required},
+      {"cuFoo_v2", "cuFoo", 12000, Variant::Legacy, Need::Required},
+      {"cuFoo_v2_ptsz", "cuFoo", 12000, Variant::PerThread, Need::Required},
+      {"cuBar", "cuBar", 4000, Variant::Any, Need::Optional},
+  };
+  const auto resolve = [&](const char* base, int version, uint64_t flags) {
+    int i = resolve_by_base(table, base, version, flags);
+    return i < 0 ? std::string("-") : std::string(table[i].name);
+  };
+  constexpr uint64_t kPtds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  constexpr uint64_t kLegacy = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+  CHECK(resolve("cuFoo", 10000, 0) == "cuFoo");
+  CHECK(resolve("cuFoo", 10000, kLegacy) == "cuFoo");
+  CHECK(resolve("cuFoo", 10000, kPtds) == "cuFoo_ptsz");
+  CHECK(resolve("cuFoo", 5000, kPtds) == "cuFoo");  // no per-thread twin yet: the legacy one
+  CHECK(resolve("cuFoo", 12000, 0) == "cuFoo_v2");
+  CHECK(resolve("cuFoo", 12000, kPtds) == "cuFoo_v2_ptsz");
+  CHECK(resolve("cuFoo", 2000, kPtds) == "-");
+  CHECK(resolve("cuBar", 12000, kPtds) == "cuBar");
+  CHECK(resolve("cuBar", 12000, 0) == "cuBar");
+}
+
+TEST_CASE("dlsym replacement resolves like glibc") {
+  void* (*glibc_dlsym)(void*, const char*) = real_dlsym();
+  REQUIRE(glibc_dlsym != nullptr);
+  CHECK(dlsym_hook(RTLD_DEFAULT, "strlen", nullptr) == glibc_dlsym(RTLD_DEFAULT, "strlen"));
+  void* libc = ::dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  REQUIRE(libc != nullptr);
+  CHECK(dlsym_hook(libc, "memcpy", nullptr) == glibc_dlsym(libc, "memcpy"));
+
+  // RTLD_NEXT is relative to the caller, not to the shim: from this executable it is what glibc
+  // answers here; from inside libstdc++ (loaded before libc) it is libc's own malloc.
+  const void* here = reinterpret_cast<const void*>(&index_of);
+  CHECK(dlsym_hook(RTLD_NEXT, "malloc", here) == ::dlsym(RTLD_NEXT, "malloc"));
+  const void* in_libstdcxx = reinterpret_cast<const void*>(&std::terminate);
+  CHECK(dlsym_hook(RTLD_NEXT, "malloc", in_libstdcxx) == glibc_dlsym(libc, "malloc"));
+
+  CHECK(dlsym_hook(RTLD_DEFAULT, "tmsdisk_no_such_symbol", nullptr) == nullptr);
+  CHECK(::dlerror() != nullptr);
+  CHECK(dlsym_hook(RTLD_NEXT, "tmsdisk_no_such_symbol", here) == nullptr);
+  ::dlclose(libc);
+}
+
+TEST_CASE("registry: managed ranges by containing address, native bytes by reason") {
+  Registry r;
+  const uint64_t v0 = r.version();
+  auto make = [](CUdeviceptr base, std::size_t size, std::size_t mapped) {
+    auto a = std::make_unique<Allocation>();
+    a->base = base;
+    a->size = size;
+    a->mapped = mapped;
+    return a;
+  };
+  auto a = r.add(make(0x100000, 3000, 4096));
+  auto b = r.add(make(0x200000, 8192, 8192));
+  CHECK(a->id != 0);
+  CHECK(b->id > a->id);
+  CHECK(r.version() > v0);
+
+  CHECK(r.find(0x100000) == a);
+  CHECK(r.find(0x100000 + 4095) == a);  // padding up to the granularity belongs to it
+  CHECK(r.find(0x100000 + 4096) == nullptr);
+  CHECK(r.find(0xfffff) == nullptr);
+  CHECK(r.find(0x200000 + 100) == b);
+  CHECK(r.find(0x300000) == nullptr);
+  CHECK(r.snapshot().size() == 2);
+  CHECK(r.snapshot()[0] == a);
+
+  b->state.store(AllocState::Paused);
+  r.add_unmanaged(0x5000, 100, tmsdisk::proto::Unmanaged::Small);
+  r.add_unmanaged(0x6000, 200, tmsdisk::proto::Unmanaged::Small);
+  r.add_unmanaged(0x7000, 1 << 20, tmsdisk::proto::Unmanaged::Other);
+  auto t = r.totals();
+  CHECK(t.managed_allocations == 2);
+  CHECK(t.paused_allocations == 1);
+  CHECK(t.resident_bytes == 3000);
+  CHECK(t.paused_bytes == 8192);
+  CHECK(t.unmanaged_bytes[0] == 300);
+  CHECK(t.unmanaged_bytes[static_cast<std::size_t>(tmsdisk::proto::Unmanaged::Other)] == (1u << 20));
+
+  CHECK(r.remove_unmanaged(0x5000));
+  CHECK_FALSE(r.remove_unmanaged(0x5000));
+  // An address reused after a free we never saw replaces the stale record.
+  r.add_unmanaged(0x6000, 50, tmsdisk::proto::Unmanaged::Small);
+  CHECK(r.totals().unmanaged_bytes[0] == 50);
+
+  CHECK(r.remove(0x100000 + 1) == nullptr);  // only exact bases
+  CHECK(r.remove(0x100000) == a);
+  CHECK(r.find(0x100000) == nullptr);
+  CHECK(r.totals().managed_allocations == 1);
+}
+
+TEST_CASE("settings: parsers") {
+  CHECK(parse_bytes(nullptr, 7) == 7);
+  CHECK(parse_bytes("", 7) == 7);
+  CHECK(parse_bytes("1048576", 7) == 1048576);
+  CHECK(parse_bytes("2M", 7) == (2u << 20));
+  CHECK(parse_bytes("2MiB", 7) == (2u << 20));
+  CHECK(parse_bytes("4k", 7) == 4096);
+  CHECK(parse_bytes("1G", 7) == (1ull << 30));
+  CHECK(parse_bytes("0", 7) == 0);
+  CHECK(parse_bytes("-1", 7) == 7);
+  CHECK(parse_bytes("12X", 7) == 7);
+  CHECK(parse_bytes("abc", 7) == 7);
+  CHECK(parse_bytes("99999999999999999999", 7) == 7);
+  CHECK(parse_bytes("17179869184G", 7) == 7);  // overflows 64 bits
+
+  CHECK(parse_rank("3") == 3);
+  CHECK(parse_rank("0") == 0);
+  CHECK(parse_rank("-1") == -1);
+  CHECK(parse_rank("x") == -1);
+  CHECK(parse_rank("3x") == -1);
+  CHECK(parse_rank(nullptr) == -1);
+
+  CHECK(sanitize_job("a.b-c_D9") == "a.b-c_D9");
+  CHECK(sanitize_job("my job/1") == "my_job_1");
+  CHECK(sanitize_job(".hidden") == "_hidden");
+  CHECK(sanitize_job("..") == "_.");
+  CHECK(sanitize_job("") == "default");
+  CHECK(sanitize_job(std::string(100, 'j')).size() == 64);
+  CHECK(sanitize_job("job\n\x01") == "job__");
+}
+
+TEST_CASE("settings: read once from the environment") {
+  const Config& c = config();
+  CHECK(c.socket_path == "/nonexistent/tmsdisk-unit-test.sock");
+  CHECK(&config() == &c);
+}
+
+// The unit-test binary has no libcuda.so.1 (simcuda is not on its library path): the shim must
+// disable itself and answer with the driver's error codes rather than crash.
+TEST_CASE("without libcuda the shim passes through and the C API reports it") {
+  if (driver().usable) {
+    WARN("a usable libcuda.so.1 is loadable here; nothing to check");
+    return;
+  }
+  CHECK_FALSE(driver().usable);
+  CUdeviceptr p = 0;
+  CHECK(hook::cuMemAlloc_v2(&p, 1 << 20) == CUDA_ERROR_NOT_INITIALIZED);
+  CHECK(hook::cuMemFree_v2(p) == CUDA_ERROR_NOT_INITIALIZED);
+  void* fn = nullptr;
+  CHECK(hook::cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, nullptr) == CUDA_ERROR_NOT_SUPPORTED);
+  int marker = 0;
+  CHECK(substitute_proc("cuMemAlloc", &marker, 12000, 0) == &marker);
+
+  struct tmsdisk_status st;
+  std::memset(&st, 0xff, sizeof(st));
+  REQUIRE(api_status(&st, sizeof(st)) == 0);
+  CHECK(st.enabled == 0);
+  CHECK(st.connected == 0);
+  CHECK(st.managed_allocations == 0);
+  CHECK(api_status(nullptr, sizeof(st)) == -EINVAL);
+
+  // The request goes through the control thread and comes back with the reason.
+  CHECK(api_pause() == -ENOTSUP);
+  REQUIRE(api_status(&st, sizeof(st)) == 0);
+  CHECK(st.last_error == ENOTSUP);
+  CHECK(std::string(st.last_message).find("libcuda") != std::string::npos);
+  CHECK(api_resume() == -ENOTSUP);
+
+  // A caller built against an older, shorter struct gets only what it asked for.
+  unsigned char small[8];
+  std::memset(small, 0xab, sizeof(small));
+  REQUIRE(api_status(reinterpret_cast<struct tmsdisk_status*>(small), 4) == 0);
+  CHECK(small[4] == 0xab);
+  CHECK(std::string(api_version()).rfind("tmsdisk ", 0) == 0);
+}

@@ -1,0 +1,586 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shim's core over simcuda (libcuda.so.1 from the build tree) and a scripted in-process daemon:
+// managed allocations, pause/resume round trips, and every failure path of the engine, checking
+// the invariants (memory released only after all its chunks are acknowledged; failures leave
+// unreleased allocations resident and intact; resume verifies before data is visible).
+#include <catch2/catch.hpp>
+#include <dlfcn.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "driver.h"
+#include "engine.h"
+#include "registry.h"
+#include "shim.h"
+#include "tmsdisk/protocol/messages.h"
+#include "tmsdisk/protocol/socket.h"
+
+namespace proto = tmsdisk::proto;
+using namespace tmsdisk::shim;
+
+// Set by test_interposer_engine_main.cpp before the tests run.
+extern std::string g_test_dir;
+
+namespace {
+
+constexpr uint32_t kSlotBytes = 1 << 20;
+constexpr uint32_t kSlotCount = 4;
+
+uint64_t checksum(const uint8_t* p, std::size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A daemon that keeps blobs in memory. It answers chunk requests in batches and in reverse order
+// (replies may come out of order), checks the rules the real daemon enforces (slot not busy, chunk
+// geometry, reservation), and fails on request.
+class FakeDaemon {
+ public:
+  explicit FakeDaemon(std::string path) : path_(std::move(path)) {
+    listen_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    ::unlink(path_.c_str());
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_, 4) != 0)
+      throw std::runtime_error("fake daemon cannot listen on " + path_);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~FakeDaemon() {
+    stop_ = true;
+    thread_.join();
+    ::close(listen_);
+  }
+
+  // Knobs (set between operations).
+  std::atomic<int> reserve_error{0};
+  std::atomic<int> fail_write_at{-1};  // 0-based index of the WRITE to answer with EIO
+  std::atomic<uint64_t> corrupt_blob{0};  // READs of this blob fail with EBADMSG
+
+  std::atomic<int> writes{0};
+  std::atomic<int> commits_paused{0};
+  std::atomic<int> commits_resumed{0};
+  std::atomic<int> progress_messages{0};
+  std::atomic<int> reports{0};
+  std::atomic<int> violations{0};
+
+  // Chunks written for `blob` and the data, once complete.
+  bool blob_complete(uint64_t blob, std::vector<uint8_t>* data) {
+    std::lock_guard lock(mu_);
+    auto it = blobs_.find(blob);
+    if (it == blobs_.end()) return false;
+    const Blob& b = it->second;
+    for (bool w : b.written)
+      if (!w) return false;
+    if (data) *data = b.data;
+    return true;
+  }
+
+  // Sends Command{op} to the shim and waits for CommandDone.
+  proto::CommandDone command(proto::CommandOp op) {
+    std::unique_lock lock(mu_);
+    const uint64_t id = 1000000 + ++commands_sent_;
+    proto::Command c;
+    c.op = static_cast<uint8_t>(op);
+    pending_command_ = id;
+    send_locked(id, c);
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] { return done_.count(id) > 0; });
+    auto it = done_.find(id);
+    if (it == done_.end()) {
+      proto::CommandDone timeout;
+      timeout.code = ETIMEDOUT;
+      return timeout;
+    }
+    return it->second;
+  }
+  int progress_for_last_command() const { return command_progress_.load(); }
+
+ private:
+  struct Blob {
+    uint64_t size = 0;
+    std::vector<uint8_t> data;
+    std::vector<bool> written;
+    std::vector<uint64_t> sums;
+  };
+  struct Pending {
+    uint64_t id;
+    bool write;
+    proto::ChunkRef ref;
+  };
+
+  void send_locked(uint64_t id, const proto::Message& m, int fd = -1) {
+    auto bytes = proto::encode(id, m);
+    if (conn_ >= 0) proto::send_message(conn_, bytes, fd);
+  }
+  void error_locked(uint64_t id, int code, const std::string& msg) {
+    proto::ErrorReply e;
+    e.code = code;
+    e.message = msg;
+    send_locked(id, e);
+  }
+
+  void run() {
+    std::vector<uint8_t> buf;
+    while (!stop_) {
+      pollfd fds[2] = {{listen_, POLLIN, 0}, {conn_, POLLIN, 0}};
+      const int n = ::poll(fds, conn_ >= 0 ? 2 : 1, pending_.empty() ? 50 : 0);
+      if (n > 0 && (fds[0].revents & POLLIN)) {
+        int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        std::lock_guard lock(mu_);
+        if (conn_ >= 0) ::close(conn_);
+        conn_ = c;
+        continue;
+      }
+      if (n > 0 && conn_ >= 0 && fds[1].revents) {
+        const long got = proto::recv_message(conn_, buf);
+        std::lock_guard lock(mu_);
+        if (got <= 0) {
+          ::close(conn_);
+          conn_ = -1;
+          continue;
+        }
+        auto d = proto::decode(buf);
+        if (!d.envelope) {
+          ++violations;
+          continue;
+        }
+        handle_locked(*d.envelope);
+        if (pending_.size() < 3) continue;  // let a batch build up
+      }
+      std::lock_guard lock(mu_);
+      answer_pending_locked();
+    }
+  }
+
+  void handle_locked(proto::Envelope& env) {
+    const uint64_t id = env.request_id;
+    std::visit(
+        [&](auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, proto::Hello>) {
+            int fd = ::memfd_create("fake-staging", MFD_CLOEXEC);
+            ::ftruncate(fd, uint64_t{kSlotBytes} * kSlotCount);
+            staging_ = static_cast<uint8_t*>(
+                ::mmap(nullptr, uint64_t{kSlotBytes} * kSlotCount, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+            busy_.assign(kSlotCount, false);
+            proto::Welcome w;
+            w.session_id = 7;
+            w.token = 42;
+            w.staging_bytes = uint64_t{kSlotBytes} * kSlotCount;
+            w.slot_bytes = kSlotBytes;
+            w.slot_count = kSlotCount;
+            w.rank_dir = "/fake";
+            send_locked(id, w, fd);
+            ::close(fd);
+          } else if constexpr (std::is_same_v<T, proto::Reserve>) {
+            if (!pending_.empty()) ++violations;
+            if (m.flags & proto::kReserveFirst) reserve_set_.clear();
+            reserve_set_.insert(reserve_set_.end(), m.blobs.begin(), m.blobs.end());
+            if (!(m.flags & proto::kReserveLast)) return send_locked(id, proto::OkReply{});
+            if (int e = reserve_error.load()) return error_locked(id, e, "no space left (test)");
+            if (paused_) return error_locked(id, EBUSY, "a committed pause holds the only copy");
+            std::map<uint64_t, Blob> next;
+            for (const auto& b : reserve_set_) {
+              Blob nb;
+              nb.size = b.size;
+              nb.data.assign(b.size, 0);
+              const uint64_t chunks = (b.size + kSlotBytes - 1) / kSlotBytes;
+              nb.written.assign(chunks, false);
+              nb.sums.assign(chunks, 0);
+              next.emplace(b.id, std::move(nb));
+            }
+            blobs_ = std::move(next);
+            send_locked(id, proto::OkReply{});
+          } else if constexpr (std::is_same_v<T, proto::Write> || std::is_same_v<T, proto::Read>) {
+            constexpr bool is_write = std::is_same_v<T, proto::Write>;
+            auto it = blobs_.find(m.blob);
+            if (m.slot >= kSlotCount || busy_[m.slot] || it == blobs_.end() || m.offset % kSlotBytes != 0 ||
+                m.offset >= it->second.size ||
+                m.length != std::min<uint64_t>(kSlotBytes, it->second.size - m.offset)) {
+              ++violations;
+              return error_locked(id, EINVAL, "bad chunk");
+            }
+            busy_[m.slot] = true;
+            pending_.push_back(Pending{id, is_write, m});
+          } else if constexpr (std::is_same_v<T, proto::Commit>) {
+            if (!pending_.empty()) ++violations;
+            if (m.state == static_cast<uint8_t>(proto::CommitState::Paused)) {
+              for (auto& [bid, b] : blobs_)
+                for (bool w : b.written)
+                  if (!w) return error_locked(id, EINVAL, "chunks missing");
+              paused_ = true;
+              ++commits_paused;
+            } else {
+              paused_ = false;
+              ++commits_resumed;
+            }
+            send_locked(id, proto::OkReply{});
+          } else if constexpr (std::is_same_v<T, proto::Report>) {
+            ++reports;
+          } else if constexpr (std::is_same_v<T, proto::Progress>) {
+            if (id == pending_command_) ++command_progress_;
+            ++progress_messages;
+          } else if constexpr (std::is_same_v<T, proto::CommandDone>) {
+            done_[id] = m;
+            cv_.notify_all();
+          } else {
+            ++violations;
+          }
+        },
+        env.body);
+  }
+
+  void answer_pending_locked() {
+    // Newest first: the shim must match answers by request id, not by order.
+    while (!pending_.empty()) {
+      Pending p = pending_.back();
+      pending_.pop_back();
+      busy_[p.ref.slot] = false;
+      Blob& b = blobs_[p.ref.blob];
+      const uint64_t chunk = p.ref.offset / kSlotBytes;
+      uint8_t* slot = staging_ + uint64_t{p.ref.slot} * kSlotBytes;
+      if (p.write) {
+        if (writes++ == fail_write_at.load()) {
+          error_locked(p.id, EIO, "write failed (test)");
+          continue;
+        }
+        std::memcpy(b.data.data() + p.ref.offset, slot, p.ref.length);
+        b.written[chunk] = true;
+        b.sums[chunk] = checksum(slot, p.ref.length);
+        proto::Written w;
+        w.checksum = b.sums[chunk];
+        send_locked(p.id, w);
+      } else {
+        if (!b.written[chunk]) {
+          error_locked(p.id, ENODATA, "never written");
+          continue;
+        }
+        std::memcpy(slot, b.data.data() + p.ref.offset, p.ref.length);
+        if (p.ref.blob == corrupt_blob.load()) slot[0] ^= 0xff;
+        if (checksum(slot, p.ref.length) != b.sums[chunk]) {
+          error_locked(p.id, EBADMSG, "checksum mismatch (test)");
+          continue;
+        }
+        proto::ReadDone r;
+        r.checksum = b.sums[chunk];
+        send_locked(p.id, r);
+      }
+    }
+  }
+
+  std::string path_;
+  int listen_ = -1;
+  int conn_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint8_t* staging_ = nullptr;
+  std::vector<bool> busy_;
+  std::vector<Pending> pending_;
+  std::vector<proto::BlobSize> reserve_set_;
+  std::map<uint64_t, Blob> blobs_;
+  bool paused_ = false;
+  uint64_t commands_sent_ = 0;
+  uint64_t pending_command_ = 0;
+  std::atomic<int> command_progress_{0};
+  std::map<uint64_t, proto::CommandDone> done_;
+};
+
+// The simulated driver, called directly (not through the hooks) to set up contexts and move bytes.
+struct Sim {
+  void* lib = nullptr;
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void*, size_t) = nullptr;
+  CUresult (*cuMemcpyDtoH_v2)(void*, CUdeviceptr, size_t) = nullptr;
+  int (*is_mapped)(unsigned long long, size_t) = nullptr;
+  CUcontext ctx = nullptr;
+
+  Sim() {
+    lib = ::dlopen("libcuda.so.1", RTLD_NOW);
+    REQUIRE(lib);
+#define LOAD(name) name = reinterpret_cast<decltype(name)>(::dlsym(lib, #name))
+    LOAD(cuInit);
+    LOAD(cuDeviceGet);
+    LOAD(cuDevicePrimaryCtxRetain);
+    LOAD(cuCtxSetCurrent);
+    LOAD(cuMemcpyHtoD_v2);
+    LOAD(cuMemcpyDtoH_v2);
+#undef LOAD
+    is_mapped = reinterpret_cast<decltype(is_mapped)>(::dlsym(lib, "simcuda_is_mapped"));
+    REQUIRE(is_mapped);
+    REQUIRE(cuInit(0) == CUDA_SUCCESS);
+    CUdevice dev;
+    REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+  }
+  void make_current() { REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS); }
+};
+
+struct World {
+  FakeDaemon daemon{g_test_dir + "/d.sock"};
+  Sim sim;
+};
+
+World& world() {
+  static World* w = new World;  // lives until exit: the shim's control thread talks to it
+  w->sim.make_current();
+  return *w;
+}
+
+// A managed allocation with a known pattern.
+struct Buffer {
+  CUdeviceptr ptr = 0;
+  std::size_t size = 0;
+  uint8_t seed = 0;
+
+  Buffer(std::size_t n, uint8_t s) : size(n), seed(s) {
+    REQUIRE(hook::cuMemAlloc_v2(&ptr, n) == CUDA_SUCCESS);
+    std::vector<uint8_t> data = expected();
+    REQUIRE(world().sim.cuMemcpyHtoD_v2(ptr, data.data(), n) == CUDA_SUCCESS);
+  }
+  std::vector<uint8_t> expected() const {
+    std::vector<uint8_t> d(size);
+    for (std::size_t i = 0; i < size; ++i) d[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 20));
+    return d;
+  }
+  bool mapped() const { return world().sim.is_mapped(ptr, size) == 1; }
+  bool intact() const {
+    std::vector<uint8_t> d(size);
+    if (world().sim.cuMemcpyDtoH_v2(d.data(), ptr, size) != CUDA_SUCCESS) return false;
+    return d == expected();
+  }
+  uint64_t id() const { return registry().find(ptr)->id; }
+  void free() {
+    REQUIRE(hook::cuMemFree_v2(ptr) == CUDA_SUCCESS);
+    ptr = 0;
+  }
+};
+
+struct tmsdisk_status status() {
+  struct tmsdisk_status st {};
+  REQUIRE(api_status(&st, sizeof(st)) == 0);
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("allocations: VMM-backed at the threshold, native below it") {
+  world();
+  const auto before = registry().totals();
+  CUdeviceptr big = 0, small = 0, pitched = 0;
+  REQUIRE(hook::cuMemAlloc_v2(&big, 3 << 20) == CUDA_SUCCESS);
+  REQUIRE(hook::cuMemAlloc_v2(&small, 100) == CUDA_SUCCESS);
+  std::size_t pitch = 0;
+  REQUIRE(hook::cuMemAllocPitch_v2(&pitched, &pitch, 1000, 2000, 4) == CUDA_SUCCESS);
+  CHECK(pitch == 1024);
+  auto a = registry().find(big + 12345);
+  REQUIRE(a);
+  CHECK(a->base == big);
+  CHECK(a->size == (3u << 20));
+  CHECK(a->mapped % (2u << 20) == 0);
+  CHECK(a->access.size() == 1);
+  CHECK(registry().find(pitched));
+  CHECK_FALSE(registry().find(small));
+  auto t = registry().totals();
+  CHECK(t.managed_allocations == before.managed_allocations + 2);
+  CHECK(t.unmanaged_bytes[0] == before.unmanaged_bytes[0] + 100);
+  CHECK(hook::cuMemFree_v2(big + 1) == CUDA_ERROR_INVALID_VALUE);  // not an allocation's start
+  CHECK(hook::cuMemFree_v2(big) == CUDA_SUCCESS);
+  CHECK(hook::cuMemFree_v2(small) == CUDA_SUCCESS);
+  CHECK(hook::cuMemFree_v2(pitched) == CUDA_SUCCESS);
+  CHECK_FALSE(world().sim.is_mapped(big, 3 << 20));
+  t = registry().totals();
+  CHECK(t.managed_allocations == before.managed_allocations);
+  CHECK(t.unmanaged_bytes[0] == before.unmanaged_bytes[0]);
+}
+
+TEST_CASE("the cuGetProcAddress and dlsym replacements hand out hooks for libcuda's functions") {
+  World& w = world();
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  REQUIRE(hook::cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &st) == CUDA_SUCCESS);
+  CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuMemAlloc_v2));
+  REQUIRE(hook::cuGetProcAddress_v2("cuMemFree", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, nullptr) ==
+          CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuMemFree_v2));
+  REQUIRE(hook::cuGetProcAddress_v2("cuGetProcAddress", &fn, 12000, 0, nullptr) == CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuGetProcAddress_v2));
+  // Not hooked: the driver's own function comes back untouched.
+  REQUIRE(hook::cuGetProcAddress_v2("cuMemcpyHtoD", &fn, 12000, 0, nullptr) == CUDA_SUCCESS);
+  CHECK(fn == ::dlsym(w.sim.lib, "cuMemcpyHtoD_v2"));
+  REQUIRE(hook::cuGetProcAddress("cuMemAlloc", &fn, 11080, 0) == CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuMemAlloc_v2));
+
+  CHECK(dlsym_hook(w.sim.lib, "cuMemAlloc_v2", nullptr) == reinterpret_cast<void*>(&hook::cuMemAlloc_v2));
+  CHECK(dlsym_hook(w.sim.lib, "cuGetProcAddress", nullptr) == reinterpret_cast<void*>(&hook::cuGetProcAddress));
+  CHECK(dlsym_hook(w.sim.lib, "cuMemAlloc", nullptr) == ::dlsym(w.sim.lib, "cuMemAlloc"));
+  CHECK(dlsym_hook(w.sim.lib, "cuGetExportTable", nullptr) == ::dlsym(w.sim.lib, "cuGetExportTable"));
+}
+
+TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
+  World& w = world();
+  Buffer a(5 * kSlotBytes + 123, 1), b(kSlotBytes, 2), c(8 * kSlotBytes, 3);
+  const int commits = w.daemon.commits_paused.load();
+  REQUIRE(api_pause() == 0);
+  CHECK(w.daemon.commits_paused.load() == commits + 1);
+  for (const Buffer* buf : {&a, &b, &c}) {
+    CHECK_FALSE(buf->mapped());
+    std::vector<uint8_t> saved;
+    REQUIRE(w.daemon.blob_complete(buf->id(), &saved));
+    CHECK(saved == buf->expected());
+  }
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_PAUSED);
+  CHECK(st.connected == 1);
+  CHECK(st.paused_bytes == a.size + b.size + c.size);
+  CHECK(st.last_pause_bytes == a.size + b.size + c.size);
+  CHECK(api_pause() == 0);  // already paused: nothing to do
+
+  REQUIRE(api_resume() == 0);
+  for (const Buffer* buf : {&a, &b, &c}) {
+    CHECK(buf->mapped());
+    CHECK(buf->intact());
+  }
+  st = status();
+  CHECK(st.state == TMSDISK_STATE_RUNNING);
+  CHECK(st.paused_bytes == 0);
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
+  c.free();
+}
+
+TEST_CASE("a refused reservation changes nothing") {
+  World& w = world();
+  Buffer a(3 * kSlotBytes, 4);
+  w.daemon.reserve_error = ENOSPC;
+  CHECK(api_pause() == -ENOSPC);
+  w.daemon.reserve_error = 0;
+  CHECK(a.mapped());
+  CHECK(a.intact());
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_RUNNING);
+  CHECK(st.last_error == ENOSPC);
+  CHECK(std::string(st.last_message).find("reservation") != std::string::npos);
+  a.free();
+}
+
+TEST_CASE("a failed write keeps every unreleased allocation resident and intact") {
+  World& w = world();
+  Buffer a(2 * kSlotBytes, 5), b(kSlotBytes + 7, 6), c(10 * kSlotBytes, 7);
+  // The last of the 14 chunks fails: the allocations finished before it are released, the one it
+  // belongs to stays.
+  w.daemon.fail_write_at = w.daemon.writes.load() + 13;
+  CHECK(api_pause() == -EIO);
+  w.daemon.fail_write_at = -1;
+  int paused = 0;
+  for (const Buffer* buf : {&a, &b, &c}) {
+    if (buf->mapped()) {
+      CHECK(buf->intact());
+    } else {
+      // Invariant 1: released only with every chunk acknowledged.
+      std::vector<uint8_t> saved;
+      REQUIRE(w.daemon.blob_complete(buf->id(), &saved));
+      CHECK(saved == buf->expected());
+      ++paused;
+    }
+  }
+  CHECK(paused >= 1);
+  CHECK(paused <= 2);
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_PARTIALLY_PAUSED);
+  CHECK(st.last_error == EIO);
+  CHECK(st.paused_allocations == static_cast<uint32_t>(paused));
+
+  // Pausing again first restores what the failed pause released, then pauses everything.
+  REQUIRE(api_pause() == 0);
+  for (const Buffer* buf : {&a, &b, &c}) CHECK_FALSE(buf->mapped());
+  REQUIRE(api_resume() == 0);
+  for (const Buffer* buf : {&a, &b, &c}) CHECK(buf->intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
+  c.free();
+}
+
+TEST_CASE("a checksum mismatch keeps that allocation paused and the others come back") {
+  World& w = world();
+  Buffer a(3 * kSlotBytes, 8), b(2 * kSlotBytes, 9), c(kSlotBytes, 10);
+  REQUIRE(api_pause() == 0);
+  w.daemon.corrupt_blob = b.id();
+  CHECK(api_resume() == -EBADMSG);
+  w.daemon.corrupt_blob = 0;
+  CHECK(a.intact());
+  CHECK(c.intact());
+  CHECK_FALSE(b.mapped());  // never visible with unverified data
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_PARTIALLY_PAUSED);
+  CHECK(st.last_error == EBADMSG);
+  CHECK(api_pause() == -EBUSY);  // the committed pause still holds b's only copy
+
+  REQUIRE(api_resume() == 0);
+  CHECK(b.intact());
+  CHECK(status().state == TMSDISK_STATE_RUNNING);
+  a.free();
+  b.free();
+  c.free();
+}
+
+TEST_CASE("freeing a paused allocation, and pause/resume driven by daemon commands") {
+  World& w = world();
+  Buffer a(4 * kSlotBytes, 11), b(kSlotBytes, 12);
+  auto done = w.daemon.command(proto::CommandOp::Pause);
+  CHECK(done.code == 0);
+  CHECK(done.bytes == a.size + b.size);
+  CHECK(done.nanos > 0);
+  CHECK(w.daemon.progress_for_last_command() >= 2);  // at least the first and the last
+  b.free();  // paused: nothing mapped to release, the range is returned
+  done = w.daemon.command(proto::CommandOp::Resume);
+  CHECK(done.code == 0);
+  CHECK(a.intact());
+  CHECK(registry().find(b.ptr) == nullptr);
+  CHECK(w.daemon.reports.load() > 0);
+  a.free();
+}
+
+TEST_CASE("a fork child drops the inherited session") {
+  world();
+  Buffer a(kSlotBytes, 13);
+  REQUIRE(status().connected == 1);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    struct tmsdisk_status st {};
+    const int rc = api_status(&st, sizeof(st));
+    ::_exit(rc == 0 && st.connected == 0 ? 0 : 1);
+  }
+  int wstatus = 0;
+  REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+  CHECK(WIFEXITED(wstatus));
+  CHECK(WEXITSTATUS(wstatus) == 0);
+  CHECK(status().connected == 1);
+  REQUIRE(api_pause() == 0);  // the parent's session still works
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  a.free();
+}
