@@ -50,7 +50,7 @@ Result<UniqueFd> open_unlinked(const std::string& dir, int flags) {
 // One sequential pass over [0, total) with `buffers.size()` requests in flight. A read checks the
 // offset stamped at the start of each request by the write, so a misdirected request cannot pass.
 Result<double> sequential_pass(io::Engine& engine, io::Op op, int fd, const std::vector<AlignedPtr>& buffers,
-                               uint64_t total, uint32_t request_bytes) {
+                               const std::vector<int>& buf_index, uint64_t total, uint32_t request_bytes) {
   std::vector<uint64_t> offset_of(buffers.size());
   uint64_t next = 0;
   int first_error = 0;
@@ -59,7 +59,7 @@ Result<double> sequential_pass(io::Engine& engine, io::Op op, int fd, const std:
     auto len = static_cast<uint32_t>(std::min<uint64_t>(request_bytes, total - next));
     if (op == io::Op::Write) std::memcpy(buffers[b].get(), &next, sizeof(next));
     offset_of[b] = next;
-    engine.queue(io::Request{op, fd, buffers[b].get(), -1, len, next, b});
+    engine.queue(io::Request{op, fd, buffers[b].get(), b < buf_index.size() ? buf_index[b] : -1, len, next, b});
     next += len;
   };
 
@@ -123,7 +123,9 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
 
     io::Engine::Options options;
     options.queue_depth = queue_depth;
-    options.buffer_slots = 0;  // plain buffers: the ceiling must not depend on RLIMIT_MEMLOCK
+    // Registered (pinned) buffers, as the daemon uses for staging, where the kernel allows them;
+    // plain buffers otherwise (an unprivileged RLIMIT_MEMLOCK), which the notes then say.
+    options.buffer_slots = queue_depth;
     auto engine = io::Engine::create(options);
     if (!engine) return std::move(engine).error();
     r.io_uring = (*engine)->uses_io_uring();
@@ -147,12 +149,23 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
       }
     }
 
-    auto write = sequential_pass(**engine, io::Op::Write, fd->get(), buffers, r.bytes, request_bytes);
+    std::vector<int> buf_index;
+    std::string why;
+    for (auto& b : buffers) {
+      int idx = (*engine)->register_buffer(b.get(), request_bytes, &why);
+      if (idx < 0) {
+        buf_index.clear();
+        r.notes += "buffers not registered with io_uring (" + why + "). ";
+        break;
+      }
+      buf_index.push_back(idx);
+    }
+    auto write = sequential_pass(**engine, io::Op::Write, fd->get(), buffers, buf_index, r.bytes, request_bytes);
     if (!write) return std::move(write).error();
     r.write_bytes_per_s = *write;
     // Written back by the fdatasync above; for buffered I/O this makes the read come from the device.
     ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED);
-    auto read = sequential_pass(**engine, io::Op::Read, fd->get(), buffers, r.bytes, request_bytes);
+    auto read = sequential_pass(**engine, io::Op::Read, fd->get(), buffers, buf_index, r.bytes, request_bytes);
     if (!read) return std::move(read).error();
     r.read_bytes_per_s = *read;
     if (!r.notes.empty()) r.notes.pop_back();

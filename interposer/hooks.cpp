@@ -10,8 +10,10 @@
 #define TMSDISK_EXPORT extern "C" __attribute__((visibility("default")))
 
 // The driver's entry points, under their exported (versioned) names.
-#define TMSDISK_X(name, params, args, ...) \
-  TMSDISK_EXPORT CUresult name params noexcept { return tmsdisk::shim::hook::name args; }
+#define TMSDISK_X(name, params, args, ...)       \
+  TMSDISK_EXPORT CUresult name params noexcept { \
+    return tmsdisk::shim::hook::name args;       \
+  }
 TMSDISK_HOOKS(TMSDISK_X)
 #undef TMSDISK_X
 
@@ -21,9 +23,15 @@ TMSDISK_EXPORT void* dlsym(void* __restrict handle, const char* __restrict name)
   return tmsdisk::shim::dlsym_hook(handle, name, __builtin_return_address(0));
 }
 
-TMSDISK_EXPORT int tmsdisk_pause(void) noexcept { return tmsdisk::shim::api_pause(); }
-TMSDISK_EXPORT int tmsdisk_resume(void) noexcept { return tmsdisk::shim::api_resume(); }
+TMSDISK_EXPORT int tmsdisk_pause(void) noexcept {
+  return tmsdisk::shim::api_pause();
+}
+TMSDISK_EXPORT int tmsdisk_resume(void) noexcept {
+  return tmsdisk::shim::api_resume();
+}
 TMSDISK_EXPORT int tmsdisk_status(struct tmsdisk_status* status, size_t size) noexcept {
   return tmsdisk::shim::api_status(status, size);
 }
-TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept { return tmsdisk::shim::api_version(); }
+TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept {
+  return tmsdisk::shim::api_version();
+}

@@ -44,13 +44,15 @@ const DeviceInfo* device_info(const DriverApi& api, CUdevice dev) {
   DeviceInfo& d = g_devices[dev];
   if (d.vmm.load(std::memory_order_acquire) != kUnknown) return &d;
   int vmm = 0, rdma = 0;
-  if (api.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) != CUDA_SUCCESS) vmm = 0;
+  if (api.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) != CUDA_SUCCESS)
+    vmm = 0;
   if (api.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) != CUDA_SUCCESS)
     rdma = 0;
   std::size_t granularity = 0;
   const CUmemAllocationProp prop = make_prop(dev, rdma != 0);
-  if (vmm && (api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-              granularity == 0))
+  if (vmm &&
+      (api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+       granularity == 0))
     vmm = 0;
   if (!vmm) TMS_INFO("device %d has no usable virtual memory management; its allocations stay native", dev);
   d.rdma.store(rdma != 0, std::memory_order_relaxed);

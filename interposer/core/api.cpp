@@ -43,8 +43,12 @@ int run(proto::CommandOp op) noexcept {
 
 }  // namespace
 
-int api_pause() noexcept { return run(proto::CommandOp::Pause); }
-int api_resume() noexcept { return run(proto::CommandOp::Resume); }
+int api_pause() noexcept {
+  return run(proto::CommandOp::Pause);
+}
+int api_resume() noexcept {
+  return run(proto::CommandOp::Resume);
+}
 
 int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
   if (!status) return -EINVAL;
@@ -80,6 +84,8 @@ int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
   }
 }
 
-const char* api_version() noexcept { return "tmsdisk " TMSDISK_VERSION; }
+const char* api_version() noexcept {
+  return "tmsdisk " TMSDISK_VERSION;
+}
 
 }  // namespace tmsdisk::shim

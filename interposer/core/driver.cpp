@@ -52,20 +52,20 @@ void load(Driver& d) {
     if (n > 0) used = std::min(sizeof(missing) - 1, used + static_cast<std::size_t>(n));
   };
   bool ok = true;
-#define TMSDISK_X(name, params, args, base, since, variant, need)                                  \
-  d.api.name = reinterpret_cast<decltype(d.api.name)>(sym(d.handle, #name));                       \
-  d.real[static_cast<std::size_t>(HookId::name)] = reinterpret_cast<void*>(d.api.name);            \
-  if (!d.api.name && Need::need == Need::Required) {                                               \
-    ok = false;                                                                                    \
-    note_missing(#name);                                                                           \
+#define TMSDISK_X(name, params, args, base, since, variant, need)                       \
+  d.api.name = reinterpret_cast<decltype(d.api.name)>(sym(d.handle, #name));            \
+  d.real[static_cast<std::size_t>(HookId::name)] = reinterpret_cast<void*>(d.api.name); \
+  if (!d.api.name && Need::need == Need::Required) {                                    \
+    ok = false;                                                                         \
+    note_missing(#name);                                                                \
   }
   TMSDISK_HOOKS(TMSDISK_X)
 #undef TMSDISK_X
-#define TMSDISK_X(name, params, need)                                                              \
-  d.api.name = reinterpret_cast<decltype(d.api.name)>(sym(d.handle, #name));                       \
-  if (!d.api.name && Need::need == Need::Required) {                                               \
-    ok = false;                                                                                    \
-    note_missing(#name);                                                                           \
+#define TMSDISK_X(name, params, need)                                        \
+  d.api.name = reinterpret_cast<decltype(d.api.name)>(sym(d.handle, #name)); \
+  if (!d.api.name && Need::need == Need::Required) {                         \
+    ok = false;                                                              \
+    note_missing(#name);                                                     \
   }
   TMSDISK_DRIVER_CALLS(TMSDISK_X)
 #undef TMSDISK_X
@@ -144,8 +144,12 @@ void* next_symbol(DlsymFn real, const char* name, const void* caller) {
 }  // namespace
 
 ReentryGuard::ReentryGuard() noexcept : nested_(t_depth++ > 0) {}
-ReentryGuard::~ReentryGuard() { --t_depth; }
-void mark_shim_thread() noexcept { ++t_depth; }
+ReentryGuard::~ReentryGuard() {
+  --t_depth;
+}
+void mark_shim_thread() noexcept {
+  ++t_depth;
+}
 
 DlsymFn real_dlsym() noexcept {
   static std::atomic<DlsymFn> cached{nullptr};
@@ -174,12 +178,10 @@ const Driver& driver() noexcept {
 void* hook_address(std::size_t index) noexcept {
   switch (static_cast<HookId>(index)) {
 #define TMSDISK_X(name, ...) \
-  case HookId::name:         \
-    return reinterpret_cast<void*>(&hook::name);
+  case HookId::name: return reinterpret_cast<void*>(&hook::name);
     TMSDISK_HOOKS(TMSDISK_X)
 #undef TMSDISK_X
-    default:
-      return nullptr;
+    default: return nullptr;
   }
 }
 
@@ -190,8 +192,7 @@ int find_hook(std::string_view name) noexcept {
   return it != kSortedNames.end() && it->name == name ? it->index : -1;
 }
 
-int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int cuda_version,
-                    uint64_t flags) noexcept {
+int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int cuda_version, uint64_t flags) noexcept {
   if (cuda_version >= kNameResolutionLimit) return -1;
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   int best = -1;
@@ -203,8 +204,7 @@ int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int 
     if (h.variant == Variant::PerThread && !per_thread) continue;
     // The newest variant introduced at or before the requested version wins; at equal versions a
     // per-thread request prefers the per-thread twin.
-    if (best < 0 || h.since > table[best].since ||
-        (h.since == table[best].since && h.variant == Variant::PerThread))
+    if (best < 0 || h.since > table[best].since || (h.since == table[best].since && h.variant == Variant::PerThread))
       best = static_cast<int>(i);
   }
   return best;

@@ -76,8 +76,7 @@ int find_hook(std::string_view name) noexcept;
 // below kNameResolutionLimit are answered: a newer driver may have introduced another variant with
 // another signature, and those are substituted only when the pointer itself identifies the function.
 inline constexpr int kNameResolutionLimit = (CUDA_VERSION / 1000 + 1) * 1000;
-int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int cuda_version,
-                    uint64_t flags) noexcept;
+int resolve_by_base(std::span<const HookInfo> table, std::string_view base, int cuda_version, uint64_t flags) noexcept;
 
 // What cuGetProcAddress should return for `symbol` once the real resolver returned `found`.
 void* substitute_proc(const char* symbol, void* found, int cuda_version, uint64_t flags) noexcept;

@@ -30,10 +30,10 @@ namespace tmsdisk::shim {
 namespace {
 
 constexpr int kReportIntervalMs = 1000;
-constexpr int kTickMs = 100;                  // progress messages at most this often
-constexpr int64_t kReplyTimeoutMs = 120000;   // the daemon answers every chunk well within this
+constexpr int kTickMs = 100;                 // progress messages at most this often
+constexpr int64_t kReplyTimeoutMs = 120000;  // the daemon answers every chunk well within this
 constexpr int kHandshakeTimeoutS = 10;
-constexpr std::size_t kReserveBatch = 3000;   // blobs per RESERVE message (16 bytes each, < 64 KiB)
+constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
 constexpr int64_t kMaxConnectBackoffMs = 30000;
 
 std::atomic<Engine*> g_engine{nullptr};
@@ -120,7 +120,9 @@ Engine* Engine::instance() noexcept {
   return e;
 }
 
-Engine* Engine::existing() noexcept { return g_engine.load(std::memory_order_acquire); }
+Engine* Engine::existing() noexcept {
+  return g_engine.load(std::memory_order_acquire);
+}
 
 void Engine::fork_prepare() noexcept {
   registry().lock_for_fork();
@@ -368,7 +370,8 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   const RegistryTotals t = registry().totals();
   proto::RankState state = proto::RankState::Running;
   if (t.paused_allocations > 0)
-    state = t.paused_allocations == t.managed_allocations ? proto::RankState::Paused : proto::RankState::PartiallyPaused;
+    state =
+        t.paused_allocations == t.managed_allocations ? proto::RankState::Paused : proto::RankState::PartiallyPaused;
   {
     std::lock_guard lock(mu_);
     last_.state = static_cast<uint8_t>(state);
@@ -435,7 +438,8 @@ OpResult Engine::pause(uint64_t command_request) {
   for (CUcontext ctx : contexts) {
     CtxScope scope(api, ctx);
     if (!scope.ok()) return OpResult{EIO, 0, 0, "cannot make an allocation's context current (was it destroyed?)"};
-    if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS) return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize", r)};
+    if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
+      return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize", r)};
   }
 
   std::vector<Job> jobs(resident.size());
@@ -449,13 +453,18 @@ OpResult Engine::pause(uint64_t command_request) {
     j.chunks = (j.a->size + slot_bytes_ - 1) / slot_bytes_;
     total += j.a->size;
   }
+  for (Job& j : jobs) {
+    j.a->chunk_sums.assign(j.chunks, 0);
+    j.a->sums_chunk_bytes = slot_bytes_;
+  }
   register_staging(resident.front()->ctx);
 
   // 2. Reserve disk space for every byte; refused (ENOSPC...) means nothing changed.
   for (std::size_t first = 0; first < jobs.size(); first += kReserveBatch) {
     const std::size_t end = std::min(jobs.size(), first + kReserveBatch);
     proto::Reserve m;
-    m.flags = static_cast<uint8_t>((first == 0 ? proto::kReserveFirst : 0) | (end == jobs.size() ? proto::kReserveLast : 0));
+    m.flags =
+        static_cast<uint8_t>((first == 0 ? proto::kReserveFirst : 0) | (end == jobs.size() ? proto::kReserveLast : 0));
     for (std::size_t i = first; i < end; ++i) m.blobs.push_back({jobs[i].a->id, jobs[i].a->size});
     const uint64_t id = next_request_++;
     proto::Envelope reply;
@@ -464,7 +473,8 @@ OpResult Engine::pause(uint64_t command_request) {
     if (int e = await_reply(id, reply, &why); e < 0) return OpResult{-e, 0, 0, why};
     if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
       return OpResult{err->code, 0, 0, "tmsdiskd refused the reservation: " + err->message};
-    if (!std::holds_alternative<proto::OkReply>(reply.body)) return OpResult{EPROTO, 0, 0, "unexpected answer to RESERVE"};
+    if (!std::holds_alternative<proto::OkReply>(reply.body))
+      return OpResult{EPROTO, 0, 0, "unexpected answer to RESERVE"};
   }
 
   // 3./4. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
@@ -497,14 +507,15 @@ OpResult Engine::pause(uint64_t command_request) {
       }
       CtxScope scope(api, ctxs_[static_cast<std::size_t>(j.ctx)].ctx);
       CUstream stream = ctxs_[static_cast<std::size_t>(j.ctx)].stream;
-      CUresult r = api.cuMemcpyDtoHAsync_v2(staging_ + static_cast<std::size_t>(s) * slot_bytes_, j.a->base + j.next_offset,
-                                            len, stream);
+      CUresult r = api.cuMemcpyDtoHAsync_v2(staging_ + static_cast<std::size_t>(s) * slot_bytes_,
+                                            j.a->base + j.next_offset, len, stream);
       if (r == CUDA_SUCCESS) r = api.cuEventRecord(ev, stream);
       if (r != CUDA_SUCCESS) {
         set_fail(EIO, cuda_failure("copying device memory to the staging buffer", r));
         break;
       }
-      slots_[static_cast<std::size_t>(s)] = Slot{SlotState::Copying, 0, static_cast<int>(cursor), j.next_offset, len, j.ctx};
+      slots_[static_cast<std::size_t>(s)] =
+          Slot{SlotState::Copying, 0, static_cast<int>(cursor), j.next_offset, len, j.ctx};
       j.next_offset += len;
       ++j.in_flight;
     }
@@ -581,7 +592,8 @@ OpResult Engine::pause(uint64_t command_request) {
     }
     if (got == 0) {
       if (now_ms() - last_activity > kReplyTimeoutMs) {
-        set_fail(ETIMEDOUT, format("tmsdiskd did not answer within %lld s", static_cast<long long>(kReplyTimeoutMs / 1000)));
+        set_fail(ETIMEDOUT,
+                 format("tmsdiskd did not answer within %lld s", static_cast<long long>(kReplyTimeoutMs / 1000)));
         for (Slot& slot : slots_) {
           if (slot.state == SlotState::InDaemon) {
             --jobs[static_cast<std::size_t>(slot.job)].in_flight;
@@ -607,9 +619,11 @@ OpResult Engine::pause(uint64_t command_request) {
     Slot& slot = slots_[static_cast<std::size_t>(s)];
     Job& j = jobs[static_cast<std::size_t>(slot.job)];
     const uint32_t len = slot.length;
+    const uint64_t slot_offset = slot.offset;
     --j.in_flight;
     slot = Slot{};
-    if (std::holds_alternative<proto::Written>(env.body)) {
+    if (const auto* written = std::get_if<proto::Written>(&env.body)) {
+      j.a->chunk_sums[slot_offset / slot_bytes_] = written->checksum;
       ++j.done;
       done_bytes += len;
       if (!fail && j.done == j.chunks) {
@@ -640,8 +654,8 @@ OpResult Engine::pause(uint64_t command_request) {
   if (fail) {
     res.code = fail;
     res.bytes = released_bytes;
-    res.message = released ? format("%s; %zu of %zu allocation(s) are paused, the others stay resident", fail_msg.c_str(),
-                                    released, jobs.size())
+    res.message = released ? format("%s; %zu of %zu allocation(s) are paused, the others stay resident",
+                                    fail_msg.c_str(), released, jobs.size())
                            : fail_msg + "; every allocation stays resident";
     return res;
   }
@@ -654,11 +668,14 @@ OpResult Engine::pause(uint64_t command_request) {
   proto::Envelope reply;
   std::string why;
   int e = send(id, c);
-  if (e == 0) e = await_reply(id, reply, &why);
-  else why = format("cannot send COMMIT: %s", std::strerror(-e));
+  if (e == 0)
+    e = await_reply(id, reply, &why);
+  else
+    why = format("cannot send COMMIT: %s", std::strerror(-e));
   if (e < 0) return OpResult{-e, released_bytes, 0, "every allocation was written and released, but " + why};
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{err->code, released_bytes, 0, "every allocation was written and released, but the commit failed: " + err->message};
+    return OpResult{err->code, released_bytes, 0,
+                    "every allocation was written and released, but the commit failed: " + err->message};
   committed_paused_ = true;
   res.bytes = released_bytes;
   return res;
@@ -698,7 +715,8 @@ void Engine::map_job(Job& j) {
     api.cuMemUnmap(a.base, a.mapped);
     api.cuMemRelease(h);
     j.error = EIO;
-    j.message = format("blob %llu: %s", static_cast<unsigned long long>(a.id), cuda_failure("cuMemSetAccess", r).c_str());
+    j.message =
+        format("blob %llu: %s", static_cast<unsigned long long>(a.id), cuda_failure("cuMemSetAccess", r).c_str());
     return;
   }
   j.handle = h;
@@ -765,12 +783,15 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
       m.length = len;
       m.blob = j.a->id;
       m.offset = j.next_offset;
+      const uint64_t chunk = j.next_offset / slot_bytes_;
+      if (j.a->sums_chunk_bytes == slot_bytes_ && chunk < j.a->chunk_sums.size()) m.checksum = j.a->chunk_sums[chunk];
       const uint64_t id = next_request_++;
       if (int e = send(id, m); e < 0) {
         set_fatal(-e, format("cannot send READ to tmsdiskd: %s", std::strerror(-e)));
         break;
       }
-      slots_[static_cast<std::size_t>(s)] = Slot{SlotState::InDaemon, id, static_cast<int>(cursor), j.next_offset, len, j.ctx};
+      slots_[static_cast<std::size_t>(s)] =
+          Slot{SlotState::InDaemon, id, static_cast<int>(cursor), j.next_offset, len, j.ctx};
       j.next_offset += len;
       ++j.in_flight;
     }
@@ -852,8 +873,10 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
           j.error = fatal;
           j.message = fatal_msg;
         }
-        if (lost) slot = Slot{};
-        else slot.state = SlotState::Lost;
+        if (lost)
+          slot = Slot{};
+        else
+          slot.state = SlotState::Lost;
       }
       continue;
     }
@@ -934,11 +957,14 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
   proto::Envelope reply;
   std::string why;
   int e = send(id, c);
-  if (e == 0) e = await_reply(id, reply, &why);
-  else why = format("cannot send COMMIT: %s", std::strerror(-e));
+  if (e == 0)
+    e = await_reply(id, reply, &why);
+  else
+    why = format("cannot send COMMIT: %s", std::strerror(-e));
   if (e < 0) return OpResult{-e, resumed_bytes, 0, "every allocation is resident again, but " + why};
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{err->code, resumed_bytes, 0, "every allocation is resident again, but the commit failed: " + err->message};
+    return OpResult{err->code, resumed_bytes, 0,
+                    "every allocation is resident again, but the commit failed: " + err->message};
   committed_paused_ = false;
   return res;
 }
@@ -985,7 +1011,8 @@ int Engine::connect_session(std::string* why) {
   if (n <= 0) {
     if (memfd >= 0) ::close(memfd);
     return fail(n == 0 ? ECONNRESET : static_cast<int>(-n),
-                format("tmsdiskd did not answer HELLO: %s", n == 0 ? "connection closed" : std::strerror(static_cast<int>(-n))));
+                format("tmsdiskd did not answer HELLO: %s",
+                       n == 0 ? "connection closed" : std::strerror(static_cast<int>(-n))));
   }
   auto decoded = proto::decode(rx_);
   auto close_memfd = [&] {
@@ -1029,7 +1056,10 @@ int Engine::connect_session(std::string* why) {
   const std::size_t paused = registry().totals().paused_allocations;
   committed_paused_ = w->restored != 0;
   if (paused && !w->restored)
-    TMS_ERROR("tmsdiskd has no record of this process's paused data (%zu allocation(s)); they cannot be resumed", paused);
+    TMS_WARN(
+        "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back "
+        "against the checksums it acknowledged",
+        paused);
   {
     std::lock_guard lock(mu_);
     connected_ = true;
@@ -1037,8 +1067,8 @@ int Engine::connect_session(std::string* why) {
   }
   connect_backoff_ms_ = 1000;
   unreachable_logged_ = false;
-  TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s", static_cast<unsigned long long>(w->session_id),
-           w->slot_count, w->slot_bytes, w->rank_dir.c_str());
+  TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
+           static_cast<unsigned long long>(w->session_id), w->slot_count, w->slot_bytes, w->rank_dir.c_str());
   send_report();
   return 0;
 }
@@ -1162,9 +1192,8 @@ void Engine::handle_other(const proto::Envelope& env) {
     TMS_WARN("tmsdiskd: %s (%s)", err->message.c_str(), std::strerror(err->code));
     return;
   }
-  TMS_DEBUG("ignoring %s (request %llu) from tmsdiskd", proto::type_name(std::visit([](const auto& m) {
-                                                             return std::decay_t<decltype(m)>::kType;
-                                                           }, env.body)),
+  TMS_DEBUG("ignoring %s (request %llu) from tmsdiskd",
+            proto::type_name(std::visit([](const auto& m) { return std::decay_t<decltype(m)>::kType; }, env.body)),
             static_cast<unsigned long long>(env.request_id));
 }
 

@@ -60,7 +60,8 @@ void log(LogLevel level, const char* fmt, ...) noexcept {
   va_start(ap, fmt);
   int m = std::vsnprintf(buf + used, sizeof(buf) - used, fmt, ap);
   va_end(ap);
-  if (m > 0) used += static_cast<std::size_t>(m) < sizeof(buf) - used ? static_cast<std::size_t>(m) : sizeof(buf) - used - 1;
+  if (m > 0)
+    used += static_cast<std::size_t>(m) < sizeof(buf) - used ? static_cast<std::size_t>(m) : sizeof(buf) - used - 1;
   if (used >= sizeof(buf) - 1) used = sizeof(buf) - 2;
   buf[used++] = '\n';
   const char* p = buf;

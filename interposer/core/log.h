@@ -17,8 +17,8 @@ void log(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(pr
 
 }  // namespace tmsdisk::shim
 
-#define TMS_LOG(level, ...)                                                         \
-  do {                                                                              \
+#define TMS_LOG(level, ...)                                                            \
+  do {                                                                                 \
     if (::tmsdisk::shim::log_enabled(level)) ::tmsdisk::shim::log(level, __VA_ARGS__); \
   } while (0)
 #define TMS_ERROR(...) TMS_LOG(::tmsdisk::shim::LogLevel::Error, __VA_ARGS__)
@@ -27,8 +27,8 @@ void log(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(pr
 #define TMS_DEBUG(...) TMS_LOG(::tmsdisk::shim::LogLevel::Debug, __VA_ARGS__)
 
 // Logs at most once per call site for the life of the process.
-#define TMS_LOG_ONCE(level, ...)                                            \
-  do {                                                                      \
-    static std::atomic<bool> tms_logged_once_{false};                       \
+#define TMS_LOG_ONCE(level, ...)                                                                  \
+  do {                                                                                            \
+    static std::atomic<bool> tms_logged_once_{false};                                             \
     if (!tms_logged_once_.exchange(true, std::memory_order_relaxed)) TMS_LOG(level, __VA_ARGS__); \
   } while (0)

@@ -21,15 +21,19 @@ namespace tmsdisk::shim {
 enum class AllocState : uint8_t { Resident = 0, Paused = 1 };
 
 struct Allocation {
-  uint64_t id = 0;         // stable for the allocation's life; the daemon's blob id
-  CUdeviceptr base = 0;    // start of the reserved virtual range (what the application got)
-  std::size_t size = 0;    // bytes the application asked for: what a pause saves
-  std::size_t mapped = 0;  // size rounded up to the granularity: what is reserved and mapped
+  uint64_t id = 0;          // stable for the allocation's life; the daemon's blob id
+  CUdeviceptr base = 0;     // start of the reserved virtual range (what the application got)
+  std::size_t size = 0;     // bytes the application asked for: what a pause saves
+  std::size_t mapped = 0;   // size rounded up to the granularity: what is reserved and mapped
   CUcontext ctx = nullptr;  // context current when it was allocated (synchronized before a pause)
   CUdevice device = 0;
-  CUmemAllocationProp prop{};            // recreated with exactly these properties on resume
-  std::vector<CUmemAccessDesc> access;   // restored after every resume
+  CUmemAllocationProp prop{};               // recreated with exactly these properties on resume
+  std::vector<CUmemAccessDesc> access;      // restored after every resume
   CUmemGenericAllocationHandle handle = 0;  // physical memory; 0 while paused
+  // Checksums WRITTEN acknowledged for each chunk of the last pause, sent back with every READ so the
+  // daemon can verify chunks it has no committed record of (it restarted mid-pause). Engine only.
+  std::vector<uint64_t> chunk_sums;
+  uint32_t sums_chunk_bytes = 0;
   // Written by the engine (under the registry's op lock), read by status.
   std::atomic<AllocState> state{AllocState::Resident};
 };

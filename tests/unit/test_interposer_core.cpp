@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Unit tests of the shim's core without a driver: hook table and lookup map, versioned-name
 // resolution, the dlsym replacement, registry, settings, and the C API when libcuda is absent.
-#include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>

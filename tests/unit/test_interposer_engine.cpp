@@ -3,7 +3,6 @@
 // managed allocations, pause/resume round trips, and every failure path of the engine, checking
 // the invariants (memory released only after all its chunks are acknowledged; failures leave
 // unreleased allocations resident and intact; resume verifies before data is visible).
-#include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -70,7 +70,7 @@ class FakeDaemon {
 
   // Knobs (set between operations).
   std::atomic<int> reserve_error{0};
-  std::atomic<int> fail_write_at{-1};  // 0-based index of the WRITE to answer with EIO
+  std::atomic<int> fail_write_at{-1};     // 0-based index of the WRITE to answer with EIO
   std::atomic<uint64_t> corrupt_blob{0};  // READs of this blob fail with EBADMSG
 
   std::atomic<int> writes{0};
@@ -79,6 +79,7 @@ class FakeDaemon {
   std::atomic<int> progress_messages{0};
   std::atomic<int> reports{0};
   std::atomic<int> violations{0};
+  std::atomic<int> reads_with_checksum{0};
 
   // Chunks written for `blob` and the data, once complete.
   bool blob_complete(uint64_t blob, std::vector<uint8_t>* data) {
@@ -122,6 +123,7 @@ class FakeDaemon {
     uint64_t id;
     bool write;
     proto::ChunkRef ref;
+    uint64_t read_checksum;
   };
 
   void send_locked(uint64_t id, const proto::Message& m, int fd = -1) {
@@ -211,13 +213,14 @@ class FakeDaemon {
             constexpr bool is_write = std::is_same_v<T, proto::Write>;
             auto it = blobs_.find(m.blob);
             if (m.slot >= kSlotCount || busy_[m.slot] || it == blobs_.end() || m.offset % kSlotBytes != 0 ||
-                m.offset >= it->second.size ||
-                m.length != std::min<uint64_t>(kSlotBytes, it->second.size - m.offset)) {
+                m.offset >= it->second.size || m.length != std::min<uint64_t>(kSlotBytes, it->second.size - m.offset)) {
               ++violations;
               return error_locked(id, EINVAL, "bad chunk");
             }
             busy_[m.slot] = true;
-            pending_.push_back(Pending{id, is_write, m});
+            uint64_t rank_checksum = 0;
+            if constexpr (!is_write) rank_checksum = m.checksum;
+            pending_.push_back(Pending{id, is_write, m, rank_checksum});
           } else if constexpr (std::is_same_v<T, proto::Commit>) {
             if (!pending_.empty()) ++violations;
             if (m.state == static_cast<uint8_t>(proto::CommitState::Paused)) {
@@ -270,6 +273,14 @@ class FakeDaemon {
         if (!b.written[chunk]) {
           error_locked(p.id, ENODATA, "never written");
           continue;
+        }
+        if (p.read_checksum != 0) {
+          ++reads_with_checksum;
+          if (p.read_checksum != b.sums[chunk]) {
+            ++violations;
+            error_locked(p.id, EBADMSG, "the rank's checksum differs from ours");
+            continue;
+          }
         }
         std::memcpy(slot, b.data.data() + p.ref.offset, p.ref.length);
         if (p.ref.blob == corrupt_blob.load()) slot[0] ^= 0xff;
@@ -333,7 +344,9 @@ struct Sim {
     REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
     REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
   }
-  void make_current() { REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS); }
+  void make_current() {
+    REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  }
 };
 
 struct World {
@@ -457,11 +470,13 @@ TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
   CHECK(st.last_pause_bytes == a.size + b.size + c.size);
   CHECK(api_pause() == 0);  // already paused: nothing to do
 
+  const int reads_before = w.daemon.reads_with_checksum.load();
   REQUIRE(api_resume() == 0);
   for (const Buffer* buf : {&a, &b, &c}) {
     CHECK(buf->mapped());
     CHECK(buf->intact());
   }
+  CHECK(w.daemon.reads_with_checksum.load() - reads_before == 6 + 1 + 8);  // every READ names its checksum
   st = status();
   CHECK(st.state == TMSDISK_STATE_RUNNING);
   CHECK(st.paused_bytes == 0);
@@ -555,7 +570,7 @@ TEST_CASE("freeing a paused allocation, and pause/resume driven by daemon comman
   CHECK(done.bytes == a.size + b.size);
   CHECK(done.nanos > 0);
   CHECK(w.daemon.progress_for_last_command() >= 2);  // at least the first and the last
-  b.free();  // paused: nothing mapped to release, the range is returned
+  b.free();                                          // paused: nothing mapped to release, the range is returned
   done = w.daemon.command(proto::CommandOp::Resume);
   CHECK(done.code == 0);
   CHECK(a.intact());

@@ -2,12 +2,12 @@
 // Main of test_interposer_engine: a private directory and environment for the shim and simcuda, and
 // exit 77 (skipped) where libcuda.so.1 is not simcuda (a GPU machine, or simcuda not built).
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
 
@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   void* lib = ::dlopen("libcuda.so.1", RTLD_NOW);
   int rc;
   if (!lib || !::dlsym(lib, "simcuda_is_mapped")) {
-    std::fprintf(stderr, "skipped: libcuda.so.1 is not simcuda (run through ctest, which points LD_LIBRARY_PATH at it)\n");
+    std::fprintf(stderr,
+                 "skipped: libcuda.so.1 is not simcuda (run through ctest, which points LD_LIBRARY_PATH at it)\n");
     rc = 77;
   } else {
     rc = Catch::Session().run(argc, argv);

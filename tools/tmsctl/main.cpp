@@ -46,21 +46,32 @@ int main(int argc, char** argv) {
   auto* env = app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
   add_launch(env);
   std::vector<std::string> command;
-  auto* run = app.add_subcommand("run", "run a command with the shim preloaded (torchrun's children inherit it)");
+  auto* run = app.add_subcommand("run", "run a command with the shim preloaded (torchrun's children inherit it): tmsctl run [options] -- CMD ARGS...");
   add_launch(run);
   run->add_flag("!--no-start-daemon", launch.start_daemon, "fail instead of starting a private daemon when none answers");
-  run->prefix_command();  // everything after `--` (or the first unknown word) is the command
 
-  CLI11_PARSE(app, argc, argv);
+  // `tmsctl run [options] -- CMD ARGS...`: everything after the first `--` is the command, untouched
+  // by option parsing (its own flags may look like ours).
+  int ours = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      ours = i;
+      break;
+    }
+  }
+  for (int i = ours + 1; i < argc; ++i) command.emplace_back(argv[i]);
+  CLI11_PARSE(app, ours, argv);
 
   if (status->parsed()) return cmd_status(common);
   if (pause->parsed()) return cmd_control(common, sel, true);
   if (resume->parsed()) return cmd_control(common, sel, false);
   if (gc->parsed()) return cmd_gc(common);
   if (env->parsed()) return cmd_env(common, launch);
+  if (!command.empty() && !run->parsed()) {
+    std::fprintf(stderr, "tmsctl: only `run` takes a command after --\n");
+    return 2;
+  }
   if (run->parsed()) {
-    command = run->remaining();
-    if (!command.empty() && command.front() == "--") command.erase(command.begin());
     if (command.empty()) {
       std::fprintf(stderr, "tmsctl run: no command given; usage: tmsctl run [options] -- COMMAND [ARGS...]\n");
       return 2;
