@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
-#include <systemd/sd-daemon.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <sys/stat.h>
@@ -15,6 +14,7 @@
 #include <filesystem>
 
 #include "server.h"
+#include "systemd.h"
 #include "tmsdisk/common/paths.h"
 
 namespace {
@@ -109,15 +109,15 @@ int main(int argc, char** argv) {
   spdlog::set_pattern(::getenv("JOURNAL_STREAM") ? "[%l] %v" : "%Y-%m-%d %H:%M:%S.%e [%l] %v");
 
   // Socket activation: systemd passes the listening socket as fd 3.
-  if (sd_listen_fds(1) == 1) {
-    config.listen_fd = SD_LISTEN_FDS_START;
+  if (tmsdisk::systemd::listen_fds() == 1) {
+    config.listen_fd = 3;  // SD_LISTEN_FDS_START
     ::fcntl(config.listen_fd, F_SETFL, ::fcntl(config.listen_fd, F_GETFL) | O_NONBLOCK);
   }
 
   auto server = tmsdisk::server::Server::create(config);
   if (!server) {
     spdlog::error("cannot start: {}", server.error().describe());
-    sd_notifyf(0, "STATUS=failed: %s", server.error().describe().c_str());
+    tmsdisk::systemd::notify(("STATUS=failed: " + server.error().describe()).c_str());
     return 1;
   }
   g_server = server->get();
@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   spdlog::info("serving {} with {} root(s)", config.socket_path, config.roots.size());
-  sd_notify(0, "READY=1");
+  tmsdisk::systemd::notify("READY=1");
   auto st = (*server)->run();
-  sd_notify(0, "STOPPING=1");
+  tmsdisk::systemd::notify("STOPPING=1");
   g_server = nullptr;
   if (!st) {
     spdlog::error("stopped on error: {}", st.error().describe());
