@@ -84,11 +84,23 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app.add_flag("--exit-when-idle", config.exit_when_idle, "exit after the last session ends (private per-user daemon)");
+  bool detach = false;
+  app.add_flag("--detach", detach, "fork into the background (how the shim and tmsctl start a private daemon)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
 
+  if (detach) {
+    // Before anything opens a ring, a lock or a socket: the parent only tells its caller "started".
+    pid_t child = ::fork();
+    if (child < 0) {
+      std::perror("tmsdiskd: fork");
+      return 1;
+    }
+    if (child > 0) return 0;
+    ::setsid();
+  }
   if (private_mode) {
     if (auto st = configure_private(config); !st) {
       std::fprintf(stderr, "tmsdiskd --private: %s\n", st.error().describe().c_str());

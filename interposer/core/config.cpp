@@ -2,6 +2,8 @@
 // Environment settings of the shim (config.h).
 #include "config.h"
 
+#include "tmsdisk/common/paths.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
@@ -20,7 +22,9 @@ Config* load() {
   auto* c = new Config;  // never freed: hooks may run during static destruction
   c->min_bytes = parse_bytes(env("TMSDISK_MIN_BYTES"), kDefaultMinBytes);
   const char* sock = env("TMSDISK_SOCKET");
-  c->socket_path = sock ? sock : kDefaultSocket;
+  c->socket_path = sock ? sock : kSystemSocket;
+  c->socket_explicit = sock != nullptr;
+  c->private_socket = private_socket_path();
   const char* job = nullptr;
   for (const char* name : {"TMSDISK_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RAY_JOB_ID"}) {
     if ((job = env(name))) break;

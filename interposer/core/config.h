@@ -9,11 +9,12 @@
 namespace tmsdisk::shim {
 
 inline constexpr uint64_t kDefaultMinBytes = 2ull << 20;
-inline constexpr const char* kDefaultSocket = "/run/tmsdisk/tmsdiskd.sock";
 
 struct Config {
   uint64_t min_bytes = kDefaultMinBytes;  // TMSDISK_MIN_BYTES: smaller allocations stay native
-  std::string socket_path;                // TMSDISK_SOCKET
+  std::string socket_path;                // TMSDISK_SOCKET, else the system daemon's socket
+  bool socket_explicit = false;           // TMSDISK_SOCKET was set: never fall back to a private daemon
+  std::string private_socket;             // where this user's private daemon listens
   std::string job;                        // TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, RAY_JOB_ID
   int64_t rank = -1;                      // RANK, SLURM_PROCID
   std::string backup_dir;                 // TMS_DISK_BACKUP_DIR

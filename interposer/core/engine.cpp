@@ -2,6 +2,7 @@
 // Pause/resume engine and control thread (engine.h).
 #include "engine.h"
 
+#include <dlfcn.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,11 +20,13 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <string_view>
 #include <type_traits>
 
 #include "config.h"
 #include "driver.h"
 #include "log.h"
+#include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace tmsdisk::shim {
@@ -33,6 +36,7 @@ constexpr int kReportIntervalMs = 1000;
 constexpr int kTickMs = 100;                 // progress messages at most this often
 constexpr int64_t kReplyTimeoutMs = 120000;  // the daemon answers every chunk well within this
 constexpr int kHandshakeTimeoutS = 10;
+constexpr int kPrivateDaemonStartMs = 10000;
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
 constexpr int64_t kMaxConnectBackoffMs = 30000;
 
@@ -99,9 +103,48 @@ Registry& registry() noexcept {
   return *r;
 }
 
+// tmsdiskd for the private daemon: $TMSDISK_DAEMON, else beside this library (install tree: lib/ and
+// sbin/ or bin/; build tree: interposer/ and daemon/), else on PATH.
+static std::string find_daemon() {
+  if (const char* env = std::getenv("TMSDISK_DAEMON"); env && *env) return env;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&start_private_daemon), &info) && info.dli_fname) {
+    std::string dir = info.dli_fname;
+    dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+    for (const char* rel : {"/tmsdiskd", "/../sbin/tmsdiskd", "/../bin/tmsdiskd", "/../daemon/tmsdiskd"}) {
+      std::string p = dir + rel;
+      if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::string_view rest = path;
+    while (!rest.empty()) {
+      auto colon = rest.find(':');
+      std::string p = std::string(rest.substr(0, colon)) + "/tmsdiskd";
+      if (::access(p.c_str(), X_OK) == 0) return p;
+      rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    }
+  }
+  return {};
+}
+
 int start_private_daemon() noexcept {
-  // The embedded per-user daemon (DESIGN.md, "Embedded default") is not implemented yet.
-  return -ENOSYS;
+  try {
+    const std::string daemon = find_daemon();
+    if (daemon.empty()) {
+      TMS_WARN("no tmsdiskd found beside libtmsdisk.so or on PATH (set TMSDISK_DAEMON) to start a private daemon");
+      return -ENOENT;
+    }
+    int rc = spawn_private_daemon(daemon, config().private_socket, kPrivateDaemonStartMs);
+    if (rc < 0)
+      TMS_WARN("could not start a private tmsdiskd (%s): %s; its log is beside %s", daemon.c_str(), std::strerror(-rc),
+               config().private_socket.c_str());
+    else
+      TMS_INFO("using the private tmsdiskd at %s", config().private_socket.c_str());
+    return rc;
+  } catch (...) {
+    return -ENOMEM;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -976,9 +1019,13 @@ int Engine::connect_session(std::string* why) {
   const Config& cfg = config();
   if (staging_) release_staging();
   int fd = proto::connect_seqpacket(cfg.socket_path);
-  if (fd < 0 && start_private_daemon() == 0) fd = proto::connect_seqpacket(cfg.socket_path);
+  if (fd < 0 && !cfg.socket_explicit && start_private_daemon() == 0)
+    fd = proto::connect_seqpacket(cfg.private_socket);
   if (fd < 0) {
-    *why = format("cannot reach tmsdiskd at %s: %s", cfg.socket_path.c_str(), std::strerror(-fd));
+    *why = cfg.socket_explicit
+               ? format("cannot reach tmsdiskd at %s (TMSDISK_SOCKET): %s", cfg.socket_path.c_str(), std::strerror(-fd))
+               : format("cannot reach tmsdiskd at %s, nor start a private one at %s: %s", cfg.socket_path.c_str(),
+                        cfg.private_socket.c_str(), std::strerror(-fd));
     return fd;
   }
   int sock = fd;

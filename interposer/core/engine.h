@@ -43,8 +43,8 @@ struct EngineStatus {
 // The process-wide registry of allocations (never destroyed).
 Registry& registry() noexcept;
 
-// Starts a private per-user daemon when no system daemon is reachable. Not implemented yet: returns
-// -ENOSYS, so an unreachable daemon means pause and resume fail while allocations keep working.
+// Starts (or joins) this user's private daemon when no system daemon is reachable and TMSDISK_SOCKET
+// is unset (DESIGN.md, "Embedded default"). Returns 0 once it answers, else -errno (logged).
 int start_private_daemon() noexcept;
 
 class Engine {

@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <atomic>
 #include <thread>
 
 #include "client.h"
@@ -331,4 +332,134 @@ TEST_CASE("without a daemon the shim starts a private one, which leaves when the
   }
   CHECK(eventually([&] { return !socket_answers(socket); }));
   CHECK(eventually([&] { return disk_usage(node.root) == 0; }));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Failure paths: the program keeps running with its data, the command says what happened, and a
+// later pause succeeds.
+
+TEST_CASE("ENOSPC at pause leaves every allocation resident and intact; a smaller pause then succeeds") {
+  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
+  Node node;
+  const std::string image = node.dir / "fs.img";
+  const std::string mnt = node.dir / "mnt";
+  fs::create_directories(mnt);
+  if (std::system(("truncate -s 64M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
+    skip("mkfs.ext4 unavailable");
+  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0)
+    skip("cannot loop-mount here");
+  struct Unmount {
+    std::string m;
+    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
+  } unmount{mnt};
+  node.root = mnt;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("full", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 50331648 direct")).empty());  // 48 MiB
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 33554432 direct")).empty());  // 32 MiB: 80 MiB > the disk
+  auto [rc, j] = node.tmsctl({"pause", "--job", "full"});
+  INFO(j.dump());
+  CHECK(rc != 0);
+  REQUIRE(j.size() == 1);
+  CHECK(j[0]["ok"] == false);
+  CHECK(j[0]["errno"] == ENOSPC);
+  CHECK(j[0]["message"].get<std::string>().find("space") != std::string::npos);
+  CHECK(prog.cmd("check") == "ok 2");  // nothing was released
+  REQUIRE(prog.cmd("free 2") == "ok");
+  auto [rc2, j2] = node.tmsctl({"pause", "--job", "full"});
+  INFO(j2.dump());
+  CHECK(rc2 == 0);
+  auto [rc3, j3] = node.tmsctl({"resume", "--job", "full"});
+  CHECK(rc3 == 0);
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+namespace {
+struct InProcessDaemon {
+  std::unique_ptr<server::Server> srv;
+  std::thread loop;
+  InProcessDaemon(const Node& node, std::function<int(const io::Request&, int)> fault) {
+    server::Config cfg;
+    cfg.roots = {node.root};
+    cfg.socket_path = node.socket;
+    cfg.staging_mb = 16;
+    cfg.slot_mb = 2;
+    cfg.io_fault = std::move(fault);
+    auto s = server::Server::create(cfg);
+    INFO((s ? "" : s.error().describe()));
+    REQUIRE(s);
+    srv = std::move(s.value());
+    loop = std::thread([this] { (void)srv->run(); });
+  }
+  ~InProcessDaemon() {
+    srv->stop();
+    loop.join();
+  }
+};
+}  // namespace
+
+TEST_CASE("a write error mid-pause is reported; released allocations resume, the rest never left; a retry succeeds") {
+  Node node;
+  std::atomic<int> writes{0};
+  std::atomic<bool> armed{true};
+  InProcessDaemon d(node, [&](const io::Request& r, int raw) {
+    // The 20th chunk written fails once: after the first allocation (16 chunks of 2 MiB) is complete.
+    if (r.op == io::Op::Write && writes.fetch_add(1) == 19 && armed.exchange(false)) return -EIO;
+    return raw;
+  });
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("eio", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 33554432 procaddr")).empty());
+  const std::string answer = prog.cmd("api pause");
+  CHECK(answer == "err " + std::to_string(EIO));
+  REQUIRE(prog.cmd("api resume") == "ok");  // brings back whatever the failed pause had released
+  CHECK(prog.cmd("check") == "ok 2");
+  REQUIRE(prog.cmd("api pause") == "ok");
+  REQUIRE(prog.cmd("api resume") == "ok");
+  CHECK(prog.cmd("check") == "ok 2");
+}
+
+TEST_CASE("a daemon killed mid-pause: the program keeps its data and resumes through the restarted daemon") {
+  Node node;
+  node.device_mb = 1024;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("crash", 0));
+  REQUIRE(prog.line() == "ready");
+  for (int id = 1; id <= 6; ++id)
+    REQUIRE_FALSE(ok_addr(prog.cmd("alloc " + std::to_string(id) + " 67108864 direct")).empty());
+  auto ctl = ctl::Client::connect(node.socket);
+  REQUIRE(ctl);
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+  req.match = proto::kMatchJob;
+  req.job = "crash";
+  bool killed = false;
+  auto r = ctl->control(req, [&](const proto::Progress& p) {
+    if (!killed && p.done_bytes > 0 && p.done_bytes < p.total_bytes) {
+      node.daemon.kill9();
+      killed = true;
+    }
+  });
+  if (!killed) skip("the pause finished before it reported progress; nothing was interrupted");
+  REQUIRE_FALSE(r);  // the daemon vanished under tmsctl
+  node.start_daemon();
+  // The shim reconnects with its session token; then resume brings back what the pause released.
+  REQUIRE(eventually([&] {
+    auto c = ctl::Client::connect(node.socket);
+    if (!c) return false;
+    auto s = c->list_sessions();
+    return s && s->size() == 1;
+  }, std::chrono::seconds(60)));
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "crash"});
+  INFO(rj.dump());
+  CHECK(rrc == 0);
+  CHECK(prog.cmd("check") == "ok 6");
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "crash"});
+  INFO(pj.dump());
+  CHECK(prc == 0);
+  auto [rrc2, rj2] = node.tmsctl({"resume", "--job", "crash"});
+  CHECK(rrc2 == 0);
+  CHECK(prog.cmd("check") == "ok 6");
 }

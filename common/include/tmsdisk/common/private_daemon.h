@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Starting the private per-user tmsdiskd (`tmsdiskd --private`) when no daemon answers. Shared by
-// `tmsctl run` and the shim; uses only fork/exec/connect so it is safe inside the shim too.
+// Starting the private per-user tmsdiskd (`tmsdiskd --private --detach`) when no daemon answers.
+// Shared by `tmsctl run` and the shim. The shim calls it inside arbitrary (multi-threaded, CUDA)
+// programs, so it uses posix_spawn, which runs no fork handlers and nothing but exec in the child;
+// tmsdiskd detaches itself, so the host program gets no child to reap and no SIGCHLD to field.
 #pragma once
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -14,6 +17,9 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
+
+extern char** environ;
 
 namespace tmsdisk {
 
@@ -30,40 +36,45 @@ inline bool socket_answers(const std::string& path) noexcept {
   return ok;
 }
 
-// Starts `tmsdiskd --private` detached (own session, stdio to /dev/null: it logs to its log file)
-// and waits up to `timeout_ms` for `socket` to answer. Several processes may race here: the
-// daemon's instance lock lets one win and the others exit, and every caller waits for the winner.
+// Runs `tmsdiskd --private --detach` (stdio on /dev/null: it logs beside its socket, without our
+// LD_PRELOAD) and waits up to `timeout_ms` for `socket` to answer. Several processes may race here:
+// the daemon's instance lock lets one win, the others exit, and every caller waits for the winner.
 // Returns 0 or a negative errno (-ETIMEDOUT if no daemon answered in time).
 inline int spawn_private_daemon(const std::string& tmsdiskd, const std::string& socket, int timeout_ms) noexcept {
   if (socket_answers(socket)) return 0;
-  pid_t child = ::fork();
-  if (child < 0) return -errno;
-  if (child == 0) {
-    // Intermediate child: a new session, then fork again so the daemon is not our child (no
-    // zombie, no SIGCHLD surprises for the host program, not killed with its process group).
-    ::setsid();
-    pid_t grandchild = ::fork();
-    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    sigset_t none;
+  try {
+    std::vector<char*> envp;
+    for (char** e = environ; e && *e; ++e)
+      if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) envp.push_back(*e);
+    envp.push_back(nullptr);
+    const char* argv[] = {tmsdiskd.c_str(), "--private", "--detach", nullptr};
+
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawnattr_init(&attr);
+    for (int fd = 0; fd <= 2; ++fd) posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0);
+    sigset_t none, all;
     sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull >= 0) {
-      ::dup2(devnull, 0);
-      ::dup2(devnull, 1);
-      ::dup2(devnull, 2);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t child = -1;
+    int rc = ::posix_spawn(&child, tmsdiskd.c_str(), &actions, &attr, const_cast<char* const*>(argv), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) return -rc;
+    // The spawned process forks the daemon and exits at once.
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
-    ::unsetenv("LD_PRELOAD");  // the daemon must not load the shim into itself
-    const char* argv[] = {tmsdiskd.c_str(), "--private", nullptr};
-    ::execv(tmsdiskd.c_str(), const_cast<char* const*>(argv));
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  } catch (...) {
+    return -ENOMEM;
   }
   for (int waited = 0; waited < timeout_ms; waited += 10) {
     if (socket_answers(socket)) return 0;
-    timespec ts{0, 10 * 1000 * 1000};  // polling a socket that appears within milliseconds
+    timespec ts{0, 10 * 1000 * 1000};  // the socket appears within milliseconds of the start
     ::nanosleep(&ts, nullptr);
   }
   return -ETIMEDOUT;
