@@ -26,10 +26,16 @@ CUresult call(F&& f) {
   }
 }
 
-CUresult need_ctx(Driver& d, CUctx_st** c) { return current_context(d, c); }
+CUresult need_ctx(Driver& d, CUctx_st** c) {
+  return current_context(d, c);
+}
 
-uintptr_t u(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
-uintptr_t u(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uintptr_t u(CUdeviceptr p) {
+  return static_cast<uintptr_t>(p);
+}
+uintptr_t u(const void* p) {
+  return reinterpret_cast<uintptr_t>(p);
+}
 
 // Queues a copy on the stream (the default stream for the synchronous forms, which then wait).
 CUresult copy(Driver& d, uintptr_t dst, Side ds, uintptr_t src, Side ss, size_t n, CUstream h, bool async, bool ptds) {
@@ -101,12 +107,14 @@ CUresult stream_flags(Driver& d, CUstream h, unsigned* flags, bool ptds) {
 
 CUresult stream_callback(Driver& d, CUstream h, CUstreamCallback cb, void* user, unsigned flags, bool ptds) {
   if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  return host_func(d, h, [cb, h, user] { cb(h, CUDA_SUCCESS, user); }, ptds);
+  return host_func(
+      d, h, [cb, h, user] { cb(h, CUDA_SUCCESS, user); }, ptds);
 }
 
 CUresult launch_host(Driver& d, CUstream h, CUhostFn fn, void* user, bool ptds) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return host_func(d, h, [fn, user] { fn(user); }, ptds);
+  return host_func(
+      d, h, [fn, user] { fn(user); }, ptds);
 }
 
 CUresult ctx_create(CUcontext* pctx, unsigned flags, CUdevice dev) {
@@ -141,140 +149,128 @@ int device_attribute(const Driver& d, CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
-      return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
-      return d.cfg.rdma_with_vmm;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-      return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-      return 0;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-      return 132;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
-      return 32;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return d.cfg.rdma_with_vmm;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
-      return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
-      return 64;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
-      return 0x7fffffff;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 0x7fffffff;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
-      return 65535;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
-      return 2;
-    default:
-      return 0;  // notably MEMORY_POOLS_SUPPORTED: simcuda has no cuMemAllocAsync
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
+    default: return 0;  // notably MEMORY_POOLS_SUPPORTED: simcuda has no cuMemAllocAsync
   }
 }
 
 // ---- error strings ----
 
-#define SIMCUDA_ERRORS(X)                                                                                        \
-  X(CUDA_SUCCESS, "no error")                                                                                    \
-  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                                \
-  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                                   \
-  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                                          \
-  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                                            \
-  X(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled while using external profiling tool")                       \
-  X(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized")                                             \
-  X(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started")                                             \
-  X(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped")                                             \
-  X(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                                                    \
-  X(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "API call is not supported in the installed CUDA driver")             \
-  X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable")                          \
-  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                                                  \
-  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                                         \
-  X(CUDA_ERROR_DEVICE_NOT_LICENSED, "device doesn't have valid Grid license")                                    \
-  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                                                  \
-  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                                        \
-  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                               \
-  X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                                                    \
-  X(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed")                                                \
-  X(CUDA_ERROR_ARRAY_IS_MAPPED, "array is mapped")                                                               \
-  X(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                                        \
-  X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device")                    \
-  X(CUDA_ERROR_ALREADY_ACQUIRED, "resource already acquired")                                                    \
-  X(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                                                \
-  X(CUDA_ERROR_NOT_MAPPED_AS_ARRAY, "resource not mapped as array")                                              \
-  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as pointer")                                          \
-  X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered")                                         \
-  X(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit is not supported on this architecture")                                 \
-  X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "exclusive-thread device already in use by a different thread")           \
-  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices")                \
-  X(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed")                                                      \
-  X(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid OpenGL or DirectX context")                                    \
-  X(CUDA_ERROR_NVLINK_UNCORRECTABLE, "uncorrectable NVLink error detected during the execution")                 \
-  X(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "PTX JIT compiler library not found")                                     \
-  X(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain")           \
-  X(CUDA_ERROR_JIT_COMPILATION_DISABLED, "PTX JIT compilation was disabled")                                     \
-  X(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "the provided execution affinity is not supported")                    \
-  X(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "the provided PTX contains unsupported call to cudaDeviceSynchronize")   \
-  X(CUDA_ERROR_CONTAINED, "an exception occurred on the device that is now contained")                           \
-  X(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid")                                                 \
-  X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                                 \
-  X(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "shared object symbol not found")                                 \
-  X(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object initialization failed")                                 \
-  X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")                         \
-  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                                        \
-  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")                          \
-  X(CUDA_ERROR_LOSSY_QUERY, "attempted introspection would be semantically lossy")                               \
-  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                              \
-  X(CUDA_ERROR_NOT_READY, "device not ready")                                                                    \
-  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                                      \
-  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")                               \
-  X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                                        \
-  X(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, "launch uses incompatible texturing mode")                         \
-  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled")                                    \
-  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled")                                      \
-  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "cannot set while device is active in this process")                      \
-  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                                     \
-  X(CUDA_ERROR_ASSERT, "device-side assert triggered")                                                           \
-  X(CUDA_ERROR_TOO_MANY_PEERS, "peer mapping resources exhausted")                                               \
-  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped")    \
-  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region")          \
-  X(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error")                                                     \
-  X(CUDA_ERROR_ILLEGAL_INSTRUCTION, "an illegal instruction was encountered")                                    \
-  X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                                                         \
-  X(CUDA_ERROR_INVALID_ADDRESS_SPACE, "operation not supported on global/shared address space")                  \
-  X(CUDA_ERROR_INVALID_PC, "invalid program counter")                                                            \
-  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                                      \
-  X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "too many blocks in cooperative launch")                            \
-  X(CUDA_ERROR_TENSOR_MEMORY_LEAK, "tensor memory not completely freed")                                         \
-  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                                         \
-  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                                         \
-  X(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                   \
-  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination")        \
-  X(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward compatibility was attempted on non supported HW")        \
-  X(CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS client failed to connect to the MPS control daemon or the MPS server") \
-  X(CUDA_ERROR_MPS_RPC_FAILURE, "the remote procedural call between the MPS server and the MPS client failed")   \
-  X(CUDA_ERROR_MPS_SERVER_NOT_READY, "MPS server is not ready to accept new MPS client requests")                \
-  X(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "the hardware resources required to create MPS client are exhausted")    \
+#define SIMCUDA_ERRORS(X)                                                                                           \
+  X(CUDA_SUCCESS, "no error")                                                                                       \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                                   \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                                      \
+  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                                             \
+  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                                               \
+  X(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled while using external profiling tool")                          \
+  X(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized")                                                \
+  X(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started")                                                \
+  X(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped")                                                \
+  X(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                                                       \
+  X(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "API call is not supported in the installed CUDA driver")                \
+  X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable")                             \
+  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                                                     \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                                            \
+  X(CUDA_ERROR_DEVICE_NOT_LICENSED, "device doesn't have valid Grid license")                                       \
+  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                                                     \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                                           \
+  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                                  \
+  X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                                                       \
+  X(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed")                                                   \
+  X(CUDA_ERROR_ARRAY_IS_MAPPED, "array is mapped")                                                                  \
+  X(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                                           \
+  X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device")                       \
+  X(CUDA_ERROR_ALREADY_ACQUIRED, "resource already acquired")                                                       \
+  X(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                                                   \
+  X(CUDA_ERROR_NOT_MAPPED_AS_ARRAY, "resource not mapped as array")                                                 \
+  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as pointer")                                             \
+  X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered")                                            \
+  X(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit is not supported on this architecture")                                    \
+  X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "exclusive-thread device already in use by a different thread")              \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices")                   \
+  X(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed")                                                         \
+  X(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid OpenGL or DirectX context")                                       \
+  X(CUDA_ERROR_NVLINK_UNCORRECTABLE, "uncorrectable NVLink error detected during the execution")                    \
+  X(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "PTX JIT compiler library not found")                                        \
+  X(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain")              \
+  X(CUDA_ERROR_JIT_COMPILATION_DISABLED, "PTX JIT compilation was disabled")                                        \
+  X(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "the provided execution affinity is not supported")                       \
+  X(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "the provided PTX contains unsupported call to cudaDeviceSynchronize")     \
+  X(CUDA_ERROR_CONTAINED, "an exception occurred on the device that is now contained")                              \
+  X(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid")                                                    \
+  X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                                    \
+  X(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "shared object symbol not found")                                    \
+  X(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object initialization failed")                                    \
+  X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")                            \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                                           \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")                             \
+  X(CUDA_ERROR_LOSSY_QUERY, "attempted introspection would be semantically lossy")                                  \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                                 \
+  X(CUDA_ERROR_NOT_READY, "device not ready")                                                                       \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                                         \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")                                  \
+  X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                                           \
+  X(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, "launch uses incompatible texturing mode")                            \
+  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled")                                       \
+  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled")                                         \
+  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "cannot set while device is active in this process")                         \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                                        \
+  X(CUDA_ERROR_ASSERT, "device-side assert triggered")                                                              \
+  X(CUDA_ERROR_TOO_MANY_PEERS, "peer mapping resources exhausted")                                                  \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped")       \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region")             \
+  X(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error")                                                        \
+  X(CUDA_ERROR_ILLEGAL_INSTRUCTION, "an illegal instruction was encountered")                                       \
+  X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                                                            \
+  X(CUDA_ERROR_INVALID_ADDRESS_SPACE, "operation not supported on global/shared address space")                     \
+  X(CUDA_ERROR_INVALID_PC, "invalid program counter")                                                               \
+  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                                         \
+  X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "too many blocks in cooperative launch")                               \
+  X(CUDA_ERROR_TENSOR_MEMORY_LEAK, "tensor memory not completely freed")                                            \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                                            \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                                            \
+  X(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                      \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination")           \
+  X(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward compatibility was attempted on non supported HW")           \
+  X(CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS client failed to connect to the MPS control daemon or the MPS server")   \
+  X(CUDA_ERROR_MPS_RPC_FAILURE, "the remote procedural call between the MPS server and the MPS client failed")      \
+  X(CUDA_ERROR_MPS_SERVER_NOT_READY, "MPS server is not ready to accept new MPS client requests")                   \
+  X(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "the hardware resources required to create MPS client are exhausted")       \
   X(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, "the hardware resources required for device connections are exhausted") \
-  X(CUDA_ERROR_MPS_CLIENT_TERMINATED, "the MPS client has been terminated by the server")                        \
-  X(CUDA_ERROR_CDP_NOT_SUPPORTED, "the module is using CUDA Dynamic Parallelism, which is not supported")         \
-  X(CUDA_ERROR_CDP_VERSION_MISMATCH, "the module uses CDP but CDP versions do not match")                        \
-  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                   \
-  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture")            \
-  X(CUDA_ERROR_STREAM_CAPTURE_MERGE, "operation would result in a merge of separate capture sequences")          \
-  X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began")                 \
-  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work")                                    \
-  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "dependency created on uncaptured work in another stream")              \
-  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing stream")   \
-  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream")        \
-  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "attempt to terminate a thread-local capture from another thread")   \
-  X(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                                              \
-  X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "the graph update was not performed")                                  \
-  X(CUDA_ERROR_EXTERNAL_DEVICE, "an async error has occurred in an external entity outside of CUDA")             \
-  X(CUDA_ERROR_INVALID_CLUSTER_SIZE, "a kernel launch error has occurred due to cluster misconfiguration")       \
-  X(CUDA_ERROR_FUNCTION_NOT_LOADED, "the function handle is not loaded")                                         \
-  X(CUDA_ERROR_INVALID_RESOURCE_TYPE, "one or more resources are not valid resource types for the operation")    \
-  X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "one or more resources are insufficient for the operation")       \
-  X(CUDA_ERROR_KEY_ROTATION, "an error happened during the key rotation sequence")                               \
+  X(CUDA_ERROR_MPS_CLIENT_TERMINATED, "the MPS client has been terminated by the server")                           \
+  X(CUDA_ERROR_CDP_NOT_SUPPORTED, "the module is using CUDA Dynamic Parallelism, which is not supported")           \
+  X(CUDA_ERROR_CDP_VERSION_MISMATCH, "the module uses CDP but CDP versions do not match")                           \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                      \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture")               \
+  X(CUDA_ERROR_STREAM_CAPTURE_MERGE, "operation would result in a merge of separate capture sequences")             \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began")                    \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work")                                       \
+  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "dependency created on uncaptured work in another stream")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing stream")      \
+  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream")           \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "attempt to terminate a thread-local capture from another thread")      \
+  X(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                                                 \
+  X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "the graph update was not performed")                                     \
+  X(CUDA_ERROR_EXTERNAL_DEVICE, "an async error has occurred in an external entity outside of CUDA")                \
+  X(CUDA_ERROR_INVALID_CLUSTER_SIZE, "a kernel launch error has occurred due to cluster misconfiguration")          \
+  X(CUDA_ERROR_FUNCTION_NOT_LOADED, "the function handle is not loaded")                                            \
+  X(CUDA_ERROR_INVALID_RESOURCE_TYPE, "one or more resources are not valid resource types for the operation")       \
+  X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "one or more resources are insufficient for the operation")          \
+  X(CUDA_ERROR_KEY_ROTATION, "an error happened during the key rotation sequence")                                  \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 struct ErrorText {
@@ -384,7 +380,9 @@ CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   });
 }
 
-CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  return cuDeviceGetUuid_v2(uuid, dev);
+}
 
 CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
   return call([&](Driver& d) {
@@ -424,13 +422,17 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return call([&](Driver& d) { return primary_release(d, dev); });
 }
 
-CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return cuDevicePrimaryCtxRelease_v2(dev);
+}
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return call([&](Driver& d) { return primary_reset(d, dev); });
 }
 
-CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return cuDevicePrimaryCtxReset_v2(dev);
+}
 
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   return call([&](Driver& d) {
@@ -460,9 +462,13 @@ CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
 
 // ---- contexts ----
 
-CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return ctx_create(pctx, flags, dev);
+}
 
-CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return ctx_create(pctx, flags, dev);
+}
 
 CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags,
                         CUdevice dev) {
@@ -484,7 +490,9 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   return call([&](Driver& d) { return destroy_context(d, ctx); });
 }
 
-CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+CUresult cuCtxDestroy(CUcontext ctx) {
+  return cuCtxDestroy_v2(ctx);
+}
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   return call([&](Driver& d) {
@@ -510,13 +518,17 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   });
 }
 
-CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  return cuCtxPushCurrent_v2(ctx);
+}
 
 CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
   return call([&](Driver& d) { return ctx_stack_pop(d, pctx); });
 }
 
-CUresult cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
+CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  return cuCtxPopCurrent_v2(pctx);
+}
 
 CUresult cuCtxGetDevice(CUdevice* device) {
   return call([&](Driver& d) { return ctx_get_device(d, device, nullptr); });
@@ -705,7 +717,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 // ---- copies and sets: the _ptds/_ptsz forms use the per-thread default stream for stream 0 ----
 
-#define SIMCUDA_COPY(ptds, dst, ds, src, ss, n, stream, async)                \
+#define SIMCUDA_COPY(ptds, dst, ds, src, ss, n, stream, async) \
   return call([&](Driver& d) { return copy(d, dst, ds, src, ss, n, stream, async, ptds); })
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
@@ -747,8 +759,7 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
   SIMCUDA_COPY(false, u(dstDevice), Side::Device, u(srcDevice), Side::Device, ByteCount, hStream, true);
 }
-CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-                                   CUstream hStream) {
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
   SIMCUDA_COPY(true, u(dstDevice), Side::Device, u(srcDevice), Side::Device, ByteCount, hStream, true);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
@@ -863,7 +874,9 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
   return call([&](Driver& d) { return destroy_stream(d, hStream); });
 }
 
-CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
+CUresult cuStreamDestroy(CUstream hStream) {
+  return cuStreamDestroy_v2(hStream);
+}
 
 CUresult cuStreamSynchronize(CUstream hStream) {
   return call([&](Driver& d) { return stream_sync(d, hStream, false); });
@@ -963,7 +976,9 @@ CUresult cuEventDestroy_v2(CUevent hEvent) {
   return call([&](Driver& d) { return event_destroy(d, hEvent); });
 }
 
-CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
+CUresult cuEventDestroy(CUevent hEvent) {
+  return cuEventDestroy_v2(hEvent);
+}
 
 CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   return call([&](Driver& d) { return event_elapsed(d, pMilliseconds, hStart, hEnd); });
@@ -979,8 +994,8 @@ CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   return call([&](Driver& d) { return module_load(d, module, image); });
 }
 
-CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int /*numOptions*/,
-                            CUjit_option* /*options*/, void** /*optionValues*/) {
+CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int /*numOptions*/, CUjit_option* /*options*/,
+                            void** /*optionValues*/) {
   return call([&](Driver& d) { return module_load(d, module, image); });
 }
 
@@ -1061,120 +1076,120 @@ namespace {
 // symbol for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Versions are those of cudaTypedefs.h's
 // PFN_<base>_v<version>; the 32-bit entry points of CUDA 2.x are not provided, so asking for them is
 // answered VERSION_NOT_SUFFICIENT.
-#define SIMCUDA_PROCS(R, P)                                                              \
-  R(cuGetErrorString, 6000, cuGetErrorString)                                            \
-  R(cuGetErrorName, 6000, cuGetErrorName)                                                \
-  R(cuInit, 2000, cuInit)                                                                \
-  R(cuDriverGetVersion, 2020, cuDriverGetVersion)                                        \
-  R(cuGetProcAddress, 11030, cuGetProcAddress)                                           \
-  R(cuGetProcAddress, 12000, cuGetProcAddress_v2)                                        \
-  R(cuGetExportTable, 3000, cuGetExportTable)                                            \
-  R(cuDeviceGet, 2000, cuDeviceGet)                                                      \
-  R(cuDeviceGetCount, 2000, cuDeviceGetCount)                                            \
-  R(cuDeviceGetName, 2000, cuDeviceGetName)                                              \
-  R(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                              \
-  R(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                          \
-  R(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)                                    \
-  R(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2)                                         \
-  R(cuDeviceCanAccessPeer, 4000, cuDeviceCanAccessPeer)                                  \
-  R(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                            \
-  R(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)                          \
-  R(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2)                      \
-  R(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset)                              \
-  R(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2)                          \
-  R(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState)                        \
-  R(cuDevicePrimaryCtxSetFlags, 7000, cuDevicePrimaryCtxSetFlags)                        \
-  R(cuDevicePrimaryCtxSetFlags, 11000, cuDevicePrimaryCtxSetFlags_v2)                    \
-  R(cuCtxCreate, 2000, cuCtxCreate)                                                      \
-  R(cuCtxCreate, 3020, cuCtxCreate_v2)                                                   \
-  R(cuCtxCreate, 11040, cuCtxCreate_v3)                                                  \
-  R(cuCtxCreate, 12050, cuCtxCreate_v4)                                                  \
-  R(cuCtxDestroy, 2000, cuCtxDestroy)                                                    \
-  R(cuCtxDestroy, 4000, cuCtxDestroy_v2)                                                 \
-  R(cuCtxSetCurrent, 4000, cuCtxSetCurrent)                                              \
-  R(cuCtxGetCurrent, 4000, cuCtxGetCurrent)                                              \
-  R(cuCtxGetDevice, 2000, cuCtxGetDevice)                                                \
-  R(cuCtxGetDevice, 13000, cuCtxGetDevice_v2)                                            \
-  R(cuCtxGetFlags, 7000, cuCtxGetFlags)                                                  \
-  R(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion)                                        \
-  R(cuCtxPushCurrent, 2000, cuCtxPushCurrent)                                            \
-  R(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2)                                         \
-  R(cuCtxPopCurrent, 2000, cuCtxPopCurrent)                                              \
-  R(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2)                                           \
-  R(cuCtxSynchronize, 2000, cuCtxSynchronize)                                            \
-  R(cuCtxSynchronize, 13000, cuCtxSynchronize_v2)                                        \
-  R(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess)                                  \
-  R(cuCtxDisablePeerAccess, 4000, cuCtxDisablePeerAccess)                                \
-  R(cuMemGetInfo, 3020, cuMemGetInfo_v2)                                                 \
-  R(cuMemAlloc, 3020, cuMemAlloc_v2)                                                     \
-  R(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                           \
-  R(cuMemFree, 3020, cuMemFree_v2)                                                       \
-  R(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                                 \
-  R(cuPointerGetAttribute, 4000, cuPointerGetAttribute)                                  \
-  R(cuPointerGetAttributes, 7000, cuPointerGetAttributes)                                \
-  R(cuMemAddressReserve, 10020, cuMemAddressReserve)                                     \
-  R(cuMemAddressFree, 10020, cuMemAddressFree)                                           \
-  R(cuMemCreate, 10020, cuMemCreate)                                                     \
-  R(cuMemRelease, 10020, cuMemRelease)                                                   \
-  R(cuMemMap, 10020, cuMemMap)                                                           \
-  R(cuMemUnmap, 10020, cuMemUnmap)                                                       \
-  R(cuMemSetAccess, 10020, cuMemSetAccess)                                               \
-  R(cuMemGetAccess, 10020, cuMemGetAccess)                                               \
-  R(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity)                 \
+#define SIMCUDA_PROCS(R, P)                                                                \
+  R(cuGetErrorString, 6000, cuGetErrorString)                                              \
+  R(cuGetErrorName, 6000, cuGetErrorName)                                                  \
+  R(cuInit, 2000, cuInit)                                                                  \
+  R(cuDriverGetVersion, 2020, cuDriverGetVersion)                                          \
+  R(cuGetProcAddress, 11030, cuGetProcAddress)                                             \
+  R(cuGetProcAddress, 12000, cuGetProcAddress_v2)                                          \
+  R(cuGetExportTable, 3000, cuGetExportTable)                                              \
+  R(cuDeviceGet, 2000, cuDeviceGet)                                                        \
+  R(cuDeviceGetCount, 2000, cuDeviceGetCount)                                              \
+  R(cuDeviceGetName, 2000, cuDeviceGetName)                                                \
+  R(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                                \
+  R(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                            \
+  R(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)                                      \
+  R(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2)                                           \
+  R(cuDeviceCanAccessPeer, 4000, cuDeviceCanAccessPeer)                                    \
+  R(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                              \
+  R(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)                            \
+  R(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2)                        \
+  R(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset)                                \
+  R(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2)                            \
+  R(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState)                          \
+  R(cuDevicePrimaryCtxSetFlags, 7000, cuDevicePrimaryCtxSetFlags)                          \
+  R(cuDevicePrimaryCtxSetFlags, 11000, cuDevicePrimaryCtxSetFlags_v2)                      \
+  R(cuCtxCreate, 2000, cuCtxCreate)                                                        \
+  R(cuCtxCreate, 3020, cuCtxCreate_v2)                                                     \
+  R(cuCtxCreate, 11040, cuCtxCreate_v3)                                                    \
+  R(cuCtxCreate, 12050, cuCtxCreate_v4)                                                    \
+  R(cuCtxDestroy, 2000, cuCtxDestroy)                                                      \
+  R(cuCtxDestroy, 4000, cuCtxDestroy_v2)                                                   \
+  R(cuCtxSetCurrent, 4000, cuCtxSetCurrent)                                                \
+  R(cuCtxGetCurrent, 4000, cuCtxGetCurrent)                                                \
+  R(cuCtxGetDevice, 2000, cuCtxGetDevice)                                                  \
+  R(cuCtxGetDevice, 13000, cuCtxGetDevice_v2)                                              \
+  R(cuCtxGetFlags, 7000, cuCtxGetFlags)                                                    \
+  R(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion)                                          \
+  R(cuCtxPushCurrent, 2000, cuCtxPushCurrent)                                              \
+  R(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2)                                           \
+  R(cuCtxPopCurrent, 2000, cuCtxPopCurrent)                                                \
+  R(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2)                                             \
+  R(cuCtxSynchronize, 2000, cuCtxSynchronize)                                              \
+  R(cuCtxSynchronize, 13000, cuCtxSynchronize_v2)                                          \
+  R(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess)                                    \
+  R(cuCtxDisablePeerAccess, 4000, cuCtxDisablePeerAccess)                                  \
+  R(cuMemGetInfo, 3020, cuMemGetInfo_v2)                                                   \
+  R(cuMemAlloc, 3020, cuMemAlloc_v2)                                                       \
+  R(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                             \
+  R(cuMemFree, 3020, cuMemFree_v2)                                                         \
+  R(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                                   \
+  R(cuPointerGetAttribute, 4000, cuPointerGetAttribute)                                    \
+  R(cuPointerGetAttributes, 7000, cuPointerGetAttributes)                                  \
+  R(cuMemAddressReserve, 10020, cuMemAddressReserve)                                       \
+  R(cuMemAddressFree, 10020, cuMemAddressFree)                                             \
+  R(cuMemCreate, 10020, cuMemCreate)                                                       \
+  R(cuMemRelease, 10020, cuMemRelease)                                                     \
+  R(cuMemMap, 10020, cuMemMap)                                                             \
+  R(cuMemUnmap, 10020, cuMemUnmap)                                                         \
+  R(cuMemSetAccess, 10020, cuMemSetAccess)                                                 \
+  R(cuMemGetAccess, 10020, cuMemGetAccess)                                                 \
+  R(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity)                   \
   R(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle) \
-  R(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)                     \
-  R(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle)                   \
-  R(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle)               \
-  R(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)                                          \
-  R(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle)                                        \
-  R(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)                                    \
-  R(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                      \
-  P(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds)                           \
-  P(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)                           \
-  P(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds)                           \
-  P(cuMemcpy, 4000, cuMemcpy, cuMemcpy_ptds)                                             \
-  P(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz)            \
-  P(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)            \
-  P(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)            \
-  P(cuMemcpyAsync, 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz)                              \
-  P(cuMemsetD8, 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds)                                 \
-  P(cuMemsetD16, 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds)                              \
-  P(cuMemsetD32, 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds)                              \
-  P(cuMemsetD8Async, 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz)                        \
-  P(cuMemsetD16Async, 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz)                     \
-  P(cuMemsetD32Async, 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz)                     \
-  R(cuMemAllocHost, 3020, cuMemAllocHost_v2)                                             \
-  R(cuMemHostAlloc, 2020, cuMemHostAlloc)                                                \
-  R(cuMemFreeHost, 2000, cuMemFreeHost)                                                  \
-  R(cuMemHostRegister, 4000, cuMemHostRegister)                                          \
-  R(cuMemHostRegister, 6050, cuMemHostRegister_v2)                                       \
-  R(cuMemHostUnregister, 4000, cuMemHostUnregister)                                      \
-  R(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)                       \
-  R(cuStreamCreate, 2000, cuStreamCreate)                                                \
-  R(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority)                        \
-  R(cuStreamDestroy, 2000, cuStreamDestroy)                                              \
-  R(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                           \
-  P(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)            \
-  P(cuStreamQuery, 2000, cuStreamQuery, cuStreamQuery_ptsz)                              \
-  P(cuStreamWaitEvent, 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz)                  \
-  P(cuStreamGetCtx, 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz)                           \
-  P(cuStreamGetCtx, 12050, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz)                    \
-  P(cuStreamGetFlags, 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz)                     \
-  P(cuStreamAddCallback, 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz)            \
-  P(cuLaunchHostFunc, 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)                    \
-  R(cuEventCreate, 2000, cuEventCreate)                                                  \
-  P(cuEventRecord, 2000, cuEventRecord, cuEventRecord_ptsz)                              \
-  P(cuEventRecordWithFlags, 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)  \
-  R(cuEventQuery, 2000, cuEventQuery)                                                    \
-  R(cuEventSynchronize, 2000, cuEventSynchronize)                                        \
-  R(cuEventDestroy, 2000, cuEventDestroy)                                                \
-  R(cuEventDestroy, 4000, cuEventDestroy_v2)                                             \
-  R(cuEventElapsedTime, 2000, cuEventElapsedTime)                                        \
-  R(cuEventElapsedTime, 12080, cuEventElapsedTime_v2)                                    \
-  R(cuModuleLoadData, 2000, cuModuleLoadData)                                            \
-  R(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)                                        \
-  R(cuModuleUnload, 2000, cuModuleUnload)                                                \
-  R(cuModuleGetFunction, 2000, cuModuleGetFunction)                                      \
+  R(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)                       \
+  R(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle)                     \
+  R(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle)                 \
+  R(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)                                            \
+  R(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle)                                          \
+  R(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)                                      \
+  R(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                        \
+  P(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds)                             \
+  P(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)                             \
+  P(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds)                             \
+  P(cuMemcpy, 4000, cuMemcpy, cuMemcpy_ptds)                                               \
+  P(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz)              \
+  P(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)              \
+  P(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)              \
+  P(cuMemcpyAsync, 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz)                                \
+  P(cuMemsetD8, 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds)                                   \
+  P(cuMemsetD16, 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds)                                \
+  P(cuMemsetD32, 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds)                                \
+  P(cuMemsetD8Async, 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz)                          \
+  P(cuMemsetD16Async, 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz)                       \
+  P(cuMemsetD32Async, 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz)                       \
+  R(cuMemAllocHost, 3020, cuMemAllocHost_v2)                                               \
+  R(cuMemHostAlloc, 2020, cuMemHostAlloc)                                                  \
+  R(cuMemFreeHost, 2000, cuMemFreeHost)                                                    \
+  R(cuMemHostRegister, 4000, cuMemHostRegister)                                            \
+  R(cuMemHostRegister, 6050, cuMemHostRegister_v2)                                         \
+  R(cuMemHostUnregister, 4000, cuMemHostUnregister)                                        \
+  R(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)                         \
+  R(cuStreamCreate, 2000, cuStreamCreate)                                                  \
+  R(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority)                          \
+  R(cuStreamDestroy, 2000, cuStreamDestroy)                                                \
+  R(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                             \
+  P(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)              \
+  P(cuStreamQuery, 2000, cuStreamQuery, cuStreamQuery_ptsz)                                \
+  P(cuStreamWaitEvent, 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz)                    \
+  P(cuStreamGetCtx, 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz)                             \
+  P(cuStreamGetCtx, 12050, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz)                      \
+  P(cuStreamGetFlags, 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz)                       \
+  P(cuStreamAddCallback, 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz)              \
+  P(cuLaunchHostFunc, 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)                      \
+  R(cuEventCreate, 2000, cuEventCreate)                                                    \
+  P(cuEventRecord, 2000, cuEventRecord, cuEventRecord_ptsz)                                \
+  P(cuEventRecordWithFlags, 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)    \
+  R(cuEventQuery, 2000, cuEventQuery)                                                      \
+  R(cuEventSynchronize, 2000, cuEventSynchronize)                                          \
+  R(cuEventDestroy, 2000, cuEventDestroy)                                                  \
+  R(cuEventDestroy, 4000, cuEventDestroy_v2)                                               \
+  R(cuEventElapsedTime, 2000, cuEventElapsedTime)                                          \
+  R(cuEventElapsedTime, 12080, cuEventElapsedTime_v2)                                      \
+  R(cuModuleLoadData, 2000, cuModuleLoadData)                                              \
+  R(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)                                          \
+  R(cuModuleUnload, 2000, cuModuleUnload)                                                  \
+  R(cuModuleGetFunction, 2000, cuModuleGetFunction)                                        \
   P(cuLaunchKernel, 4000, cuLaunchKernel, cuLaunchKernel_ptsz)
 
 struct Proc {
@@ -1184,7 +1199,8 @@ struct Proc {
   void* per_thread;
 };
 
-#define SIMCUDA_PROC_R(base, version, sym) {#base, version, reinterpret_cast<void*>(&sym), reinterpret_cast<void*>(&sym)},
+#define SIMCUDA_PROC_R(base, version, sym) \
+  {#base, version, reinterpret_cast<void*>(&sym), reinterpret_cast<void*>(&sym)},
 #define SIMCUDA_PROC_P(base, version, sym, pt) \
   {#base, version, reinterpret_cast<void*>(&sym), reinterpret_cast<void*>(&pt)},
 const Proc kProcs[] = {SIMCUDA_PROCS(SIMCUDA_PROC_R, SIMCUDA_PROC_P)};

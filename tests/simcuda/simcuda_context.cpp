@@ -42,7 +42,9 @@ void teardown(Driver& d, CUctx_st* c) {
 
 }  // namespace
 
-bool valid_device(Driver& d, int device) { return device >= 0 && device < d.cfg.device_count; }
+bool valid_device(Driver& d, int device) {
+  return device >= 0 && device < d.cfg.device_count;
+}
 
 CUresult current_context(Driver& d, CUctx_st** out) {
   auto& s = stack(d);
@@ -62,7 +64,9 @@ std::shared_ptr<CUctx_st> find_context(Driver& d, CUcontext c) {
   return it == d.contexts.end() ? nullptr : it->second;
 }
 
-void ctx_stack_push(Driver& d, CUctx_st* c) { stack(d).push_back(c); }
+void ctx_stack_push(Driver& d, CUctx_st* c) {
+  stack(d).push_back(c);
+}
 
 CUctx_st* ctx_stack_top(Driver& d) {
   auto& s = stack(d);

@@ -27,7 +27,7 @@
 
 namespace simcuda {
 
-inline constexpr int kMaxDevices = 64;                 // device bitmasks are one uint64_t
+inline constexpr int kMaxDevices = 64;                   // device bitmasks are one uint64_t
 inline constexpr size_t kGranularity = size_t{2} << 20;  // VMM granularity, as on Hopper
 inline constexpr int kDriverVersion = 13000;
 
@@ -144,8 +144,8 @@ struct PhysAlloc {
   size_t size = 0;
   int device = 0;
   CUmemAllocationProp prop{};
-  int handle_refs = 0;  // cuMemCreate/Retain/Import minus cuMemRelease
-  int map_count = 0;    // cuMemMap calls not yet unmapped
+  int handle_refs = 0;   // cuMemCreate/Retain/Import minus cuMemRelease
+  int map_count = 0;     // cuMemMap calls not yet unmapped
   bool charged = false;  // imported memory is charged to its creator
 };
 
@@ -200,7 +200,7 @@ struct Driver {
   // Contexts, modules.
   std::mutex ctx_mu;
   std::unordered_map<CUctx_st*, std::shared_ptr<CUctx_st>> contexts;  // live (primaries always)
-  std::vector<std::shared_ptr<CUctx_st>> all_contexts;                 // never freed
+  std::vector<std::shared_ptr<CUctx_st>> all_contexts;                // never freed
   std::vector<CUctx_st*> primaries;
   std::vector<unsigned> primary_flags;
   std::unordered_map<CUmod_st*, std::unique_ptr<CUmod_st>> modules;
@@ -248,8 +248,7 @@ CUresult primary_reset(Driver& d, int device);
 bool valid_device(Driver& d, int device);
 
 // ---- streams, events, kernels (simcuda_stream.cpp) ----
-std::shared_ptr<CUstream_st> new_stream(Driver& d, CUctx_st* ctx, CUstream_st::Kind kind, unsigned flags,
-                                        int priority);
+std::shared_ptr<CUstream_st> new_stream(Driver& d, CUctx_st* ctx, CUstream_st::Kind kind, unsigned flags, int priority);
 void retire_streams(Driver& d, CUctx_st* ctx);  // waits for their work first
 CUresult resolve_stream(Driver& d, CUstream h, bool ptds, std::shared_ptr<CUstream_st>* out);
 CUresult enqueue(Driver& d, const std::shared_ptr<CUstream_st>& s, Op op, uint64_t* seq = nullptr);

@@ -44,7 +44,9 @@ typename M::iterator containing(M& m, uintptr_t p) {
   return p - it->first < it->second.size ? it : m.end();
 }
 
-bool add_overflows(uintptr_t a, size_t n) { return a + n < a; }
+bool add_overflows(uintptr_t a, size_t n) {
+  return a + n < a;
+}
 
 bool round_up(size_t x, size_t a, size_t* out) {
   if (x > SIZE_MAX - (a - 1)) return false;
@@ -52,7 +54,9 @@ bool round_up(size_t x, size_t a, size_t* out) {
   return true;
 }
 
-bool power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+bool power_of_two(size_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 // An aligned PROT_NONE range; `hint` is honored when it is free and aligned, like the driver's.
 void* reserve_va(size_t size, size_t align, uintptr_t hint) {
@@ -292,8 +296,7 @@ CUresult mem_alloc(Driver& d, CUdeviceptr* out, size_t bytes) {
            static_cast<unsigned long long>(id), dev);
   int fd = make_memfd(name, mapped);
   void* va = fd < 0 ? nullptr : reserve_va(mapped, align, 0);
-  if (va == nullptr ||
-      mmap(va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+  if (va == nullptr || mmap(va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     if (va != nullptr) munmap(va, mapped);
     if (fd >= 0) close(fd);
     uncharge(d, dev, mapped);
@@ -476,8 +479,7 @@ CUresult pointer_get_attribute(Driver& d, void* data, CUpointer_attribute attr, 
       if (!backed) return unknown(static_cast<CUmemoryPool>(nullptr));
       put(data, static_cast<CUmemoryPool>(nullptr));
       return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -652,10 +654,10 @@ CUresult mem_set_access(Driver& d, CUdeviceptr ptr, size_t size, const CUmemAcce
     for (size_t i = lo; i <= hi; ++i) {
       for (size_t k = 0; k < count; ++k) {
         uint64_t bit = uint64_t{1} << desc[k].location.id;
-        g.access[i].read = desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE ? g.access[i].read | bit
-                                                                          : g.access[i].read & ~bit;
-        g.access[i].write = desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? g.access[i].write | bit
-                                                                                : g.access[i].write & ~bit;
+        g.access[i].read =
+            desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE ? g.access[i].read | bit : g.access[i].read & ~bit;
+        g.access[i].write =
+            desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? g.access[i].write | bit : g.access[i].write & ~bit;
       }
     }
     if (!protect_group(it->first, g, lo, hi)) return CUDA_ERROR_UNKNOWN;

@@ -26,10 +26,10 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the ledger is shared between processes: its atomics must not hide a lock");
 
 std::mutex g_init_mu;
-bool g_init_done = false;        // guarded by g_init_mu
+bool g_init_done = false;                             // guarded by g_init_mu
 CUresult g_init_result = CUDA_ERROR_NOT_INITIALIZED;  // guarded by g_init_mu
-bool g_atfork_registered = false;  // guarded by g_init_mu
-uint64_t g_epoch = 0;             // guarded by g_init_mu
+bool g_atfork_registered = false;                     // guarded by g_init_mu
+uint64_t g_epoch = 0;                                 // guarded by g_init_mu
 std::atomic<Driver*> g_driver{nullptr};
 
 long long env_int(const char* name, long long def, long long lo, long long hi) {
@@ -69,8 +69,7 @@ Ledger* open_ledger(const std::string& path) {
   struct stat st {};
   // Every process may race to size a new file; all of them grow it to the same size, and the new
   // bytes are zero, which is the correct initial ledger.
-  if (fstat(fd, &st) != 0 ||
-      (static_cast<size_t>(st.st_size) < sizeof(Ledger) && ftruncate(fd, sizeof(Ledger)) != 0)) {
+  if (fstat(fd, &st) != 0 || (static_cast<size_t>(st.st_size) < sizeof(Ledger) && ftruncate(fd, sizeof(Ledger)) != 0)) {
     log("cannot size the state file %s: %s", path.c_str(), strerror(errno));
     close(fd);
     return nullptr;
@@ -91,8 +90,12 @@ Ledger* open_ledger(const std::string& path) {
   return l;
 }
 
-void atfork_prepare() { g_init_mu.lock(); }
-void atfork_parent() { g_init_mu.unlock(); }
+void atfork_prepare() {
+  g_init_mu.lock();
+}
+void atfork_parent() {
+  g_init_mu.unlock();
+}
 
 // The real driver is unusable in a fork child. simcuda lets the child start over instead (its own
 // cuInit, contexts, streams and charges), so tests can fork helper processes; the parent's objects
@@ -131,7 +134,9 @@ void log(const char* fmt, ...) {
   (void)ignored;
 }
 
-Driver* driver() { return g_driver.load(std::memory_order_acquire); }
+Driver* driver() {
+  return g_driver.load(std::memory_order_acquire);
+}
 
 CUresult init(unsigned flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;

@@ -141,8 +141,7 @@ CUresult per_thread_stream(Driver& d, CUctx_st* c, std::shared_ptr<CUstream_st>*
     }
   }
   auto s = new_stream(d, c, Kind::PerThread, 0, 0);
-  pts.v.erase(std::remove_if(pts.v.begin(), pts.v.end(), [c](const auto& e) { return e.first == c; }),
-              pts.v.end());
+  pts.v.erase(std::remove_if(pts.v.begin(), pts.v.end(), [c](const auto& e) { return e.first == c; }), pts.v.end());
   pts.v.emplace_back(c, s);
   *out = s;
   return CUDA_SUCCESS;

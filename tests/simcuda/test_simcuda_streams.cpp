@@ -196,8 +196,7 @@ TEST_CASE("Built-in kernels fill and add in stream order", "[simcuda][kernel]") 
       size_t count;
     } packed{dev.d, 5, 0, n};
     size_t size = sizeof packed;
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                     CU_LAUNCH_PARAM_END};
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
     REQUIRE(cuLaunchKernel(add, 64, 1, 1, 256, 1, 1, 0, s, nullptr, extra) == CUDA_SUCCESS);
   }
   std::vector<uint32_t> host(n, 0);
@@ -242,6 +241,6 @@ TEST_CASE("A kernel touching unmapped memory poisons its context", "[simcuda][ke
   CHECK(cuModuleGetFunction(&fill, mod, "simcuda_fill_u32") == CUDA_ERROR_INVALID_HANDLE);
   REQUIRE(cuMemAddressFree(va, kGran) == CUDA_SUCCESS);
   REQUIRE(cuCtxGetCurrent(&cur) == CUDA_SUCCESS);
-  CHECK(cur == primary);  // destroying the current context popped it
+  CHECK(cur == primary);                      // destroying the current context popped it
   CHECK(cuCtxSynchronize() == CUDA_SUCCESS);  // other contexts are unaffected
 }

@@ -166,9 +166,9 @@ TEST_CASE("Pointer attributes and address ranges of VMM and cuMemAlloc memory", 
     CHECK(size == 2 * kGran);
     CHECK(cuMemGetAddressRange(&base, &size, va) == CUDA_ERROR_NOT_FOUND);
 
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_CONTEXT,         CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE,      CU_POINTER_ATTRIBUTE_MAPPED,
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_CONTEXT,           CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE,        CU_POINTER_ATTRIBUTE_MAPPED,
                                    CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
     CUcontext owner = ctx;
     unsigned type = 0, mapped = 0;
@@ -262,8 +262,8 @@ TEST_CASE("An exported shareable handle imports to the same bytes", "[simcuda][v
       }
       CUdeviceptr b = 0;
       CUmemAccessDesc acc = rw(0);
-      if (cuMemAddressReserve(&b, kGran, 0, 0, 0) != CUDA_SUCCESS || cuMemMap(b, kGran, 0, imported, 0) != CUDA_SUCCESS ||
-          cuMemSetAccess(b, kGran, &acc, 1) != CUDA_SUCCESS) {
+      if (cuMemAddressReserve(&b, kGran, 0, 0, 0) != CUDA_SUCCESS ||
+          cuMemMap(b, kGran, 0, imported, 0) != CUDA_SUCCESS || cuMemSetAccess(b, kGran, &acc, 1) != CUDA_SUCCESS) {
         return 3;
       }
       if (reinterpret_cast<uint32_t*>(b)[100] != 0x5a5a5a5au) return 4;
@@ -302,6 +302,8 @@ TEST_CASE("Capacity is shared by every process of the ledger", "[simcuda][capaci
   REQUIRE(pid >= 0);
   if (pid == 0) {
     // The child: hold most of device 0, tell the parent, free when told, and exit in order.
+    close(to_parent[0]);
+    close(to_child[1]);
     char c = 'x';
     CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp prop = device_prop(0);
@@ -317,6 +319,24 @@ TEST_CASE("Capacity is shared by every process of the ledger", "[simcuda][capaci
     if (rc == 0 && cuMemAlloc(&leak, kGran) != CUDA_SUCCESS) rc = 5;
     std::exit(rc);
   }
+  // Only the child writes to_parent, so its death reads as end of file rather than a hang; and
+  // whatever fails below, the child is let go (end of file on to_child) and reaped.
+  close(to_parent[1]);
+  close(to_child[0]);
+  struct Reaper {
+    pid_t pid;
+    int to_child_w;
+    int to_parent_r;
+    int status = -1;
+    void finish() {
+      if (pid <= 0) return;
+      close(to_child_w);
+      close(to_parent_r);
+      waitpid(pid, &status, 0);
+      pid = -1;
+    }
+    ~Reaper() { finish(); }
+  } reaper{pid, to_child[1], to_parent[0]};
   char c = 0;
   REQUIRE(read(to_parent[0], &c, 1) == 1);
   REQUIRE(c == 'a');
@@ -344,12 +364,10 @@ TEST_CASE("Capacity is shared by every process of the ledger", "[simcuda][capaci
   REQUIRE(cuMemCreate(&h, 2 * kGran, &prop, 0) == CUDA_SUCCESS);
   REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
 
-  int st = 0;
-  REQUIRE(waitpid(pid, &st, 0) == pid);
-  CHECK(WIFEXITED(st));
-  CHECK(WEXITSTATUS(st) == 0);
+  reaper.finish();
+  CHECK(WIFEXITED(reaper.status));
+  CHECK(WEXITSTATUS(reaper.status) == 0);
   CHECK(simcuda_used_bytes(0) == used0);
-  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
 TEST_CASE("SIMCUDA_FAIL_AFTER_CREATES makes cuMemCreate run out", "[simcuda][capacity]") {

@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsdisk-shim-bench: what the shim costs and how fast it moves memory, on the real driver or simcuda.
+//
+//   tmsdisk-shim-bench --dir DIR [--gib 4] [--shim libtmsdisk.so]
+//
+// One run measures, in this order:
+//   1. the raw O_DIRECT write/read ceiling of DIR (the daemon's root; TMSDISK_SOCKET names the daemon);
+//   2. a child without the shim: pinned host<->device copy bandwidth, cuMemAlloc+cuMemFree latency
+//      (64 MiB), and the kernel launch rate;
+//   3. a child with the shim preloaded: the same, then tmsdisk_pause()/tmsdisk_resume() of GIB GiB
+//      of filled device memory, verified byte for byte afterwards;
+// and prints each figure beside its ceiling: pause GB/s / raw write, resume GB/s / raw read,
+// alloc latency and launch rate with the shim / without.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "rawdisk.h"
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+// An empty kernel in PTX, JIT-compiled by the driver for whatever GPU is present.
+const char kNopPtx[] = R"(
+.version 7.0
+.target sm_52
+.address_size 64
+.visible .entry tmsdisk_nop() { ret; }
+)";
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+#define CHECK_CU(call)                                                              \
+  do {                                                                              \
+    CUresult rc_ = (call);                                                          \
+    if (rc_ != CUDA_SUCCESS) {                                                      \
+      const char* name_ = nullptr;                                                  \
+      cuGetErrorName(rc_, &name_);                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, name_ ? name_ : "unknown");    \
+      return json{{"error", std::string(#call) + ": " + (name_ ? name_ : "?")}};    \
+    }                                                                               \
+  } while (0)
+
+// Runs inside a child process: the measurements that do not involve the disk, plus the pause and
+// resume when the shim is present.
+json measure(double gib, bool with_pause) {
+  json out;
+  CUdevice dev;
+  CUcontext ctx;
+  CHECK_CU(cuInit(0));
+  CHECK_CU(cuDeviceGet(&dev, 0));
+  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK_CU(cuCtxSetCurrent(ctx));
+  char name[128] = {};
+  cuDeviceGetName(name, sizeof(name), dev);
+  out["device"] = name;
+  CUstream stream;
+  CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+  // Pinned copy bandwidth, both directions.
+  const size_t copy_bytes = 512u << 20;
+  void* host = nullptr;
+  CUdeviceptr dbuf = 0;
+  CHECK_CU(cuMemAllocHost(&host, copy_bytes));
+  CHECK_CU(cuMemAlloc(&dbuf, copy_bytes));
+  std::memset(host, 0x5A, copy_bytes);
+  for (int dir = 0; dir < 2; ++dir) {
+    CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream) : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    const int reps = 8;
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i)
+      CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream) : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    out[dir ? "h2d_gb_s" : "d2h_gb_s"] = static_cast<double>(copy_bytes) * reps / seconds_since(t) / 1e9;
+  }
+  CHECK_CU(cuMemFree(dbuf));
+  CHECK_CU(cuMemFreeHost(host));
+
+  // Allocation latency: a 64 MiB alloc+free pair (managed by the shim when present).
+  {
+    const int reps = 200;
+    CUdeviceptr p;
+    CHECK_CU(cuMemAlloc(&p, 64u << 20));
+    CHECK_CU(cuMemFree(p));
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i) {
+      CHECK_CU(cuMemAlloc(&p, 64u << 20));
+      CHECK_CU(cuMemFree(p));
+    }
+    out["alloc_free_us"] = seconds_since(t) / reps * 1e6;
+  }
+
+  // Kernel launch rate (simcuda has no PTX JIT: reported as absent there).
+  CUmodule mod;
+  CUfunction fn;
+  if (cuModuleLoadData(&mod, kNopPtx) == CUDA_SUCCESS && cuModuleGetFunction(&fn, mod, "tmsdisk_nop") == CUDA_SUCCESS) {
+    const int reps = 100000;
+    for (int i = 0; i < 1000; ++i) CHECK_CU(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+    CHECK_CU(cuStreamSynchronize(stream));
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i) CHECK_CU(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+    CHECK_CU(cuStreamSynchronize(stream));
+    out["launches_per_s"] = reps / seconds_since(t);
+  }
+
+  if (!with_pause) return out;
+  using Api = int (*)();
+  auto pause = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_pause"));
+  auto resume = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_resume"));
+  if (!pause || !resume) return json{{"error", "tmsdisk_pause not found: is the shim preloaded?"}};
+
+  // GIB GiB in 1 GiB allocations, each filled with its own 32-bit value.
+  const size_t piece = 1u << 30;
+  const size_t count = static_cast<size_t>(gib);
+  std::vector<CUdeviceptr> mem(count);
+  for (size_t i = 0; i < count; ++i) {
+    CHECK_CU(cuMemAlloc(&mem[i], piece));
+    CHECK_CU(cuMemsetD32(mem[i], 0xC0DE0000u + static_cast<unsigned>(i), piece / 4));
+  }
+  CHECK_CU(cuCtxSynchronize());
+  size_t free_before = 0, free_paused = 0, total = 0;
+  cuMemGetInfo(&free_before, &total);
+  auto t = Clock::now();
+  int rc = pause();
+  const double pause_s = seconds_since(t);
+  if (rc != 0) return json{{"error", "tmsdisk_pause returned " + std::to_string(rc)}};
+  cuMemGetInfo(&free_paused, &total);
+  t = Clock::now();
+  rc = resume();
+  const double resume_s = seconds_since(t);
+  if (rc != 0) return json{{"error", "tmsdisk_resume returned " + std::to_string(rc)}};
+  // Every word of every allocation must be back.
+  std::vector<uint32_t> check(piece / 4 / 16);
+  bool intact = true;
+  for (size_t i = 0; i < count && intact; ++i) {
+    for (size_t off = 0; off < piece && intact; off += check.size() * 4) {
+      CHECK_CU(cuMemcpyDtoH(check.data(), mem[i] + off, check.size() * 4));
+      for (uint32_t w : check) intact &= w == 0xC0DE0000u + static_cast<unsigned>(i);
+    }
+  }
+  for (CUdeviceptr p : mem) cuMemFree(p);
+  const double bytes = static_cast<double>(count * piece);
+  out["pause_gb_s"] = bytes / pause_s / 1e9;
+  out["resume_gb_s"] = bytes / resume_s / 1e9;
+  out["paused_bytes"] = count * piece;
+  out["freed_by_pause_bytes"] = free_paused > free_before ? free_paused - free_before : 0;
+  out["intact"] = intact;
+  return out;
+}
+
+// Runs this program again as `--child` with or without the shim and returns its JSON.
+json run_child(const std::string& self, double gib, const std::string& shim) {
+  int fds[2];
+  if (::pipe(fds) != 0) return json{{"error", "pipe"}};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    if (shim.empty()) ::unsetenv("LD_PRELOAD");
+    else ::setenv("LD_PRELOAD", shim.c_str(), 1);
+    std::string g = std::to_string(gib);
+    const char* argv[] = {self.c_str(), "--child", shim.empty() ? "plain" : "shim", "--gib", g.c_str(), nullptr};
+    ::execv(self.c_str(), const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  json j = json::parse(out, nullptr, false);
+  if (j.is_discarded()) return json{{"error", "child exited " + std::to_string(status) + " without a result"}};
+  return j;
+}
+
+double ratio(const json& a, const json& b, const char* key) {
+  return a.contains(key) && b.contains(key) && b[key].get<double>() > 0 ? a[key].get<double>() / b[key].get<double>() : 0.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir, shim, child;
+  double gib = 4;
+  bool as_json = false;
+  CLI::App app{"tmsdisk-shim-bench: pause/resume GB/s beside the disk ceiling, and the shim's overhead"};
+  app.add_option("--dir", dir, "the daemon's root directory (for the raw O_DIRECT ceiling)");
+  app.add_option("--gib", gib, "GiB of device memory to pause and resume")->capture_default_str();
+  app.add_option("--shim", shim, "libtmsdisk.so to preload (default: $TMSDISK_LIBRARY)");
+  app.add_option("--child", child, "internal: run the measurements in this process")->group("");
+  app.add_flag("--json", as_json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!child.empty()) {
+    std::printf("%s\n", measure(gib, child == "shim").dump().c_str());
+    return 0;
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "tmsdisk-shim-bench: --dir is required (the daemon's root)\n");
+    return 2;
+  }
+  if (shim.empty() && std::getenv("TMSDISK_LIBRARY")) shim = std::getenv("TMSDISK_LIBRARY");
+  if (shim.empty()) {
+    std::fprintf(stderr, "tmsdisk-shim-bench: pass --shim PATH/libtmsdisk.so (or set TMSDISK_LIBRARY)\n");
+    return 2;
+  }
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+
+  auto raw = tmsdisk::bench::measure_raw_disk(dir, static_cast<uint64_t>(gib * (1ull << 30)), 8u << 20, 32);
+  if (!raw) {
+    std::fprintf(stderr, "raw disk: %s\n", raw.error().describe().c_str());
+    return 1;
+  }
+  json plain = run_child(self, gib, "");
+  json shimmed = run_child(self, gib, shim);
+  json out = {{"raw", {{"write_gb_s", raw->write_bytes_per_s / 1e9}, {"read_gb_s", raw->read_bytes_per_s / 1e9},
+                       {"direct_io", raw->direct_io}, {"notes", raw->notes}}},
+              {"without_shim", plain},
+              {"with_shim", shimmed}};
+  if (plain.contains("error") || shimmed.contains("error")) {
+    std::fprintf(stderr, "%s\n", out.dump(2).c_str());
+    return 1;
+  }
+  const double pw = shimmed["pause_gb_s"].get<double>(), rr = shimmed["resume_gb_s"].get<double>();
+  out["ratios"] = {{"pause_over_raw_write", pw / (raw->write_bytes_per_s / 1e9)},
+                   {"resume_over_raw_read", rr / (raw->read_bytes_per_s / 1e9)},
+                   {"alloc_free_latency_shim_over_plain", ratio(shimmed, plain, "alloc_free_us")},
+                   {"launch_rate_shim_over_plain", ratio(shimmed, plain, "launches_per_s")},
+                   {"d2h_shim_over_plain", ratio(shimmed, plain, "d2h_gb_s")}};
+  if (as_json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return shimmed["intact"].get<bool>() ? 0 : 1;
+  }
+  std::printf("device               %s\n", shimmed["device"].get<std::string>().c_str());
+  std::printf("pause                %.3f GB/s  = %.3f x raw O_DIRECT write (%.3f GB/s) of %s\n", pw,
+              out["ratios"]["pause_over_raw_write"].get<double>(), raw->write_bytes_per_s / 1e9, dir.c_str());
+  std::printf("resume               %.3f GB/s  = %.3f x raw O_DIRECT read  (%.3f GB/s)\n", rr,
+              out["ratios"]["resume_over_raw_read"].get<double>(), raw->read_bytes_per_s / 1e9);
+  std::printf("pinned copies        D2H %.1f GB/s, H2D %.1f GB/s (without shim)\n", plain["d2h_gb_s"].get<double>(),
+              plain["h2d_gb_s"].get<double>());
+  std::printf("freed by the pause   %.2f GiB of %.2f GiB paused; data %s\n",
+              shimmed["freed_by_pause_bytes"].get<double>() / (1ull << 30),
+              shimmed["paused_bytes"].get<double>() / (1ull << 30), shimmed["intact"].get<bool>() ? "intact" : "CORRUPTED");
+  std::printf("cuMemAlloc+Free 64M  %.1f us with shim, %.1f us without (x%.2f)\n", shimmed["alloc_free_us"].get<double>(),
+              plain["alloc_free_us"].get<double>(), out["ratios"]["alloc_free_latency_shim_over_plain"].get<double>());
+  if (plain.contains("launches_per_s"))
+    std::printf("kernel launches      %.0f/s with shim, %.0f/s without (x%.3f)\n", shimmed["launches_per_s"].get<double>(),
+                plain["launches_per_s"].get<double>(), out["ratios"]["launch_rate_shim_over_plain"].get<double>());
+  else
+    std::printf("kernel launches      not measured (no PTX JIT on this driver)\n");
+  return shimmed["intact"].get<bool>() ? 0 : 1;
+}

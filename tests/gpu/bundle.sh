@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds the binaries the GPU checks need (Release, stripped) into DIR, ready to carry to a GPU node:
+# they depend only on libc and libstdc++, so they run there as built here.
+#   tests/gpu/bundle.sh DIR
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=$1
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-release --target tmsdiskd tmsctl tmsdisk cuda_pattern cuda_probe tmsdisk-shim-bench tmsdisk-session-bench
+mkdir -p "$dest"
+cp build-release/daemon/tmsdiskd build-release/tools/tmsctl/tmsctl build-release/interposer/libtmsdisk.so \
+   build-release/tests/e2e/cuda_pattern build-release/tests/e2e/cuda_probe \
+   build-release/bench/tmsdisk-shim-bench build-release/bench/tmsdisk-session-bench "$dest/"
+strip "$dest"/*
+ls -la "$dest"

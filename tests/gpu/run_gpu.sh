@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The GPU-node checks, with prebuilt binaries (tests/gpu/bundle.sh makes them): an unmodified CUDA
+# program and an unmodified PyTorch training script paused and resumed through tmsctl while a second
+# process takes the freed memory, then the shim and session benchmarks on the same directory.
+#   tests/gpu/run_gpu.sh BUNDLE_DIR OUT_DIR [TORCH_LAYERS]
+set -uo pipefail  # not -e: every section runs and reports, whatever an earlier one did
+bundle=$(cd "$1" && pwd)
+out=$2
+layers=${3:-6}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+work=/var/tmp/tmsdisk-gpu
+rm -rf "$work"
+mkdir -p "$work/root"
+export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+tmsctl=$bundle/tmsctl
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
+  uname -r
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  df -h /var/tmp | tail -1
+} >"$out/machine.txt" 2>&1
+
+"$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$out/tmsdiskd.log" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && break; sleep 0.1; done
+
+echo "== 1. unmodified CUDA program (driver API, three allocation paths)" | tee "$out/cuda.txt"
+coproc PROG { exec "$tmsctl" run --job cuda -- "$bundle/cuda_pattern" 2>>"$out/cuda-shim.log"; }
+ask() { echo "$1" >&"${PROG[1]}"; read -t 900 -r a <&"${PROG[0]}"; echo "$a"; }
+read -t 300 -r ready <&"${PROG[0]}"; echo "program: $ready" >>"$out/cuda.txt"
+{
+  ask "alloc 1 4294967296 direct"
+  ask "alloc 2 2147483648 procaddr"
+  ask "alloc 3 1073745920 dlsym"
+  ask "alloc 4 65536 direct"
+  echo "free MiB before pause: $("$bundle/cuda_probe" free)"
+  "$tmsctl" pause --job cuda
+  "$tmsctl" status
+  echo "free MiB while paused: $("$bundle/cuda_probe" free)"
+  "$bundle/cuda_probe" 6500
+  "$tmsctl" resume --job cuda
+  echo "check: $(ask check)"
+  echo "addr 1: $(ask 'addr 1')"
+  ask exit >/dev/null || true
+} >>"$out/cuda.txt" 2>&1
+wait $PROG_PID 2>/dev/null || true
+
+echo "== 2. unmodified PyTorch training (Adam), paused from outside" | tee "$out/torch.txt"
+coproc TORCH { exec "$tmsctl" run --job torch -- python3 "$here/torch_train.py" "$layers" 2>>"$out/torch-shim.log"; }
+tsk() { echo "$1" >&"${TORCH[1]}"; read -t 900 -r a <&"${TORCH[0]}"; echo "$a"; }
+read -t 300 -r ready <&"${TORCH[0]}"
+{
+  echo "script: $ready"
+  echo "free before pause: $(python3 -c 'import torch; print(torch.cuda.mem_get_info()[0] >> 20)') MiB"
+  "$tmsctl" --json pause --job torch | tee "$out/torch-pause.json"
+  "$tmsctl" status
+  python3 "$here/take_memory.py" 0.9
+  "$tmsctl" --json resume --job torch | tee "$out/torch-resume.json"
+  echo "check: $(tsk check)"
+  echo "training goes on: $(tsk step)"
+  echo "check after step: $(tsk check)"
+  "$tmsctl" pause --job torch && "$tmsctl" resume --job torch
+  echo "check after a second cycle: $(tsk check)"
+  tsk exit >/dev/null || true
+} >>"$out/torch.txt" 2>&1
+wait $TORCH_PID 2>/dev/null || true
+
+echo "== 3. benchmarks on $work/root" | tee "$out/bench.txt"
+"$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib 8 --shim "$bundle/libtmsdisk.so" >>"$out/bench.txt" 2>&1 || echo "shim bench failed" >>"$out/bench.txt"
+"$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib 8 --shim "$bundle/libtmsdisk.so" --json >"$out/shim-bench.json" 2>&1 || true
+"$bundle/tmsdisk-session-bench" "$work/root" --gib 8 >>"$out/bench.txt" 2>&1 || echo "session bench failed" >>"$out/bench.txt"
+cat "$out/cuda.txt" "$out/torch.txt" "$out/bench.txt"
