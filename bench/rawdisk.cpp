@@ -165,9 +165,14 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
     r.write_bytes_per_s = *write;
     // Written back by the fdatasync above; for buffered I/O this makes the read come from the device.
     ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED);
-    auto read = sequential_pass(**engine, io::Op::Read, fd->get(), buffers, buf_index, r.bytes, request_bytes);
-    if (!read) return std::move(read).error();
-    r.read_bytes_per_s = *read;
+    // Two read passes, the better one counts: right after a large write a virtual disk is still
+    // flushing underneath and the first pass reads slower than the device can (seen on the H200
+    // node's virtio disk). A higher ceiling only makes the ratios against it more pessimistic.
+    for (int pass = 0; pass < 2; ++pass) {
+      auto read = sequential_pass(**engine, io::Op::Read, fd->get(), buffers, buf_index, r.bytes, request_bytes);
+      if (!read) return std::move(read).error();
+      r.read_bytes_per_s = std::max(r.read_bytes_per_s, *read);
+    }
     if (!r.notes.empty()) r.notes.pop_back();
     return r;
   } catch (const std::bad_alloc&) {

@@ -14,7 +14,7 @@ namespace tmsdisk::bench {
 
 struct RawDiskResult {
   double write_bytes_per_s = 0;  // sequential writes, including the one fdatasync a pause also pays
-  double read_bytes_per_s = 0;   // sequential reads of what was just written, from the device
+  double read_bytes_per_s = 0;   // sequential reads of what was just written, from the device (better of 2 passes)
   bool direct_io = false;        // false: the filesystem refused O_DIRECT; buffered I/O, cache dropped
   bool io_uring = false;         // false: the engine fell back to pread/pwrite
   uint64_t bytes = 0;            // moved each way (total rounded up to 4 KiB)

@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(root);
   testing::DaemonProcess daemon;
   const std::string socket = work / "d.sock";
-  if (daemon.start(TMSDISK_DAEMON_PATH, {"--socket", socket, "--root", root, "--staging-mb", std::to_string(staging_mb),
+  const char* daemon_env = std::getenv("TMSDISK_DAEMON");  // a carried build has no build tree
+  const std::string daemon_path = daemon_env && *daemon_env ? daemon_env : TMSDISK_DAEMON_PATH;
+  if (daemon.start(daemon_path, {"--socket", socket, "--root", root, "--staging-mb", std::to_string(staging_mb),
                                          "--slot-mb", std::to_string(slot_mb), "--log-level", "warn"}) != 0) {
     std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
     return 1;

@@ -4,7 +4,8 @@
 //   tmsdisk-shim-bench --dir DIR [--gib 4] [--shim libtmsdisk.so]
 //
 // One run measures, in this order:
-//   1. the raw O_DIRECT write/read ceiling of DIR (the daemon's root; TMSDISK_SOCKET names the daemon);
+//   1. the raw O_DIRECT write/read ceiling of DIR (the daemon's root; TMSDISK_SOCKET names the daemon),
+//      again after 3., keeping the better figure;
 //   2. a child without the shim: pinned host<->device copy bandwidth, cuMemAlloc+cuMemFree latency
 //      (64 MiB), and the kernel launch rate;
 //   3. a child with the shim preloaded: the same, then tmsdisk_pause()/tmsdisk_resume() of GIB GiB
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -231,6 +233,11 @@ int main(int argc, char** argv) {
   }
   json plain = run_child(self, gib, "");
   json shimmed = run_child(self, gib, shim);
+  // As in the session benchmark: the ceiling is the better of a raw pass before and one after.
+  if (auto again = tmsdisk::bench::measure_raw_disk(dir, static_cast<uint64_t>(gib * (1ull << 30)), 8u << 20, 32)) {
+    raw->write_bytes_per_s = std::max(raw->write_bytes_per_s, again->write_bytes_per_s);
+    raw->read_bytes_per_s = std::max(raw->read_bytes_per_s, again->read_bytes_per_s);
+  }
   json out = {{"raw", {{"write_gb_s", raw->write_bytes_per_s / 1e9}, {"read_gb_s", raw->read_bytes_per_s / 1e9},
                        {"direct_io", raw->direct_io}, {"notes", raw->notes}}},
               {"without_shim", plain},
