@@ -212,7 +212,7 @@ std::string ok_addr(const std::string& answer) {
 
 }  // namespace
 
-TEST_CASE("tmsctl pause frees device memory for another process; resume restores every byte at the same addresses") {
+TEST_CASE("tmsctl pause frees device memory for another process - resume restores every byte at the same addresses") {
   Node node;
   node.device_mb = 256;
   node.start_daemon();
@@ -338,7 +338,7 @@ TEST_CASE("without a daemon the shim starts a private one, which leaves when the
 // Failure paths: the program keeps running with its data, the command says what happened, and a
 // later pause succeeds.
 
-TEST_CASE("ENOSPC at pause leaves every allocation resident and intact; a smaller pause then succeeds") {
+TEST_CASE("ENOSPC at pause leaves every allocation resident and intact - a smaller pause then succeeds") {
   if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
   Node node;
   const std::string image = node.dir / "fs.img";
@@ -399,7 +399,7 @@ struct InProcessDaemon {
 };
 }  // namespace
 
-TEST_CASE("a write error mid-pause is reported; released allocations resume, the rest never left; a retry succeeds") {
+TEST_CASE("a write error mid-pause is reported - released allocations resume, the rest never left - a retry succeeds") {
   Node node;
   std::atomic<int> writes{0};
   std::atomic<bool> armed{true};

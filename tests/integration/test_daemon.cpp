@@ -223,7 +223,7 @@ TEST_CASE("malformed, truncated, wrong-version and oversized messages are refuse
   CHECK(c.welcome().slot_count > 0);
 }
 
-TEST_CASE("out-of-range slots and extents are answered with errors; the session stays usable") {
+TEST_CASE("out-of-range slots and extents are answered with errors - the session stays usable") {
   Daemon d;
   d.start();
   auto c = d.shim();
@@ -521,7 +521,7 @@ struct InProcessDaemon {
 };
 }  // namespace
 
-TEST_CASE("EIO during a write reaches the client; other sessions are unaffected; no files remain") {
+TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain") {
   std::atomic<bool> fail_next_write{false};
   InProcessDaemon d([&](const io::Request& r, int raw) {
     if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;

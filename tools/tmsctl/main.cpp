@@ -40,8 +40,6 @@ int main(int argc, char** argv) {
     sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB)");
     sub->add_option("--chunk-mb", launch.chunk_mb, "staging per rank in MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the daemon's)");
     sub->add_option("--min-mb", launch.min_mb, "allocations below this many MiB stay native (TMSDISK_MIN_BYTES)");
-    sub->add_option("--on-touch", launch.on_touch, "what a paused rank does when it touches GPU memory (TMSDISK_ON_TOUCH)")
-        ->check(CLI::IsMember({"wait", "resume", "fail"}));
   };
   auto* env = app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
   add_launch(env);
