@@ -45,6 +45,16 @@ std::string human_bytes(uint64_t b) {
 
 double gb_per_s(uint64_t bytes, uint64_t nanos) { return nanos ? static_cast<double>(bytes) / static_cast<double>(nanos) : 0.0; }
 
+// A rank that declared none (no RANK/SLURM_PROCID) is shown as "-".
+std::string rank_text(int64_t rank) { return rank < 0 ? "-" : std::to_string(rank); }
+
+std::string rate_text(uint64_t bytes, uint64_t nanos) {
+  if (!nanos) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GB/s", gb_per_s(bytes, nanos));
+  return buf;
+}
+
 uint64_t unmanaged_total(const proto::RankStats& s) {
   uint64_t t = 0;
   for (auto b : s.unmanaged_bytes) t += b;
@@ -117,15 +127,14 @@ int cmd_status(const Common& common) {
   std::printf("%-16s %5s %8s %-16s %10s %10s %10s %10s %s\n", "JOB", "RANK", "PID", "STATE", "RESIDENT", "PAUSED",
               "UNMANAGED", "DISK", "LAST PAUSE / RESUME");
   for (const auto& s : *sessions) {
-    char last[96] = "-";
+    std::string last = "-";
     if (s.stats.last_pause_ns || s.stats.last_resume_ns)
-      std::snprintf(last, sizeof(last), "%s %.2f GB/s / %.2f GB/s", human_bytes(s.stats.last_pause_bytes).c_str(),
-                    gb_per_s(s.stats.last_pause_bytes, s.stats.last_pause_ns),
-                    gb_per_s(s.stats.last_resume_bytes, s.stats.last_resume_ns));
-    std::printf("%-16s %5lld %8d %-16s %10s %10s %10s %10s %s\n", s.job.c_str(), static_cast<long long>(s.rank), s.pid,
+      last = human_bytes(s.stats.last_pause_bytes) + " " + rate_text(s.stats.last_pause_bytes, s.stats.last_pause_ns) +
+             " / " + rate_text(s.stats.last_resume_bytes, s.stats.last_resume_ns);
+    std::printf("%-16s %5s %8d %-16s %10s %10s %10s %10s %s\n", s.job.c_str(), rank_text(s.rank).c_str(), s.pid,
                 proto::state_name(static_cast<proto::RankState>(s.stats.state)), human_bytes(s.stats.resident_bytes).c_str(),
                 human_bytes(s.stats.paused_bytes).c_str(), human_bytes(unmanaged_total(s.stats)).c_str(),
-                human_bytes(s.disk_bytes).c_str(), last);
+                human_bytes(s.disk_bytes).c_str(), last.c_str());
   }
   return 0;
 }
@@ -181,10 +190,10 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
       out.push_back({{"job", r.job}, {"rank", r.rank}, {"pid", r.pid}, {"ok", r.code == 0}, {"errno", r.code},
                      {"bytes", r.bytes}, {"ns", r.nanos}, {"gb_per_s", gb_per_s(r.bytes, r.nanos)}, {"message", r.message}});
     } else if (r.code == 0) {
-      std::printf("%s rank %lld (pid %d): %s in %.2f s (%.2f GB/s)\n", r.job.c_str(), static_cast<long long>(r.rank),
-                  r.pid, human_bytes(r.bytes).c_str(), static_cast<double>(r.nanos) / 1e9, gb_per_s(r.bytes, r.nanos));
+      std::printf("%s rank %s (pid %d): %s in %.2f s (%.2f GB/s)\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
+                  human_bytes(r.bytes).c_str(), static_cast<double>(r.nanos) / 1e9, gb_per_s(r.bytes, r.nanos));
     } else {
-      std::printf("%s rank %lld (pid %d): FAILED: %s (%s)\n", r.job.c_str(), static_cast<long long>(r.rank), r.pid,
+      std::printf("%s rank %s (pid %d): FAILED: %s (%s)\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
                   r.message.c_str(), std::strerror(r.code));
     }
   }

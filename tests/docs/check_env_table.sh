@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's environment table must match the code: every variable the shipped code reads is in
+# the table, and every variable the table's first column names is read somewhere.
+#   check_env_table.sh SOURCE_DIR
+set -euo pipefail
+src=$1
+# Read by the code: getenv("X") and the shim's env("X") helper, in everything that ships.
+code=$(grep -rhoE '(getenv|env)\("[A-Z_][A-Z0-9_]*"' "$src"/interposer "$src"/daemon "$src"/tools "$src"/common \
+         | sed -E 's/.*"([A-Z0-9_]+)"/\1/' | sort -u)
+# Also names passed through a list, e.g. {"TMSDISK_JOB", "TORCHELASTIC_RUN_ID", ...} in the shim.
+code=$(printf '%s\n%s\n' "$code" "$(grep -rhoE '"(TMSDISK|TMS_DISK|TORCHELASTIC|SLURM|RAY)_[A-Z0-9_]*"' \
+         "$src"/interposer "$src"/daemon "$src"/tools "$src"/common | tr -d '"')" | sort -u)
+# Not ours to document: systemd's and the shell's.
+ignore='^(PATH|JOURNAL_STREAM|NOTIFY_SOCKET)$'
+table=$(sed -n '/^## Environment/,/^## /p' "$src/README.md" | grep '^|')
+first=$(printf '%s\n' "$table" | tail -n +3 | cut -d'|' -f2 | grep -oE '`[A-Z_][A-Z0-9_]*`' | tr -d '`' | sort -u)
+status=0
+for v in $code; do
+  [[ $v =~ $ignore ]] && continue
+  printf '%s\n' "$table" | grep -q "\`$v\`" || { echo "README environment table lacks $v (read by the code)"; status=1; }
+done
+for v in $first; do
+  printf '%s\n' "$code" | grep -qx "$v" || { echo "README documents $v, which no code reads"; status=1; }
+done
+[ $status -eq 0 ] && echo "environment table matches the code ($(printf '%s\n' "$code" | grep -cvE "$ignore") variables)"
+exit $status
