@@ -4,7 +4,7 @@
 //
 //   tmsdisk-session-bench DIR [--gib 8] [--staging-mb 256] [--slot-mb 8] [--json]
 //
-// Raw passes run before and after the session; the ceiling is the better of the two.
+// Raw and session passes alternate (--repeat); each direction compares best with best.
 // The client plays the shim: it fills its staging slots once (the benchmark measures the disk path,
 // not pattern generation), reserves one blob, and streams it through every slot to the daemon, then
 // reads it back (the daemon verifies every chunk's checksum). Write time includes the commit's
@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "rawdisk.h"
 #include "test_support.h"
@@ -45,22 +46,31 @@ int main(int argc, char** argv) {
   uint64_t staging_mb = 256;
   uint32_t slot_mb = 8;
   bool as_json = false;
+  unsigned repeat = 3;
   CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
   app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")->required()->check(CLI::ExistingDirectory);
   app.add_option("--gib", gib, "bytes moved in each direction, GiB")->capture_default_str();
   app.add_option("--staging-mb", staging_mb, "staging per rank (the chunk budget), MiB")->capture_default_str();
   app.add_option("--slot-mb", slot_mb, "slot and request size, MiB")->capture_default_str();
+  app.add_option("--repeat", repeat, "session passes, each preceded by a raw pass (plus one raw pass at the end)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
   const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{slot_mb} << 20) - 1);
 
   // The ceiling gets the same bytes in flight as the session: one request per staging slot.
   const unsigned depth = static_cast<unsigned>(std::max<uint64_t>(1, staging_mb / slot_mb));
-  auto raw = bench::measure_raw_disk(dir, bytes, uint64_t{slot_mb} << 20, depth);
-  if (!raw) {
-    std::fprintf(stderr, "raw measurement failed: %s\n", raw.error().describe().c_str());
-    return 1;
-  }
+  std::vector<bench::RawDiskResult> raws;
+  auto raw_pass = [&]() -> bool {
+    auto r = bench::measure_raw_disk(dir, bytes, uint64_t{slot_mb} << 20, depth);
+    if (!r) {
+      std::fprintf(stderr, "raw measurement failed: %s\n", r.error().describe().c_str());
+      return false;
+    }
+    raws.push_back(*r);
+    return true;
+  };
 
   testing::TempDir work(dir, "tmsdisk-bench");
   const std::string root = work / "root";
@@ -70,7 +80,7 @@ int main(int argc, char** argv) {
   const char* daemon_env = std::getenv("TMSDISK_DAEMON");  // a carried build has no build tree
   const std::string daemon_path = daemon_env && *daemon_env ? daemon_env : TMSDISK_DAEMON_PATH;
   if (daemon.start(daemon_path, {"--socket", socket, "--root", root, "--staging-mb", std::to_string(staging_mb),
-                                         "--slot-mb", std::to_string(slot_mb), "--log-level", "warn"}) != 0) {
+                                 "--slot-mb", std::to_string(slot_mb), "--log-level", "warn"}) != 0) {
     std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
     return 1;
   }
@@ -84,73 +94,85 @@ int main(int argc, char** argv) {
   for (uint32_t s = 0; s < client->welcome().slot_count; ++s)
     testing::fill_pattern(s, 0, client->slot(s), client->welcome().slot_bytes);
   const std::vector<proto::BlobSize> blobs = {{1, bytes}};
-  if (auto st = client->reserve(blobs); !st) {
-    std::fprintf(stderr, "reserve: %s\n", st.error().describe().c_str());
-    return 1;
-  }
 
-  auto t0 = Clock::now();
-  auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
-  auto c = w ? client->commit(proto::CommitState::Paused, 1) : Status(w.error());
-  const double write_s = seconds_since(t0);
-  if (!c) {
-    std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
-    return 1;
-  }
-  t0 = Clock::now();
-  auto r = client->read_all(blobs, [](uint64_t, uint64_t, const uint8_t*, uint32_t) { return true; });
-  const double read_s = seconds_since(t0);
-  if (!r) {
-    std::fprintf(stderr, "session read: %s\n", r.error().describe().c_str());
-    return 1;
+  // Raw and session passes alternate (raw, session, raw, ..., raw) so that a drifting disk affects
+  // both alike; each direction compares the best session pass with the best raw pass.
+  std::vector<double> session_w, session_r;
+  for (unsigned i = 0; i < repeat; ++i) {
+    if (!raw_pass()) return 1;
+    if (auto st = client->reserve(blobs); !st) {
+      std::fprintf(stderr, "reserve: %s\n", st.error().describe().c_str());
+      return 1;
+    }
+    auto t0 = Clock::now();
+    auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
+    auto c = w ? client->commit(proto::CommitState::Paused, i + 1) : Status(w.error());
+    session_w.push_back(static_cast<double>(bytes) / seconds_since(t0));
+    if (!c) {
+      std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
+      return 1;
+    }
+    t0 = Clock::now();
+    auto r = client->read_all(blobs, [](uint64_t, uint64_t, const uint8_t*, uint32_t) { return true; });
+    session_r.push_back(static_cast<double>(bytes) / seconds_since(t0));
+    if (!r) {
+      std::fprintf(stderr, "session read: %s\n", r.error().describe().c_str());
+      return 1;
+    }
+    if (auto st = client->commit(proto::CommitState::Resumed, i + 1); !st) {
+      std::fprintf(stderr, "commit: %s\n", st.error().describe().c_str());
+      return 1;
+    }
   }
   const uint64_t daemon_rss = peak_rss(daemon.pid());
   const uint64_t client_rss = peak_rss(::getpid());
   const uint64_t budget = client->welcome().staging_bytes;
   client->close();
   daemon.stop();
+  if (!raw_pass()) return 1;
 
-  // A virtual disk's speed drifts within a run; the ceiling is the better of a raw pass before and
-  // one after the session, so the ratio can only be pessimistic.
-  auto raw_after = bench::measure_raw_disk(dir, bytes, uint64_t{slot_mb} << 20, depth);
-  if (!raw_after) {
-    std::fprintf(stderr, "raw measurement failed: %s\n", raw_after.error().describe().c_str());
-    return 1;
+  double raw_w = 0, raw_r = 0;
+  nlohmann::json raw_passes = nlohmann::json::array();
+  for (const auto& r : raws) {
+    raw_w = std::max(raw_w, r.write_bytes_per_s);
+    raw_r = std::max(raw_r, r.read_bytes_per_s);
+    raw_passes.push_back({{"write_gb_s", r.write_bytes_per_s / 1e9}, {"read_gb_s", r.read_bytes_per_s / 1e9}});
   }
-  const double raw_before_w = raw->write_bytes_per_s, raw_before_r = raw->read_bytes_per_s;
-  raw->write_bytes_per_s = std::max(raw->write_bytes_per_s, raw_after->write_bytes_per_s);
-  raw->read_bytes_per_s = std::max(raw->read_bytes_per_s, raw_after->read_bytes_per_s);
-
-  const double sw = static_cast<double>(bytes) / write_s, sr = static_cast<double>(bytes) / read_s;
+  const double sw = *std::max_element(session_w.begin(), session_w.end());
+  const double sr = *std::max_element(session_r.begin(), session_r.end());
+  nlohmann::json session_passes = nlohmann::json::array();
+  for (unsigned i = 0; i < repeat; ++i)
+    session_passes.push_back({{"write_gb_s", session_w[i] / 1e9}, {"read_gb_s", session_r[i] / 1e9}});
+  const auto& raw = raws.front();
   nlohmann::json out = {
       {"dir", dir},
       {"bytes", bytes},
       {"slot_bytes", uint64_t{slot_mb} << 20},
       {"staging_bytes", budget},
-      {"raw", {{"write_gb_s", raw->write_bytes_per_s / 1e9}, {"read_gb_s", raw->read_bytes_per_s / 1e9},
-               {"passes", {{{"write_gb_s", raw_before_w / 1e9}, {"read_gb_s", raw_before_r / 1e9}},
-                           {{"write_gb_s", raw_after->write_bytes_per_s / 1e9}, {"read_gb_s", raw_after->read_bytes_per_s / 1e9}}}},
-               {"direct_io", raw->direct_io}, {"io_uring", raw->io_uring}, {"notes", raw->notes}}},
-      {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}}},
-      {"ratio", {{"write", sw / raw->write_bytes_per_s}, {"read", sr / raw->read_bytes_per_s}}},
+      {"raw", {{"write_gb_s", raw_w / 1e9}, {"read_gb_s", raw_r / 1e9}, {"passes", raw_passes},
+               {"direct_io", raw.direct_io}, {"io_uring", raw.io_uring}, {"notes", raw.notes}}},
+      {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}, {"passes", session_passes}}},
+      {"ratio", {{"write", sw / raw_w}, {"read", sr / raw_r}}},
       {"memory", {{"daemon_peak_rss", daemon_rss}, {"client_peak_rss", client_rss},
                   {"daemon_rss_per_budget", static_cast<double>(daemon_rss) / static_cast<double>(budget)}}}};
   if (as_json) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("directory            %s (%s, %s)\n", dir.c_str(), raw->direct_io ? "O_DIRECT" : "buffered",
-              raw->io_uring ? "io_uring" : "pread/pwrite");
-  std::printf("bytes each way       %.2f GiB, %u MiB requests, %.0f MiB staging\n", static_cast<double>(bytes) / (1ull << 30),
-              slot_mb, static_cast<double>(budget) / (1 << 20));
-  std::printf("raw passes (GB/s)    write %.3f then %.3f, read %.3f then %.3f; the ceiling is the better\n",
-              raw_before_w / 1e9, raw_after->write_bytes_per_s / 1e9, raw_before_r / 1e9, raw_after->read_bytes_per_s / 1e9);
-  std::printf("                     %10s %10s %8s\n", "raw GB/s", "session", "ratio");
-  std::printf("write                %10.3f %10.3f %8.3f\n", raw->write_bytes_per_s / 1e9, sw / 1e9, sw / raw->write_bytes_per_s);
-  std::printf("read                 %10.3f %10.3f %8.3f\n", raw->read_bytes_per_s / 1e9, sr / 1e9, sr / raw->read_bytes_per_s);
+  std::printf("directory            %s (%s, %s)\n", dir.c_str(), raw.direct_io ? "O_DIRECT" : "buffered",
+              raw.io_uring ? "io_uring" : "pread/pwrite");
+  std::printf("bytes each way       %.2f GiB, %u MiB requests, %.0f MiB staging, %u session passes\n",
+              static_cast<double>(bytes) / (1ull << 30), slot_mb, static_cast<double>(budget) / (1 << 20), repeat);
+  std::printf("raw passes (GB/s)   ");
+  for (const auto& r : raws) std::printf(" w %.3f r %.3f |", r.write_bytes_per_s / 1e9, r.read_bytes_per_s / 1e9);
+  std::printf("\nsession passes      ");
+  for (unsigned i = 0; i < repeat; ++i) std::printf(" w %.3f r %.3f |", session_w[i] / 1e9, session_r[i] / 1e9);
+  std::printf("\n                     %10s %10s %8s   (best pass of each)\n", "raw GB/s", "session", "ratio");
+  std::printf("write                %10.3f %10.3f %8.3f\n", raw_w / 1e9, sw / 1e9, sw / raw_w);
+  std::printf("read                 %10.3f %10.3f %8.3f\n", raw_r / 1e9, sr / 1e9, sr / raw_r);
   std::printf("daemon peak RSS      %.1f MiB = %.2f x the staging budget\n", static_cast<double>(daemon_rss) / (1 << 20),
               static_cast<double>(daemon_rss) / static_cast<double>(budget));
   std::printf("client peak RSS      %.1f MiB (includes the mapped staging)\n", static_cast<double>(client_rss) / (1 << 20));
-  if (!raw->notes.empty()) std::printf("notes                %s\n", raw->notes.c_str());
+  if (!raw.notes.empty()) std::printf("notes                %s\n", raw.notes.c_str());
   return 0;
 }

@@ -5,6 +5,7 @@
 #include "server.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -13,6 +14,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -48,6 +50,9 @@ constexpr uint32_t kMaxSlotBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors.
 enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kFirstConnection = 16 };
+// The pidfd of an orphaned session (see Server::Impl::maybe_destroy) is keyed by its session id
+// with this bit set.
+constexpr uint64_t kOrphanKeyBit = 1ull << 63;
 
 uint64_t random_token() {
   uint64_t t = 0;
@@ -91,6 +96,9 @@ struct Session {
   std::vector<uint8_t> slot_busy;
   std::size_t io_in_flight = 0;
   std::unique_ptr<storage::RankStore> store;
+  uint64_t start_time = 0;  // of the rank's process, with cred.pid its identity
+  UniqueFd pidfd;           // readable once the rank's process has exited (-1 on kernels without pidfd)
+  bool orphan = false;      // connection gone, process alive, files hold its only copy: kept
   std::vector<proto::BlobSize> pending_reserve;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
@@ -257,6 +265,10 @@ struct Server::Impl {
   // Sweeping dead ranks (startup, timer, tmsctl gc)
 
   storage::SweepStats sweep() {
+    std::vector<uint64_t> dead_orphans;
+    for (auto& [id, s] : sessions)
+      if (s.orphan && !rank_alive(s)) dead_orphans.push_back(id);
+    for (uint64_t id : dead_orphans) reap_orphan(id);
     std::set<std::string> live;
     for (auto& [id, s] : sessions) live.insert(s.relative_dir);
     auto r = storage::sweep_dead_ranks(
@@ -542,10 +554,18 @@ struct Server::Impl {
     id.start_time = *start_time;
     id.token = h.token ? h.token : random_token();
     const std::string relative_dir = storage::rank_relative_dir(id);
-    for (auto& [sid, other] : sessions) {
-      if (other.relative_dir == relative_dir)
+    for (auto it = sessions.begin(); it != sessions.end(); ++it) {
+      Session& other = it->second;
+      if (other.relative_dir != relative_dir) continue;
+      if (!other.orphan)
         return make_error(EBUSY, "pid " + std::to_string(c.cred.pid) + " already has a session as job " + h.job +
                                      " rank " + std::to_string(h.rank));
+      if (h.token != other.token)
+        return make_error(EPERM, "this rank's files are kept for a session that lost its connection; reconnect with "
+                                 "that session's token");
+      // The rank is back: its files are adopted below, from disk, by a fresh store.
+      forget_orphan(it->first);
+      break;
     }
 
     Session s;
@@ -555,6 +575,12 @@ struct Server::Impl {
     s.rank = h.rank;
     s.relative_dir = relative_dir;
     s.token = id.token;
+    s.start_time = *start_time;
+    // A pidfd names this very process (no pid reuse); its start time is checked once more after
+    // opening it, in case the pid changed hands since SO_PEERCRED was taken.
+    s.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, c.cred.pid, 0)));
+    if (s.pidfd && !process_alive(c.cred.pid, *start_time))
+      return make_error(ESRCH, "pid " + std::to_string(c.cred.pid) + " exited while connecting");
     auto store = h.token ? storage::RankStore::adopt(roots, id, static_cast<uint32_t>(slot))
                          : storage::RankStore::create(roots, id, static_cast<uint32_t>(slot));
     if (!store) return std::move(store).error();
@@ -621,6 +647,23 @@ struct Server::Impl {
     auto it = sessions.find(sid);
     if (it == sessions.end() || it->second.conn_id != 0 || it->second.io_in_flight != 0) return;
     Session& s = it->second;
+    if (!s.orphan && s.store->holds_unresumed_data() && rank_alive(s)) {
+      // The connection dropped but the process lives, and these files are the only copy of memory it
+      // released (invariant 6): keep them until it reconnects with its token or exits.
+      s.orphan = true;
+      release_session_resources(s);
+      s.memfd.reset();
+      if (s.pidfd) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = kOrphanKeyBit | sid;
+        ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, s.pidfd.get(), &ev);
+      }
+      spdlog::warn("session {} (pid {}) lost its connection with paused memory on disk; keeping its files until it "
+                   "reconnects or exits", sid, s.cred.pid);
+      return;
+    }
+    if (s.pidfd) ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
     if (auto st = s.store->remove(); !st) spdlog::error("session {}: cannot remove its files: {}", sid, st.error().describe());
     release_session_resources(s);
     spdlog::info("session {} (pid {}) closed; its files are removed", sid, s.cred.pid);
@@ -629,6 +672,32 @@ struct Server::Impl {
       spdlog::info("last session ended; exiting (idle exit)");
       stopping = true;
     }
+  }
+
+  // Whether the rank's process still runs. Its pidfd turns readable as soon as it exits, even while
+  // it is an unreaped zombie whose /proc entry still matches.
+  static bool rank_alive(const Session& s) {
+    if (s.pidfd) {
+      pollfd p{s.pidfd.get(), POLLIN, 0};
+      return ::poll(&p, 1, 0) == 0;
+    }
+    return process_alive(s.cred.pid, s.start_time);
+  }
+
+  // Drops an orphan's in-memory state without touching its files (its rank reconnected).
+  void forget_orphan(uint64_t sid) {
+    auto it = sessions.find(sid);
+    if (it == sessions.end()) return;
+    if (it->second.pidfd) ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, it->second.pidfd.get(), nullptr);
+    sessions.erase(it);
+  }
+
+  // An orphan's process exited (pidfd readable), or the sweep found it gone: its files go now.
+  void reap_orphan(uint64_t sid) {
+    auto it = sessions.find(sid);
+    if (it == sessions.end() || !it->second.orphan || rank_alive(it->second)) return;
+    it->second.orphan = false;
+    maybe_destroy(sid);  // not alive, so this removes the files
   }
 
   // ----------------------------------------------------------------------------------------------
@@ -964,6 +1033,10 @@ struct Server::Impl {
             break;
           }
           default: {
+            if (key & kOrphanKeyBit) {
+              reap_orphan(key & ~kOrphanKeyBit);
+              break;
+            }
             Connection* c = conn(key);
             if (!c) break;
             if (events[i].events & EPOLLOUT) flush(*c);

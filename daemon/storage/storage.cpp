@@ -603,6 +603,7 @@ struct RankStore::Impl {
   std::unordered_map<uint64_t, std::size_t> index;
   uint64_t missing = 0;
   bool paused = false;
+  bool writing = false;  // a reservation was made and no commit has closed it yet
   uint64_t generation = 0;
   bool removed = false;
 
@@ -986,6 +987,7 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
   blobs = std::move(next);
   index = std::move(next_index);
   missing = total_chunks;
+  writing = true;
   // Record where this pause's chunks will go before any is written: if the daemon dies mid-pause,
   // its successor still knows the extents, and the rank (which holds every acknowledged chunk's
   // checksum) can read back what it had already released.
@@ -1086,6 +1088,15 @@ uint64_t RankStore::missing_chunks() const noexcept {
   return impl_->missing;
 }
 
+bool RankStore::holds_unresumed_data() const noexcept {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->paused) return true;
+  if (!impl_->writing) return false;
+  uint64_t total = 0;
+  for (const auto& b : impl_->blobs) total += b.chunks;
+  return impl_->missing < total;
+}
+
 bool RankStore::paused() const noexcept {
   std::lock_guard lock(impl_->mu);
   return impl_->paused;
@@ -1143,6 +1154,7 @@ Status RankStore::commit(proto::CommitState state, uint64_t generation) {
       return s;
     }
     m.paused = state == proto::CommitState::Paused;
+    m.writing = false;
     m.generation = generation;
     return {};
   } catch (const std::bad_alloc&) {
@@ -1245,6 +1257,7 @@ Status RankStore::Impl::load_manifest() {
   index = std::move(idx);
   missing = missing_count;
   paused = mf->state == kManifestPaused;
+  writing = mf->state == kManifestWriting;
   generation = mf->generation;
   return {};
 }

@@ -148,6 +148,9 @@ class RankStore {
 
   // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
   bool paused() const noexcept;
+  // True while the files hold the only copy of some of the rank's memory: a committed pause, or a
+  // pause in progress with chunks already written (the rank may have released them).
+  bool holds_unresumed_data() const noexcept;
   uint64_t generation() const noexcept;
   std::vector<proto::BlobSize> blobs() const;
 

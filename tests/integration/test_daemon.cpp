@@ -521,27 +521,33 @@ struct InProcessDaemon {
 };
 }  // namespace
 
-TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain") {
+TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
   std::atomic<bool> fail_next_write{false};
   InProcessDaemon d([&](const io::Request& r, int raw) {
     if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;
     return raw;
   });
-  auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
   auto bystander = ShimClient::connect(d.socket, {.job = "ok", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
-  REQUIRE(victim);
   REQUIRE(bystander);
-  REQUIRE(victim->reserve({{1, 16 * MiB}}));
   fail_next_write = true;
-  auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
-  REQUIRE_FALSE(w);
-  CHECK(w.error().errnum() == EIO);
-  CHECK(victim->commit(proto::CommitState::Paused, 1).ok() == false);  // a chunk is missing
+  // The victim is another process, so that "dead session" means what it says.
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    if (!victim || !victim->reserve({{1, 16 * MiB}})) ::_exit(1);
+    auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
+    if (w || w.error().errnum() != EIO) ::_exit(2);
+    if (victim->commit(proto::CommitState::Paused, 1)) ::_exit(3);  // a chunk is missing: refused
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
   REQUIRE(bystander->reserve({{1, 16 * MiB}}));
   REQUIRE(bystander->write_all({{1, 16 * MiB}}, fill_pattern));
   REQUIRE(bystander->read_all({{1, 16 * MiB}}, check_pattern));
   const std::string job_dir = d.dir / ("root/" + std::to_string(::getuid()) + "/eio");
-  victim->close();
   CHECK(eventually([&] { return !fs::exists(job_dir); }));
 }
 
@@ -608,4 +614,53 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
   never.length = 4 * MiB;
   never.blob = 2;
   CHECK(expect_error(again, never) == ENODATA);
+}
+
+TEST_CASE("a live rank that loses its connection while paused keeps its files until it reconnects or exits") {
+  Daemon d;
+  d.start();
+  const std::vector<BlobSize> blobs = {{1, 12 * MiB}};
+  {
+    auto c = d.shim({.job = "orphan", .rank = 4});
+    const uint64_t token = c.welcome().token;
+    REQUIRE(c.reserve(blobs));
+    REQUIRE(c.write_all(blobs, fill_pattern));
+    REQUIRE(c.commit(proto::CommitState::Paused, 1));
+    c.close();  // the process lives on: its paused memory exists only in these files
+    const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
+    REQUIRE(eventually([&] { return d.session_count() == 0; }));
+    CHECK(fs::exists(dir + "/data"));
+    auto wrong = ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    REQUIRE_FALSE(wrong);  // without the token nobody takes them over
+    CHECK(wrong.error().errnum() == EPERM);
+    auto again = d.shim({.job = "orphan", .rank = 4, .token = token});
+    CHECK(again.welcome().restored == 1);
+    REQUIRE(again.read_all(blobs, check_pattern));
+    REQUIRE(again.commit(proto::CommitState::Resumed, 1));
+    again.close();  // resumed: nothing to keep
+    CHECK(eventually([&] { return !fs::exists(dir); }));
+  }
+  // A child that pauses, drops its connection and then exits: the files go when it does.
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(go[1]);
+    auto c = ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused, 1))
+      ::_exit(1);
+    c->close();
+    char x;
+    (void)!::read(go[0], &x, 1);  // wait until the parent has seen the files kept
+    ::_exit(0);
+  }
+  ::close(go[0]);
+  const std::string dir = d.rank_dir(0, "orphan", 5, child);
+  REQUIRE(eventually([&] { return fs::exists(dir + "/manifest") && d.session_count() == 0; }));
+  CHECK(fs::exists(dir + "/data"));
+  ::close(go[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(eventually([&] { return !fs::exists(dir); }));
 }
