@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,15 +21,16 @@
 namespace {
 tmsdisk::server::Server* g_server = nullptr;
 
-// Creates `path` (and parents) as directories private to this user.
+// Creates `path` as a directory private to this user, or accepts it if it already is one: a
+// directory another user created (the /tmp fallback is public) or opened up is refused, not fixed.
 tmsdisk::Status make_private_dir(const std::filesystem::path& path) {
   std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return tmsdisk::make_error(ec.value(), "cannot create " + path.string());
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return tmsdisk::errno_error("cannot create " + path.string());
   struct stat st{};
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
-    return tmsdisk::make_error(EPERM, path.string() + " is not a directory owned by this user");
-  ::chmod(path.c_str(), 0700);
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077) != 0)
+    return tmsdisk::make_error(EPERM, path.string() + " must be a directory of this user with mode 0700; remove it "
+                                                      "(another user may have created it) or set XDG_RUNTIME_DIR");
   return {};
 }
 
@@ -38,12 +40,16 @@ tmsdisk::Status configure_private(tmsdisk::server::Config& config) {
   if (auto st = make_private_dir(std::filesystem::path(config.socket_path).parent_path()); !st) return st;
   std::string root;
   if (const char* dir = std::getenv("TMS_DISK_BACKUP_DIR"); dir && *dir) {
+    // The user's own choice (perhaps a group project directory): used as it is, never chmod'ed.
     root = dir;
+    struct stat st{};
+    if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return tmsdisk::make_error(ENOTDIR, "TMS_DISK_BACKUP_DIR=" + root + " is not a directory");
   } else {
     const char* scratch = std::getenv("SCRATCH");
     root = std::string(scratch && *scratch ? scratch : "/var/tmp") + "/tmsdisk-" + std::to_string(::getuid());
+    if (auto st = make_private_dir(root); !st) return st;
   }
-  if (auto st = make_private_dir(root); !st) return st;
   config.roots = {root};
   config.exit_when_idle = true;
   return {};
@@ -71,6 +77,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--max-staging-mb", config.max_staging_mb, "largest staging a rank may ask for (TMS_DISK_BACKUP_CHUNK_MB), MiB")
+      ->capture_default_str();
+  app.add_option("--max-staging-per-uid-mb", config.max_staging_per_uid_mb,
+                 "pinned staging all sessions of one user may hold together, MiB (root: unlimited)")
+      ->capture_default_str();
+  app.add_option("--max-total-staging-mb", config.max_total_staging_mb, "pinned staging of all sessions together, MiB")
+      ->capture_default_str();
+  app.add_option("--max-sessions-per-uid", config.max_sessions_per_uid, "sessions (ranks) one user may hold (root: unlimited)")
       ->capture_default_str();
   app.add_option("--slot-mb", config.slot_mb, "bytes per I/O request and staging slot, MiB")
       ->capture_default_str()
@@ -126,6 +139,12 @@ int main(int argc, char** argv) {
     ::fcntl(config.listen_fd, F_SETFL, ::fcntl(config.listen_fd, F_GETFL) | O_NONBLOCK);
   }
 
+  // Every session holds a few descriptors per root; the default soft limit of 1024 would cap a node
+  // at a few dozen ranks. The hard limit is the administrator's (LimitNOFILE=).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   auto server = tmsdisk::server::Server::create(config);
   if (!server) {
     spdlog::error("cannot start: {}", server.error().describe());

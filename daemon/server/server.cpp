@@ -41,7 +41,11 @@ using Clock = std::chrono::steady_clock;
 namespace proto = tmsdisk::proto;
 
 constexpr uint64_t kMiB = 1ull << 20;
-constexpr std::size_t kMaxOutbox = 4096;        // queued replies before a non-reading peer is dropped
+constexpr std::size_t kMaxOutboxBytes = 16 << 20;  // queued reply bytes before a non-reading peer is dropped
+constexpr std::size_t kReadPauseReplies = 256;    // stop reading a peer with this many replies queued
+constexpr auto kHelloDeadline = std::chrono::seconds(10);
+constexpr std::size_t kMaxConnectionsPerUid = 512;
+constexpr auto kIdleExitAfter = std::chrono::seconds(60);
 constexpr std::size_t kMaxReserveBlobs = 1 << 20;
 constexpr std::size_t kSessionsPerPage = 128;
 constexpr std::size_t kResultsPerMessage = 100;
@@ -75,7 +79,9 @@ struct Connection {
   proto::Role role = proto::Role::Control;
   uint64_t session_id = 0;  // shim connections
   std::deque<std::vector<uint8_t>> outbox;
-  bool want_write = false;
+  std::size_t outbox_bytes = 0;
+  uint32_t interest = 0;  // the epoll events currently asked for
+  Clock::time_point accepted = Clock::now();
   bool closing = false;  // close once the outbox drains (after a fatal error reply)
 };
 
@@ -137,6 +143,8 @@ struct Server::Impl {
   UniqueFd stop_fd;
   UniqueFd sweep_fd;
   bool bound_socket = false;  // we created the socket file (and remove it on exit)
+  bool accepting = true;      // the listening socket is in the epoll set
+  Clock::time_point started = Clock::now();
   bool stopping = false;
   bool had_session = false;
 
@@ -211,6 +219,12 @@ struct Server::Impl {
     if (!r) return std::move(r).error();
     roots = std::move(r.value());
     for (std::size_t i = 0; i < roots.size(); ++i) {
+      // A root daemon creates directories for every user inside its roots; a root others can write
+      // to would let them plant or swap those directories between our checks.
+      struct stat st{};
+      if (::geteuid() == 0 && ::fstat(roots[i].dir.get(), &st) == 0 && (st.st_uid != 0 || (st.st_mode & 022) != 0))
+        return make_error(EPERM, "root " + roots[i].path + " must be owned by root and not writable by group or others "
+                                 "(mkdir -m 0755 a dedicated directory, e.g. /var/lib/tmsdisk/nvme0)");
       if (!roots[i].direct_io)
         spdlog::warn("root {} does not support O_DIRECT: falling back to buffered I/O (page cache will hold data)",
                      roots[i].path);
@@ -306,14 +320,16 @@ struct Server::Impl {
         return;
       }
     }
-    if (c.outbox.size() >= kMaxOutbox) {
+    if (c.outbox_bytes + bytes.size() > kMaxOutboxBytes) {
       spdlog::warn("connection {} (pid {}) does not read its replies; closing it", c.id, c.cred.pid);
       c.closing = true;
       c.outbox.clear();
+      c.outbox_bytes = 0;
       return;
     }
+    c.outbox_bytes += bytes.size();
     c.outbox.push_back(std::move(bytes));
-    want_write(c, true);
+    update_interest(c);
   }
 
   void send_error(Connection& c, uint64_t request_id, int code, const std::string& message) {
@@ -323,11 +339,16 @@ struct Server::Impl {
     send(c, request_id, e);
   }
 
-  void want_write(Connection& c, bool on) {
-    if (c.want_write == on) return;
-    c.want_write = on;
+  // Writable while replies wait; readable unless a peer that does not read its replies has many
+  // queued (backpressure: it cannot make the daemon buffer without bound by sending more requests).
+  void update_interest(Connection& c) {
+    uint32_t want = 0;
+    if (c.outbox.size() < kReadPauseReplies) want |= EPOLLIN;
+    if (!c.outbox.empty()) want |= EPOLLOUT;
+    if (want == c.interest) return;
+    c.interest = want;
     epoll_event ev{};
-    ev.events = on ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+    ev.events = want;
     ev.data.u64 = c.id;
     ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
   }
@@ -335,15 +356,17 @@ struct Server::Impl {
   void flush(Connection& c) {
     while (!c.outbox.empty()) {
       int rc = proto::send_message(c.fd.get(), c.outbox.front());
-      if (rc == -EAGAIN) return;
+      if (rc == -EAGAIN) break;
       if (rc != 0) {
         c.outbox.clear();
+        c.outbox_bytes = 0;
         c.closing = true;
         break;
       }
+      c.outbox_bytes -= c.outbox.front().size();
       c.outbox.pop_front();
     }
-    want_write(c, false);
+    update_interest(c);
   }
 
   Connection* conn(uint64_t id) {
@@ -358,8 +381,14 @@ struct Server::Impl {
     for (;;) {
       int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
-        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors: the pending connection would wake us forever. Stop listening until
+          // a connection closes (close_connection resumes it).
+          spdlog::warn("out of file descriptors ({}); not accepting until a connection closes", std::strerror(errno));
+          set_accepting(false);
+        } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
           spdlog::warn("accept: {}", std::strerror(errno));
+        }
         return;
       }
       auto c = std::make_unique<Connection>();
@@ -370,12 +399,45 @@ struct Server::Impl {
         spdlog::warn("SO_PEERCRED failed: {}; dropping the connection", std::strerror(errno));
         continue;
       }
+      if (c->cred.uid != 0 && std::count_if(conns.begin(), conns.end(), [&](const auto& kv) {
+            return kv.second->cred.uid == c->cred.uid;
+          }) >= static_cast<long>(kMaxConnectionsPerUid)) {
+        spdlog::warn("uid {} has {} connections open; refusing more", c->cred.uid, kMaxConnectionsPerUid);
+        continue;
+      }
+      c->interest = EPOLLIN;
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.u64 = c->id;
       if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
       conns.emplace(c->id, std::move(c));
     }
+  }
+
+  void set_accepting(bool on) {
+    if (accepting == on) return;
+    accepting = on;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kKeyListen;
+    ::epoll_ctl(epoll_fd.get(), on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd.get(), &ev);
+  }
+
+  // Connections that have not said HELLO within the deadline are closed (a peer that connects and
+  // says nothing must not hold a descriptor forever). Returns ms until the next deadline, or -1.
+  int expire_silent_connections() {
+    const auto now = Clock::now();
+    auto next = Clock::time_point::max();
+    std::vector<uint64_t> silent;
+    for (auto& [id, c] : conns) {
+      if (c->hello_done) continue;
+      const auto deadline = c->accepted + kHelloDeadline;
+      if (deadline <= now) silent.push_back(id);
+      else next = std::min(next, deadline);
+    }
+    for (uint64_t id : silent) close_connection(id);
+    if (next == Clock::time_point::max()) return -1;
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1;
   }
 
   void close_connection(uint64_t id) {
@@ -395,12 +457,14 @@ struct Server::Impl {
       }
     }
     conns.erase(it);
+    set_accepting(true);
   }
 
   void on_readable(Connection& c) {
     std::vector<uint8_t> buf;
-    // Bounded per wakeup so one busy peer cannot starve the others.
-    for (int i = 0; i < 64 && !c.closing; ++i) {
+    // Bounded per wakeup so one busy peer cannot starve the others; a peer that leaves its replies
+    // unread is not read further (update_interest).
+    for (int i = 0; i < 64 && !c.closing && c.outbox.size() < kReadPauseReplies; ++i) {
       int fd = -1;
       long n = proto::recv_message(c.fd.get(), buf, &fd);
       UniqueFd passed(fd);  // no client message carries a descriptor: drop any that arrives
@@ -478,8 +542,13 @@ struct Server::Impl {
       return true;
     std::vector<gid_t> groups(64);
     socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) len = 0;
-    groups.resize(len / sizeof(gid_t));
+    if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0 && errno == ERANGE) {
+      groups.resize(len / sizeof(gid_t));  // the kernel said how many there are
+      if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) len = 0;
+    } else if (errno == ERANGE) {
+      len = 0;
+    }
+    groups.resize(std::min<std::size_t>(groups.size(), len / sizeof(gid_t)));
     groups.push_back(c.cred.gid);
     for (gid_t g : groups)
       if (std::find(config.allowed_gids.begin(), config.allowed_gids.end(), g) != config.allowed_gids.end())
@@ -543,6 +612,26 @@ struct Server::Impl {
     if (staging < 2 * slot)
       return make_error(EINVAL, "staging of " + std::to_string(staging) + " bytes holds fewer than two slots of " +
                                     std::to_string(slot));
+    // Staging is pinned memory: bounded per user and for the whole daemon, so that no user can pin
+    // the node's RAM by opening sessions.
+    uint64_t uid_sessions = 0, uid_staging = 0, all_staging = 0;
+    for (auto& [sid, other] : sessions) {
+      all_staging += other.staging_bytes;
+      if (other.cred.uid != c.cred.uid) continue;
+      ++uid_sessions;
+      uid_staging += other.staging_bytes;
+    }
+    if (c.cred.uid != 0 && uid_sessions >= config.max_sessions_per_uid)
+      return make_error(EDQUOT, "uid " + std::to_string(c.cred.uid) + " already has " + std::to_string(uid_sessions) +
+                                    " sessions, the most this daemon allows (max-sessions-per-uid)");
+    if (c.cred.uid != 0 && uid_staging + staging > config.max_staging_per_uid_mb * kMiB)
+      return make_error(EDQUOT, "uid " + std::to_string(c.cred.uid) + " would hold " +
+                                    std::to_string((uid_staging + staging) / kMiB) + " MiB of staging, more than " +
+                                    std::to_string(config.max_staging_per_uid_mb) +
+                                    " MiB (max-staging-per-uid-mb); lower TMS_DISK_BACKUP_CHUNK_MB");
+    if (all_staging + staging > config.max_total_staging_mb * kMiB)
+      return make_error(ENOMEM, "the daemon's staging budget (" + std::to_string(config.max_total_staging_mb) +
+                                    " MiB, max-total-staging-mb) is exhausted");
     const auto start_time = process_start_time(c.cred.pid);
     if (!start_time) return make_error(ESRCH, "cannot read the start time of pid " + std::to_string(c.cred.pid));
     storage::RankIdentity id;
@@ -902,6 +991,9 @@ struct Server::Impl {
   }
 
   void on_control(Connection& c, uint64_t rid, proto::Control& m) {
+    for (auto& [id, other] : control_ops)
+      if (other.conn_id == c.id)
+        return send_error(c, rid, EBUSY, "this connection already waits for a pause or resume; one at a time");
     ControlOp op;
     op.id = next_control++;
     op.conn_id = c.id;
@@ -1004,7 +1096,21 @@ struct Server::Impl {
       }
     }
     if (next == Clock::time_point::max()) return -1;
-    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+    return static_cast<int>(std::min<int64_t>(ms, INT32_MAX));  // deadlines may be weeks away
+  }
+
+  // A private daemon that nobody ever connected to (its starter died first) must not linger.
+  // Returns ms until it gives up, or -1.
+  int idle_exit_timeout() {
+    if (!config.exit_when_idle || had_session || !sessions.empty() || !conns.empty()) return -1;
+    const auto left = started + kIdleExitAfter - Clock::now();
+    if (left <= Clock::duration::zero()) {
+      spdlog::info("no session came in {} s; exiting (idle exit)", kIdleExitAfter.count());
+      stopping = true;
+      return 0;
+    }
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
   }
 
   // ----------------------------------------------------------------------------------------------
@@ -1014,7 +1120,12 @@ struct Server::Impl {
     std::vector<epoll_event> events(64);
     while (!stopping) {
       engine->submit();
-      const int timeout = expire_control_ops();
+      int timeout = expire_control_ops();
+      const int hello = expire_silent_connections();
+      if (hello >= 0 && (timeout < 0 || hello < timeout)) timeout = hello;
+      const int idle = idle_exit_timeout();
+      if (stopping) break;
+      if (idle >= 0 && (timeout < 0 || idle < timeout)) timeout = idle;
       int n = ::epoll_wait(epoll_fd.get(), events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0) {
         if (errno == EINTR) continue;

@@ -166,7 +166,10 @@ Result<std::string> read_small_file(int dirfd, const char* name, std::size_t lim
 Status write_file_atomic(int dirfd, const char* tmp_name, const char* name, std::string_view content, bool durable,
                          const std::string& dir_path) {
   std::string tmp_path = join_path(dir_path, tmp_name);
-  UniqueFd fd(::openat(dirfd, tmp_name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, kFileMode));
+  // Unlinked first and created exclusively: whatever sits under that name (a leftover, or a hard link
+  // someone planted to make us truncate another file) is never written through.
+  if (::unlinkat(dirfd, tmp_name, 0) != 0 && errno != ENOENT) return errno_error("cannot remove " + tmp_path);
+  UniqueFd fd(::openat(dirfd, tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kFileMode));
   if (!fd) return errno_error("cannot create " + tmp_path);
   if (auto st = write_all(fd.get(), content.data(), content.size(), tmp_path); !st) return st;
   if (durable && ::fdatasync(fd.get()) != 0) return errno_error("cannot flush " + tmp_path);

@@ -110,8 +110,9 @@ class Reader {
     // Every element takes at least one byte, so a count above the remaining bytes is a lie; refusing
     // it here keeps a hostile count from making us reserve memory.
     if (count > remaining()) return fail("element count " + std::to_string(count) + " exceeds the message");
+    // No reserve(count): memory then grows only with elements actually parsed, each of which
+    // consumed bytes of this (at most 64 KiB) message.
     v.clear();
-    v.reserve(count);
     for (uint32_t i = 0; i < count && ok(); ++i) {
       T e{};
       (*this)(e);
@@ -192,9 +193,12 @@ bool decode_by_type(uint16_t type, std::span<const uint8_t> payload, Message& ou
   }
 }
 
+// Text fields are shown on terminals and written to logs: no control characters (escape sequences
+// could rewrite what an administrator sees, newlines could forge log lines). Bytes >= 0x80 pass
+// (UTF-8).
 bool printable(const std::string& s) {
   for (unsigned char c : s)
-    if (c < 0x20 && c != '\n' && c != '\t') return false;
+    if (c < 0x20 || c == 0x7f) return false;
   return true;
 }
 
@@ -375,6 +379,10 @@ bool CommandDone::check(std::string& why) const {
     why = "result code must be 0 or a positive errno value";
     return false;
   }
+  if (!printable(message)) {
+    why = "result message has control characters";
+    return false;
+  }
   return true;
 }
 
@@ -387,12 +395,21 @@ bool Progress::check(std::string& why) const {
 }
 
 bool Sessions::check(std::string& why) const {
-  for (const auto& s : sessions)
+  for (const auto& s : sessions) {
     if (!s.stats.check(why)) return false;
+    if (!printable(s.job)) {
+      why = "job name has control characters";
+      return false;
+    }
+  }
   return true;
 }
 
 bool Control::check(std::string& why) const {
+  if (!printable(job)) {
+    why = "job name has control characters";
+    return false;
+  }
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
     why = "unknown control operation " + std::to_string(op);
     return false;
@@ -425,6 +442,10 @@ bool ControlResult::check(std::string& why) const {
   for (const auto& r : results) {
     if (r.code < 0) {
       why = "result code must be 0 or a positive errno value";
+      return false;
+    }
+    if (!printable(r.message) || !printable(r.job)) {
+      why = "result text has control characters";
       return false;
     }
   }

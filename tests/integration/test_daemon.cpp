@@ -2,6 +2,7 @@
 // tmsdiskd end to end: a real daemon on a temp socket and temp roots, driven by a client that plays
 // the shim's role. Each TEST_CASE runs as its own CTest test; one that cannot run here exits 77.
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -663,4 +664,63 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   ::waitpid(child, &status, 0);
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(eventually([&] { return !fs::exists(dir); }));
+}
+
+TEST_CASE("a root daemon refuses a root that other users can write to") {
+  if (::geteuid() != 0) skip("only a daemon running as root checks who else can write to its roots");
+  Daemon d;
+  ::chmod(d.roots[0].c_str(), 01777);  // like /tmp or /var/tmp
+  CHECK(d.proc.start(TMSDISK_DAEMON_PATH, d.args()) != 0);
+  CHECK(d.proc.log().find("not writable by group or others") != std::string::npos);
+  ::chmod(d.roots[0].c_str(), 0755);
+  d.start();
+}
+
+TEST_CASE("per-user limits on sessions and pinned staging are enforced with a clear refusal") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-sessions-per-uid", "2", "--max-staging-per-uid-mb", "48"});
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    auto a = ShimClient::connect(d.socket, {.job = "lim", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    if (!a) ::_exit(a.error().errnum() == EACCES ? 77 : 11);
+    auto b = ShimClient::connect(d.socket, {.job = "lim", .rank = 1, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    if (b || b.error().errnum() != EDQUOT) ::_exit(12);  // 64 MiB > 48 MiB of staging
+    auto c = ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+    if (!c) ::_exit(13);
+    auto e = ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+    if (e || e.error().errnum() != EDQUOT) ::_exit(14);  // a third session
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) skip("uid 65534 cannot reach the test socket");
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a connection that never says HELLO is closed after the deadline") {
+  Daemon d;
+  d.start();
+  UniqueFd silent(proto::connect_seqpacket(d.socket));
+  REQUIRE(silent);
+  std::vector<uint8_t> buf;
+  // Blocks until the daemon closes it (10 s deadline); the CTest timeout bounds a daemon that never does.
+  CHECK(proto::recv_message(silent.get(), buf) == 0);
+  auto c = d.shim();  // others were never affected
+  CHECK(c.welcome().slot_count > 0);
+}
+
+TEST_CASE("a client that floods requests without reading replies cannot stall the daemon") {
+  Daemon d;
+  d.start();
+  auto flooder = d.shim({.job = "flood"});
+  proto::ListSessions ls;
+  auto bytes = proto::encode(1, ls);
+  ::fcntl(flooder.fd(), F_SETFL, ::fcntl(flooder.fd(), F_GETFL) | O_NONBLOCK);
+  int sent = 0;
+  while (sent < 100000 && proto::send_message(flooder.fd(), bytes) == 0) ++sent;  // until our buffer is full
+  CHECK(sent > 0);
+  CHECK(d.session_count() >= 1);  // another client is still served promptly
 }

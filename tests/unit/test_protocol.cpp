@@ -254,3 +254,25 @@ TEST_CASE("socket I/O passes one descriptor, closes extras and reports oversized
   ::close(pipefd[0]);
   ::close(pipefd[1]);
 }
+
+TEST_CASE("text fields with control characters are refused: no terminal escapes, no forged log lines") {
+  CommandDone escape;
+  escape.message = "done\x1b]0;owned\x07";
+  CHECK(decode_code(encode(1, escape)) == EBADMSG);
+  CommandDone newline;
+  newline.message = "ok\n[info] forged line";
+  CHECK(decode_code(encode(1, newline)) == EBADMSG);
+  Hello h;
+  h.role = 1;
+  h.job = "job\x7f";
+  CHECK(decode_code(encode(1, h)) == EBADMSG);
+  ControlResult cr;
+  RankResult rr;
+  rr.message = "\x1b[2J";
+  cr.results.push_back(rr);
+  CHECK(decode_code(encode(1, cr)) == EBADMSG);
+  CommandDone utf8;
+  utf8.message = "caf\xc3\xa9 ok";
+  auto d = decode(encode(1, utf8));
+  CHECK(d.envelope);
+}

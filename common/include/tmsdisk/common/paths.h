@@ -21,15 +21,27 @@ inline std::string private_socket_path() {
   return "/tmp/tmsdisk-" + std::to_string(::getuid()) + "/tmsdiskd.sock";
 }
 
-// $TMSDISK_SOCKET if set; else the system socket if it exists; else the private one if it exists;
-// else the system socket (so the error names the path an administrator would expect).
+// The private socket's directory is trusted only if it is a real directory owned by this user and
+// closed to everyone else. The /tmp fallback is a public place: another user could create
+// /tmp/tmsdisk-<uid> first and listen there, receiving every byte a pause writes.
+inline bool private_dir_trusted(const std::string& socket_path) noexcept {
+  const auto slash = socket_path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return false;
+  struct stat st{};
+  if (::lstat(socket_path.substr(0, slash).c_str(), &st) != 0) return false;
+  return S_ISDIR(st.st_mode) && st.st_uid == ::getuid() && (st.st_mode & 077) == 0;
+}
+
+// $TMSDISK_SOCKET if set; else the system socket if it exists; else the private one if it exists
+// in a trusted directory; else the system socket (so the error names the path an administrator
+// would expect).
 inline std::string default_socket_path() {
   const char* env = std::getenv("TMSDISK_SOCKET");
   if (env && *env) return env;
   struct stat st{};
   if (::stat(kSystemSocket, &st) == 0 && S_ISSOCK(st.st_mode)) return kSystemSocket;
   const std::string priv = private_socket_path();
-  if (::stat(priv.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return priv;
+  if (::stat(priv.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && private_dir_trusted(priv)) return priv;
   return kSystemSocket;
 }
 
