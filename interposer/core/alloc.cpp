@@ -12,6 +12,7 @@
 #include "log.h"
 #include "registry.h"
 #include "shim.h"
+#include "vmm.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -90,6 +91,7 @@ bool try_managed(CUdeviceptr* dptr, std::size_t size, CUresult* result) {
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   a->access.push_back(access);
+  vmm_peer_access(dev, a->access);  // devices that enabled peer access to this one see it too
 
   CUdeviceptr base = 0;
   CUresult r = api.cuMemAddressReserve(&base, mapped, 0, 0, 0);
@@ -237,6 +239,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) noexcept {
     std::shared_lock<std::shared_mutex> lock;
     if (Engine* e = Engine::existing()) lock = std::shared_lock<std::shared_mutex>(e->op_lock());
     std::shared_ptr<Allocation> a = registry().find(dptr);
+    if (a && a->app_vmm) return d.api.cuMemFree_v2(dptr);  // the application's own mapping: not ours to free
     if (!a) {
       // Forget it before the driver can hand the address out again to another thread.
       registry().remove_unmanaged(dptr);

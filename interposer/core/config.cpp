@@ -2,13 +2,12 @@
 // Environment settings of the shim (config.h).
 #include "config.h"
 
-#include "tmsdisk/common/paths.h"
-
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
 
 #include "log.h"
+#include "tmsdisk/common/paths.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -35,6 +34,10 @@ Config* load() {
   if (const char* dir = env("TMS_DISK_BACKUP_DIR")) c->backup_dir = dir;
   const uint64_t mb = parse_bytes(env("TMS_DISK_BACKUP_CHUNK_MB"), 0);
   c->staging_bytes = mb > (UINT64_MAX >> 20) ? 0 : mb << 20;
+  bool valid = true;
+  const char* touch = env("TMSDISK_ON_TOUCH");
+  c->on_touch = parse_on_touch(touch, &valid);
+  if (!valid) TMS_WARN("TMSDISK_ON_TOUCH=%s is not wait, resume or fail; using wait", touch);
   return c;
 }
 
@@ -50,9 +53,10 @@ const Config& config() noexcept {
       static Config fallback;  // out of memory at startup: defaults, no job name
       cfg = &fallback;
     }
-    TMS_DEBUG("config: min_bytes=%llu socket=%s job=%s rank=%lld staging_bytes=%llu",
+    TMS_DEBUG("config: min_bytes=%llu socket=%s job=%s rank=%lld staging_bytes=%llu on_touch=%d",
               static_cast<unsigned long long>(cfg->min_bytes), cfg->socket_path.c_str(), cfg->job.c_str(),
-              static_cast<long long>(cfg->rank), static_cast<unsigned long long>(cfg->staging_bytes));
+              static_cast<long long>(cfg->rank), static_cast<unsigned long long>(cfg->staging_bytes),
+              static_cast<int>(cfg->on_touch));
   });
   return *cfg;
 }
@@ -88,6 +92,17 @@ uint64_t parse_bytes(const char* text, uint64_t fallback) noexcept {
   if (*end != '\0') return fallback;
   if (shift && v > (UINT64_MAX >> shift)) return fallback;
   return static_cast<uint64_t>(v) << shift;
+}
+
+OnTouch parse_on_touch(const char* text, bool* valid) noexcept {
+  *valid = true;
+  if (!text || !*text) return OnTouch::Wait;
+  const std::string_view t = text;
+  if (t == "wait") return OnTouch::Wait;
+  if (t == "resume") return OnTouch::Resume;
+  if (t == "fail") return OnTouch::Fail;
+  *valid = false;
+  return OnTouch::Wait;
 }
 
 int64_t parse_rank(const char* text) noexcept {

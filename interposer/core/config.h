@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "gate.h"
+
 namespace tmsdisk::shim {
 
 inline constexpr uint64_t kDefaultMinBytes = 2ull << 20;
@@ -19,6 +21,7 @@ struct Config {
   int64_t rank = -1;                      // RANK, SLURM_PROCID
   std::string backup_dir;                 // TMS_DISK_BACKUP_DIR
   uint64_t staging_bytes = 0;             // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
+  OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
 };
 
 // Reads the environment the first time it is called; later calls return the same object. Never
@@ -28,6 +31,8 @@ const Config& config() noexcept;
 // Pure parsers, exposed for tests.
 // A byte count with an optional K/M/G suffix (powers of 1024); `fallback` when empty or invalid.
 uint64_t parse_bytes(const char* text, uint64_t fallback) noexcept;
+// wait | resume | fail (empty: wait); anything else gives wait and *valid = false.
+OnTouch parse_on_touch(const char* text, bool* valid) noexcept;
 // A non-negative rank, or -1 when empty or invalid.
 int64_t parse_rank(const char* text) noexcept;
 // Keeps [A-Za-z0-9._-] (others become '_'), at most 64 characters, never starting with '.';

@@ -8,3 +8,10 @@
 // the four-argument CUDA 11 resolver), and the hook table names each entry point by its exported
 // symbol, so the macro must not rewrite the legacy name.
 #undef cuGetProcAddress
+
+// cuda.h also maps these base names to their newest variant. The hook table defines the older
+// exported functions of the same names too (a program built against an older cuda.h calls them).
+#undef cuMemPrefetchAsync
+#undef cuStreamBeginCapture
+#undef cuMemcpyBatchAsync
+#undef cuMemcpy3DBatchAsync

@@ -25,9 +25,11 @@
 
 #include "config.h"
 #include "driver.h"
+#include "gate.h"
 #include "log.h"
 #include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/protocol/socket.h"
+#include "vmm.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -168,6 +170,7 @@ Engine* Engine::existing() noexcept {
 }
 
 void Engine::fork_prepare() noexcept {
+  gate::fork_prepare();
   registry().lock_for_fork();
   if (Engine* e = existing()) e->mu_.lock();
 }
@@ -175,6 +178,7 @@ void Engine::fork_prepare() noexcept {
 void Engine::fork_parent() noexcept {
   if (Engine* e = existing()) e->mu_.unlock();
   registry().unlock_after_fork();
+  gate::fork_parent();
 }
 
 void Engine::fork_child() noexcept {
@@ -188,6 +192,7 @@ void Engine::fork_child() noexcept {
     g_engine.store(new (std::nothrow) Engine, std::memory_order_release);
   }
   registry().unlock_after_fork();
+  gate::fork_child();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,6 +398,7 @@ void Engine::serve_socket() {
 OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   const uint64_t t0 = now_ns();
   const bool pausing = op == proto::CommandOp::Pause;
+  bool gated = false;
   OpResult r;
   if (op != proto::CommandOp::Pause && op != proto::CommandOp::Resume) {
     r = OpResult{EINVAL, 0, 0, "unknown operation"};
@@ -404,8 +410,22 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
     if (e < 0) {
       r = OpResult{-e, 0, 0, why};
     } else {
-      std::unique_lock lock(op_lock_);
-      r = pausing ? pause(command_request) : resume(command_request);
+      // Pause: no application thread may submit work from here on, and what was submitted before
+      // finishes (pause() synchronizes) before a byte moves. The gate opens again once nothing is
+      // paused (after a resume, or a pause that released nothing), and only after the state says so.
+      gate::begin_op();
+      if (pausing) {
+        gate::close();
+        gate::drain();
+      }
+      std::string busy;
+      if (pausing && gate::capture_active(&busy)) {
+        r = OpResult{EBUSY, 0, 0, busy};
+      } else {
+        std::unique_lock lock(op_lock_);
+        r = pausing ? pause(command_request) : resume(command_request);
+      }
+      gated = true;
     }
   }
   r.nanos = now_ns() - t0;
@@ -429,6 +449,10 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
     last_error_ = r.code;
     last_message_ = r.message;
   }
+  if (gated) {
+    if (t.paused_allocations == 0) gate::open();
+    gate::end_op();
+  }
   const char* what = pausing ? "pause" : "resume";
   if (r.code) {
     TMS_WARN("%s failed: %s (%s)", what, r.message.c_str(), std::strerror(r.code));
@@ -449,8 +473,10 @@ OpResult Engine::pause(uint64_t command_request) {
   const DriverApi& api = driver().api;
   OpResult res;
   std::vector<std::shared_ptr<Allocation>> resident, paused;
-  for (auto& a : registry().snapshot())
+  for (auto& a : registry().snapshot()) {
+    if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
     (a->state.load() == AllocState::Paused ? paused : resident).push_back(std::move(a));
+  }
   if (resident.empty()) {
     res.message = paused.empty() ? "no managed allocations to pause" : "already paused";
     return res;
@@ -484,6 +510,7 @@ OpResult Engine::pause(uint64_t command_request) {
     if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
       return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize", r)};
   }
+  vmm_trim_pools();  // pool memory stays resident; what the pools keep unused goes back now
 
   std::vector<Job> jobs(resident.size());
   uint64_t total = 0;
@@ -753,7 +780,8 @@ void Engine::map_job(Job& j) {
     j.message = format("blob %llu: %s", static_cast<unsigned long long>(a.id), cuda_failure("cuMemMap", r).c_str());
     return;
   }
-  r = api.cuMemSetAccess(a.base, a.mapped, a.access.data(), a.access.size());
+  // Application mappings paused before their first cuMemSetAccess have no rights to restore.
+  if (!a.access.empty()) r = api.cuMemSetAccess(a.base, a.mapped, a.access.data(), a.access.size());
   if (r != CUDA_SUCCESS) {
     api.cuMemUnmap(a.base, a.mapped);
     api.cuMemRelease(h);
@@ -1019,8 +1047,7 @@ int Engine::connect_session(std::string* why) {
   const Config& cfg = config();
   if (staging_) release_staging();
   int fd = proto::connect_seqpacket(cfg.socket_path);
-  if (fd < 0 && !cfg.socket_explicit && start_private_daemon() == 0)
-    fd = proto::connect_seqpacket(cfg.private_socket);
+  if (fd < 0 && !cfg.socket_explicit && start_private_daemon() == 0) fd = proto::connect_seqpacket(cfg.private_socket);
   if (fd < 0) {
     *why = cfg.socket_explicit
                ? format("cannot reach tmsdiskd at %s (TMSDISK_SOCKET): %s", cfg.socket_path.c_str(), std::strerror(-fd))

@@ -2,8 +2,8 @@
 // The pause/resume engine: one session with tmsdiskd, driven by one control thread that is the only
 // reader of the socket. Commands from the daemon and the in-process C API share it.
 //
-// The application must be idle while a pause runs (holding its CUDA calls is a later step): the
-// engine synchronizes every context it allocated on before copying, but does not stop new work.
+// A pause first closes the gate (gate.h) and waits for gated calls in flight, then synchronizes
+// every context it allocated on, then moves data; the gate opens again when nothing is paused.
 #pragma once
 
 #include <sys/types.h>

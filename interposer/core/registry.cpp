@@ -43,6 +43,13 @@ std::vector<std::shared_ptr<Allocation>> Registry::snapshot() const {
   return out;
 }
 
+void Registry::pin(Allocation& a, proto::Unmanaged reason) noexcept {
+  std::lock_guard lock(mu_);
+  int none = -1;
+  if (a.pinned.compare_exchange_strong(none, static_cast<int>(reason)))
+    version_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Registry::add_unmanaged(CUdeviceptr ptr, std::size_t bytes, proto::Unmanaged reason) noexcept {
   std::lock_guard lock(mu_);
   decltype(native_)::iterator it;
@@ -76,6 +83,10 @@ RegistryTotals Registry::totals() const {
   RegistryTotals t;
   t.unmanaged_bytes = unmanaged_bytes_;
   for (const auto& [base, a] : managed_) {
+    if (const int reason = a->pinned.load(std::memory_order_relaxed); reason >= 0) {
+      t.unmanaged_bytes[static_cast<std::size_t>(reason)] += a->size;
+      continue;
+    }
     ++t.managed_allocations;
     if (a->state.load(std::memory_order_relaxed) == AllocState::Paused) {
       t.paused_bytes += a->size;

@@ -36,6 +36,14 @@ struct Allocation {
   uint32_t sums_chunk_bytes = 0;
   // Written by the engine (under the registry's op lock), read by status.
   std::atomic<AllocState> state{AllocState::Resident};
+  // Physical memory the application mapped itself (cuMemCreate + cuMemMap): `handle` is the real
+  // handle behind the application's token, which vmm.cpp maps to this allocation.
+  bool app_vmm = false;
+  uint64_t token = 0;
+  // An Unmanaged reason once another process or device may reference the memory (exported,
+  // multicast-bound, its handle handed out): it then stays resident for good and status counts it
+  // as unmanaged. -1: pausable.
+  std::atomic<int> pinned{-1};
 };
 
 struct RegistryTotals {
@@ -56,6 +64,8 @@ class Registry {
   std::shared_ptr<Allocation> remove(CUdeviceptr base);
   // Every managed allocation, in address order.
   std::vector<std::shared_ptr<Allocation>> snapshot() const;
+  // Keeps `a` resident for good, counted as unmanaged for `reason` (the first reason sticks).
+  void pin(Allocation& a, proto::Unmanaged reason) noexcept;
 
   // Native allocations, counted so status can show why they are not paused. Out of memory only
   // loses the accounting, never the allocation.

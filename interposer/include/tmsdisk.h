@@ -5,8 +5,9 @@
  * From Python:
  *   lib = ctypes.CDLL("libtmsdisk.so")      # or ctypes.CDLL(None) when it is LD_PRELOADed
  *   if lib.tmsdisk_pause() != 0: ...
- * The application must not run CUDA work while a pause is in progress (holding such calls is not
- * implemented yet). */
+ * While paused, CUDA calls that submit work or touch device memory (launches, copies, sets...) are
+ * held, resume automatically or fail, as TMSDISK_ON_TOUCH says (README.md); a thread that pauses
+ * its own process must not launch work before it resumes unless the policy is resume or fail. */
 #ifndef TMSDISK_H
 #define TMSDISK_H
 

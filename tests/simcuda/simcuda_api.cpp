@@ -117,6 +117,36 @@ CUresult launch_host(Driver& d, CUstream h, CUhostFn fn, void* user, bool ptds) 
       d, h, [fn, user] { fn(user); }, ptds);
 }
 
+CUresult begin_capture(Driver& d, CUstream h, CUstreamCaptureMode mode, bool ptds) {
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<CUstream_st> s;
+  if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+  if (s->kind == CUstream_st::Kind::Legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  int none = CU_STREAM_CAPTURE_STATUS_NONE;
+  return s->capture.compare_exchange_strong(none, CU_STREAM_CAPTURE_STATUS_ACTIVE) ? CUDA_SUCCESS
+                                                                                   : CUDA_ERROR_ILLEGAL_STATE;
+}
+
+CUresult end_capture(Driver& d, CUstream h, CUgraph* graph, bool ptds) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<CUstream_st> s;
+  if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+  if (s->capture.exchange(CU_STREAM_CAPTURE_STATUS_NONE) == CU_STREAM_CAPTURE_STATUS_NONE)
+    return CUDA_ERROR_ILLEGAL_STATE;
+  *graph = nullptr;  // no graphs: an empty capture
+  return CUDA_SUCCESS;
+}
+
+CUresult is_capturing(Driver& d, CUstream h, CUstreamCaptureStatus* status, bool ptds) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<CUstream_st> s;
+  if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+  *status = static_cast<CUstreamCaptureStatus>(s->capture.load());
+  return CUDA_SUCCESS;
+}
+
 CUresult ctx_create(CUcontext* pctx, unsigned flags, CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return call([&](Driver& d) { return create_context(d, dev, flags, pctx); });
@@ -941,6 +971,25 @@ CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
   return call([&](Driver& d) { return launch_host(d, hStream, fn, userData, true); });
 }
 
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return call([&](Driver& d) { return begin_capture(d, hStream, mode, false); });
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  return call([&](Driver& d) { return begin_capture(d, hStream, mode, true); });
+}
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return call([&](Driver& d) { return end_capture(d, hStream, phGraph, false); });
+}
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return call([&](Driver& d) { return end_capture(d, hStream, phGraph, true); });
+}
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return call([&](Driver& d) { return is_capturing(d, hStream, captureStatus, false); });
+}
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return call([&](Driver& d) { return is_capturing(d, hStream, captureStatus, true); });
+}
+
 CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   return call([&](Driver& d) { return event_create(d, phEvent, Flags); });
 }
@@ -1177,6 +1226,9 @@ namespace {
   P(cuStreamGetFlags, 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz)                       \
   P(cuStreamAddCallback, 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz)              \
   P(cuLaunchHostFunc, 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)                      \
+  P(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz)    \
+  P(cuStreamEndCapture, 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz)                \
+  P(cuStreamIsCapturing, 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)             \
   R(cuEventCreate, 2000, cuEventCreate)                                                    \
   P(cuEventRecord, 2000, cuEventRecord, cuEventRecord_ptsz)                                \
   P(cuEventRecordWithFlags, 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)    \

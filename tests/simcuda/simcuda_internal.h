@@ -96,6 +96,8 @@ struct CUstream_st {
   uint64_t enqueued = 0;
   uint64_t completed = 0;
   bool retired = false;
+  // Stream capture is a state only (no graphs): work submitted while capturing still runs.
+  std::atomic<int> capture{CU_STREAM_CAPTURE_STATUS_NONE};
 
   bool blocking() const {
     return kind == Kind::PerThread || (kind == Kind::User && (flags & CU_STREAM_NON_BLOCKING) == 0);

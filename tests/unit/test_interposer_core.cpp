@@ -12,10 +12,12 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "config.h"
 #include "driver.h"
 #include "engine.h"
+#include "gate.h"
 #include "registry.h"
 #include "shim.h"
 
@@ -104,8 +106,24 @@ TEST_CASE("versioned names: cuGetProcAddress base names resolve to the right var
   CHECK(resolve("cuGetProcAddress", 12000) == "cuGetProcAddress_v2");
   CHECK(resolve("cuGetProcAddress", 13000) == "cuGetProcAddress_v2");
   CHECK(resolve("cuGetProcAddress", 11020) == "-");
-  CHECK(resolve("cuMemCreate", 12000) == "-");
-  CHECK(resolve("cuMemAlloc_v2", 12000) == "-");  // cuGetProcAddress takes base names only
+  CHECK(resolve("cuMemCreate", 12000) == "cuMemCreate");
+  CHECK(resolve("cuMemAlloc_v2", 12000) == "-");
+  // Gated calls: the newest variant at each version, per-thread twins by flag.
+  constexpr uint64_t kPt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  CHECK(resolve("cuMemcpyHtoD", 12000) == "cuMemcpyHtoD_v2");
+  CHECK(resolve("cuMemcpyHtoD", 12000, kPt) == "cuMemcpyHtoD_v2_ptds");
+  CHECK(resolve("cuMemcpyHtoDAsync", 12000, kPt) == "cuMemcpyHtoDAsync_v2_ptsz");
+  CHECK(resolve("cuLaunchKernel", 6050, kPt) == "cuLaunchKernel");  // before per-thread streams
+  CHECK(resolve("cuLaunchKernel", 12000, kPt) == "cuLaunchKernel_ptsz");
+  CHECK(resolve("cuStreamBeginCapture", 10000) == "cuStreamBeginCapture");
+  CHECK(resolve("cuStreamBeginCapture", 12000) == "cuStreamBeginCapture_v2");
+  CHECK(resolve("cuStreamBeginCapture", 12000, kPt) == "cuStreamBeginCapture_v2_ptsz");
+  CHECK(resolve("cuMemPrefetchAsync", 12000) == "cuMemPrefetchAsync");
+  CHECK(resolve("cuMemPrefetchAsync", 12020) == "cuMemPrefetchAsync_v2");
+  CHECK(resolve("cuMemcpyBatchAsync", 12080) == "cuMemcpyBatchAsync");
+  CHECK(resolve("cuMemcpyBatchAsync", 13000, kPt) == "cuMemcpyBatchAsync_v2_ptsz");
+  CHECK(resolve("cuStreamSynchronize", 12000) == "-");  // queries and synchronizations are never gated
+  CHECK(resolve("cuEventQuery", 12000) == "-");         // cuGetProcAddress takes base names only
   // Beyond the CUDA major the table was written for, only pointer identity substitutes.
   CHECK(resolve("cuMemAlloc", kNameResolutionLimit) == "-");
   CHECK(resolve("cuMemAlloc", kNameResolutionLimit - 10) == "cuMemAlloc_v2");
@@ -204,6 +222,57 @@ TEST_CASE("registry: managed ranges by containing address, native bytes by reaso
   CHECK(r.remove(0x100000) == a);
   CHECK(r.find(0x100000) == nullptr);
   CHECK(r.totals().managed_allocations == 1);
+}
+
+TEST_CASE("gate: a closed gate holds new calls, drain waits for the calls inside") {
+  REQUIRE(gate::enter("test") == CUDA_SUCCESS);  // this thread is inside
+  gate::close();
+  std::atomic<bool> drained{false}, entered{false};
+  std::thread drainer([&] {
+    gate::drain();
+    drained = true;
+  });
+  std::thread late([&] {
+    // TMSDISK_ON_TOUCH is unset: wait until the gate opens.
+    if (gate::enter("late") == CUDA_SUCCESS) {
+      entered = true;
+      gate::leave();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // only to give a wrong drain a chance
+  CHECK_FALSE(drained.load());
+  gate::leave();
+  drainer.join();
+  CHECK(drained.load());
+  CHECK_FALSE(entered.load());
+  gate::open();
+  late.join();
+  CHECK(entered.load());
+  CHECK_FALSE(gate::is_closed());
+}
+
+TEST_CASE("gate: stream captures are remembered until they end") {
+  std::string why;
+  CHECK_FALSE(gate::capture_active(&why));
+  gate::capture_begin(nullptr, true);  // the per-thread stream: trusted, the driver is not asked
+  CHECK(gate::capture_active(&why));
+  CHECK(why.find("capture") != std::string::npos);
+  gate::capture_end(nullptr, false);  // another stream
+  CHECK(gate::capture_active(&why));
+  gate::capture_end(nullptr, true);
+  CHECK_FALSE(gate::capture_active(&why));
+}
+
+TEST_CASE("settings: TMSDISK_ON_TOUCH") {
+  bool valid = false;
+  CHECK(parse_on_touch(nullptr, &valid) == OnTouch::Wait);
+  CHECK(valid);
+  CHECK(parse_on_touch("wait", &valid) == OnTouch::Wait);
+  CHECK(parse_on_touch("resume", &valid) == OnTouch::Resume);
+  CHECK(parse_on_touch("fail", &valid) == OnTouch::Fail);
+  CHECK(valid);
+  CHECK(parse_on_touch("Resume", &valid) == OnTouch::Wait);
+  CHECK_FALSE(valid);
 }
 
 TEST_CASE("settings: parsers") {

@@ -440,8 +440,17 @@ TEST_CASE("the cuGetProcAddress and dlsym replacements hand out hooks for libcud
   REQUIRE(hook::cuGetProcAddress_v2("cuGetProcAddress", &fn, 12000, 0, nullptr) == CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(&hook::cuGetProcAddress_v2));
   // Not hooked: the driver's own function comes back untouched.
+  REQUIRE(hook::cuGetProcAddress_v2("cuStreamSynchronize", &fn, 12000, 0, nullptr) == CUDA_SUCCESS);
+  CHECK(fn == ::dlsym(w.sim.lib, "cuStreamSynchronize"));
+  // Gated: copies and launches, with their per-thread twins.
   REQUIRE(hook::cuGetProcAddress_v2("cuMemcpyHtoD", &fn, 12000, 0, nullptr) == CUDA_SUCCESS);
-  CHECK(fn == ::dlsym(w.sim.lib, "cuMemcpyHtoD_v2"));
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuMemcpyHtoD_v2));
+  REQUIRE(hook::cuGetProcAddress_v2("cuMemcpyHtoD", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                                    nullptr) == CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuMemcpyHtoD_v2_ptds));
+  REQUIRE(hook::cuGetProcAddress_v2("cuLaunchKernel", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                                    nullptr) == CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(&hook::cuLaunchKernel_ptsz));
   REQUIRE(hook::cuGetProcAddress("cuMemAlloc", &fn, 11080, 0) == CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(&hook::cuMemAlloc_v2));
 

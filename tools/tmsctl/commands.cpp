@@ -235,6 +235,7 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   if (launch.chunk_mb) env.emplace_back("TMS_DISK_BACKUP_CHUNK_MB", std::to_string(launch.chunk_mb));
   if (!launch.job.empty()) env.emplace_back("TMSDISK_JOB", launch.job);
   if (launch.min_mb) env.emplace_back("TMSDISK_MIN_BYTES", std::to_string(launch.min_mb << 20));
+  if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);
   return env;
 }
 

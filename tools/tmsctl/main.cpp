@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
     sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB)");
     sub->add_option("--chunk-mb", launch.chunk_mb, "staging per rank in MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the daemon's)");
     sub->add_option("--min-mb", launch.min_mb, "allocations below this many MiB stay native (TMSDISK_MIN_BYTES)");
+    sub->add_option("--on-touch", launch.on_touch,
+                    "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "
+                    "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
+        ->check(CLI::IsMember({"wait", "resume", "fail"}));
   };
   auto* env = app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
   add_launch(env);

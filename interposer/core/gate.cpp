@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// The gate (gate.h). Each application thread owns a cache-line record with its count of calls in
+// flight; entering increments it (seq_cst) and then reads the shared `closed` word (seq_cst). The
+// pause side stores `closed` and then reads every record, so in the single total order of seq_cst
+// operations either the thread sees the gate closed or the pause sees the thread inside (Dekker).
+#include "gate.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "config.h"
+#include "driver.h"
+#include "engine.h"
+#include "log.h"
+
+namespace tmsdisk::shim::gate {
+namespace {
+
+struct alignas(64) Record {
+  std::atomic<uint32_t> active{0};  // gated calls of the owning thread in flight
+  std::atomic<bool> in_use{false};  // owned by a live thread
+  Record* next = nullptr;           // records are never freed, only reused
+};
+
+std::atomic<Record*> g_records{nullptr};
+std::atomic<uint32_t> g_closed{0};
+// Calls of threads whose record could not be allocated (out of memory): counted here instead.
+std::atomic<uint32_t> g_anonymous{0};
+thread_local Record* t_record __attribute__((tls_model("initial-exec"))) = nullptr;
+
+pthread_key_t g_key;
+pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+bool g_key_ok = false;
+
+// Slow-path state: threads held at the closed gate sleep on this condition. Constructed in place
+// so a fork child can start with a fresh (unlocked) mutex.
+struct Waiters {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t generation = 0;  // bumped when the gate opens and when an operation ends
+  bool op_running = false;
+};
+alignas(Waiters) unsigned char g_waiters_storage[sizeof(Waiters)];
+std::atomic<Waiters*> g_waiters{nullptr};
+
+Waiters& waiters() noexcept {
+  Waiters* w = g_waiters.load(std::memory_order_acquire);
+  if (w) return *w;
+  static std::once_flag once;
+  try {
+    std::call_once(once, [] { g_waiters.store(new (g_waiters_storage) Waiters, std::memory_order_release); });
+  } catch (...) {
+  }
+  return *g_waiters.load(std::memory_order_acquire);
+}
+
+// Stream captures: few and rarely changing, so a plain list under a mutex.
+struct Capture {
+  CUstream stream;
+  bool per_thread;
+  pthread_t thread;
+};
+std::mutex g_capture_mu;
+std::vector<Capture> g_captures;
+
+void release_record(void* p) {
+  auto* r = static_cast<Record*>(p);
+  r->active.store(0, std::memory_order_release);
+  r->in_use.store(false, std::memory_order_release);
+  t_record = nullptr;
+}
+
+void make_key() {
+  g_key_ok = ::pthread_key_create(&g_key, &release_record) == 0;
+}
+
+Record* acquire_record() noexcept {
+  ::pthread_once(&g_key_once, &make_key);
+  Record* r = nullptr;
+  for (Record* it = g_records.load(std::memory_order_acquire); it; it = it->next) {
+    bool expected = false;
+    if (!it->in_use.load(std::memory_order_relaxed) &&
+        it->in_use.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
+      r = it;
+      break;
+    }
+  }
+  if (!r) {
+    r = new (std::nothrow) Record;
+    if (!r) return nullptr;
+    r->in_use.store(true, std::memory_order_relaxed);
+    Record* head = g_records.load(std::memory_order_relaxed);
+    do {
+      r->next = head;
+    } while (!g_records.compare_exchange_weak(head, r, std::memory_order_release, std::memory_order_relaxed));
+  }
+  // Without the key the record is never handed back when the thread exits: it leaks, harmlessly.
+  if (g_key_ok) ::pthread_setspecific(g_key, r);
+  t_record = r;
+  return r;
+}
+
+void pause_briefly(int round) noexcept {
+  if (round < 64) {
+    sched_yield();
+    return;
+  }
+  timespec ts{0, round < 1000 ? 20000 : 200000};  // a call in flight is usually microseconds
+  ::nanosleep(&ts, nullptr);
+}
+
+bool try_enter(Record* r) noexcept {
+  std::atomic<uint32_t>& active = r ? r->active : g_anonymous;
+  active.fetch_add(1, std::memory_order_seq_cst);
+  if (g_closed.load(std::memory_order_seq_cst) == 0) return true;
+  active.fetch_sub(1, std::memory_order_release);
+  return false;
+}
+
+// The gate is closed: follow the policy. CUDA_SUCCESS means "try to enter again".
+CUresult held(const char* what) noexcept {
+  const OnTouch policy = config().on_touch;
+  if (policy == OnTouch::Fail) {
+    TMS_LOG_ONCE(LogLevel::Info, "%s while paused: returning CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail)", what);
+    return kGateClosedError;
+  }
+  Waiters& w = waiters();
+  std::unique_lock lock(w.mu);
+  const uint64_t gen = w.generation;
+  if (policy == OnTouch::Resume && !w.op_running && g_closed.load(std::memory_order_acquire)) {
+    lock.unlock();
+    TMS_INFO("%s while paused: resuming automatically (TMSDISK_ON_TOUCH=resume)", what);
+    Engine* e = Engine::instance();
+    OpResult res;
+    const int rc = e ? e->run(proto::CommandOp::Resume, &res) : -ENOMEM;
+    if (rc == 0 || g_closed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    if (rc != -EBUSY) {
+      TMS_WARN("%s: the automatic resume failed (%s: %s); the call returns CUDA_ERROR_NOT_PERMITTED", what,
+               std::strerror(-rc), res.message.c_str());
+      return kGateClosedError;
+    }
+    lock.lock();
+  }
+  // Wait for the gate to open, or (resume policy) for the running operation to end.
+  w.cv.wait(lock, [&] {
+    return g_closed.load(std::memory_order_acquire) == 0 || (policy == OnTouch::Resume && w.generation != gen);
+  });
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult enter(const char* what) noexcept {
+  Record* r = t_record;
+  if (!r) r = acquire_record();
+  if (try_enter(r)) return CUDA_SUCCESS;
+  try {
+    for (;;) {
+      if (CUresult e = held(what); e != CUDA_SUCCESS) return e;
+      if (try_enter(r)) return CUDA_SUCCESS;
+    }
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;  // std::system_error from a lock: never thrown in practice
+  }
+}
+
+void leave() noexcept {
+  Record* r = t_record;
+  (r ? r->active : g_anonymous).fetch_sub(1, std::memory_order_release);
+}
+
+void begin_op() noexcept {
+  Waiters& w = waiters();
+  std::lock_guard lock(w.mu);
+  w.op_running = true;
+}
+
+void end_op() noexcept {
+  Waiters& w = waiters();
+  {
+    std::lock_guard lock(w.mu);
+    w.op_running = false;
+    ++w.generation;
+  }
+  w.cv.notify_all();
+}
+
+void close() noexcept {
+  g_closed.store(1, std::memory_order_seq_cst);
+}
+
+void drain() noexcept {
+  for (int round = 0; g_anonymous.load(std::memory_order_seq_cst) != 0; ++round) pause_briefly(round);
+  for (Record* r = g_records.load(std::memory_order_acquire); r; r = r->next)
+    for (int round = 0; r->active.load(std::memory_order_seq_cst) != 0; ++round) pause_briefly(round);
+}
+
+void open() noexcept {
+  Waiters& w = waiters();
+  {
+    std::lock_guard lock(w.mu);
+    g_closed.store(0, std::memory_order_seq_cst);
+    ++w.generation;
+  }
+  w.cv.notify_all();
+}
+
+bool is_closed() noexcept {
+  return g_closed.load(std::memory_order_acquire) != 0;
+}
+
+void capture_begin(CUstream stream, bool per_thread) noexcept {
+  try {
+    std::lock_guard lock(g_capture_mu);
+    g_captures.push_back({stream, per_thread, ::pthread_self()});
+  } catch (...) {
+    TMS_LOG_ONCE(LogLevel::Warn, "out of memory recording a stream capture; a pause will not see it");
+  }
+}
+
+void capture_end(CUstream stream, bool per_thread) noexcept {
+  std::lock_guard lock(g_capture_mu);
+  // The legacy and per-thread default streams (handles 0, 1, 2) belong to the calling thread.
+  const bool thread_local_handle = stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+  for (auto it = g_captures.begin(); it != g_captures.end(); ++it) {
+    if (it->stream == stream && it->per_thread == per_thread &&
+        (!thread_local_handle || ::pthread_equal(it->thread, ::pthread_self()))) {
+      g_captures.erase(it);
+      return;
+    }
+  }
+}
+
+bool capture_active(std::string* why) {
+  const DriverApi& api = driver().api;
+  std::lock_guard lock(g_capture_mu);
+  for (auto it = g_captures.begin(); it != g_captures.end();) {
+    const bool thread_local_handle =
+        it->stream == nullptr || it->stream == CU_STREAM_LEGACY || it->stream == CU_STREAM_PER_THREAD;
+    if (!thread_local_handle && api.cuStreamIsCapturing) {
+      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (api.cuStreamIsCapturing(it->stream, &st) != CUDA_SUCCESS || st == CU_STREAM_CAPTURE_STATUS_NONE) {
+        it = g_captures.erase(it);  // ended without us seeing it, or the stream is gone
+        continue;
+      }
+    }
+    *why =
+        "a CUDA stream capture (graph recording) is active; pausing now would hold work the capture needs. "
+        "Retry once cuStreamEndCapture has been called";
+    return true;
+  }
+  return false;
+}
+
+void fork_prepare() noexcept {
+  waiters().mu.lock();
+  g_capture_mu.lock();
+}
+
+void fork_parent() noexcept {
+  g_capture_mu.unlock();
+  waiters().mu.unlock();
+}
+
+void fork_child() noexcept {
+  // Only this thread survived: no other can be inside a gated call, and their records are free.
+  for (Record* r = g_records.load(std::memory_order_relaxed); r; r = r->next) {
+    if (r == t_record) continue;
+    r->active.store(0, std::memory_order_relaxed);
+    r->in_use.store(false, std::memory_order_relaxed);
+  }
+  g_anonymous.store(0, std::memory_order_relaxed);
+  g_capture_mu.unlock();
+  g_captures.clear();
+  // The condition may list waiters that do not exist here: start over with a fresh one (the old
+  // mutex is held by this thread since fork_prepare and is simply overwritten).
+  if (Waiters* w = g_waiters.load(std::memory_order_relaxed)) {
+    const uint64_t gen = w->generation;
+    w = new (g_waiters_storage) Waiters;
+    w->generation = gen + 1;
+  }
+}
+
+}  // namespace tmsdisk::shim::gate

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// End to end on simcuda: a pause that may arrive at any moment (the gate and TMSDISK_ON_TOUCH),
+// honest accounting, application-managed VMM and brokered legacy IPC (issue 4).
+#include "e2e_support.h"
+
+using namespace tmsdisk::e2e;
+
+namespace {
+
+// The state tmsctl status reports for the only rank of `job`.
+std::string rank_state(const Node& node) {
+  auto [rc, j] = node.tmsctl({"status"});
+  if (rc != 0 || !j.is_array() || j.empty()) return "?";
+  return j[0].value("state", "?");
+}
+
+}  // namespace
+
+TEST_CASE("threads launching and copying on several streams while tmsctl pauses and resumes 100 times") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_TOUCH_PATH, "4"}, node.shim_env("busy", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("start") == "ok");
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    INFO("cycle " << cycle);
+    auto [prc, pj] = node.tmsctl({"pause", "--job", "busy"});
+    INFO(pj.dump());
+    REQUIRE(prc == 0);
+    auto [rrc, rj] = node.tmsctl({"resume", "--job", "busy"});
+    INFO(rj.dump());
+    REQUIRE(rrc == 0);
+  }
+  // Every worker's data is what its adds made, and no queued work ever met unmapped memory (simcuda
+  // would have poisoned the context with CUDA_ERROR_ILLEGAL_ADDRESS).
+  const std::string done = prog.cmd("stop");
+  INFO(done);
+  REQUIRE(done.rfind("ok ", 0) == 0);
+  CHECK(std::stoull(done.substr(3)) > 0);
+  CHECK(prog.cmd("launch") == "ok 0");
+  CHECK(prog.cmd("probe 1") == "ok");
+}
+
+TEST_CASE("TMSDISK_ON_TOUCH=wait - a launch during a pause returns only after the resume") {
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("wait", 0);
+  env["TMSDISK_ON_TOUCH"] = "wait";
+  Proc prog({CUDA_TOUCH_PATH, "1"}, env);
+  REQUIRE(prog.line() == "ready");
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "wait"});
+  REQUIRE(prc == 0);
+  prog.send("launch");
+  CHECK(prog.line(300).empty());  // held at the gate
+  CHECK(rank_state(node) == "paused");
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "wait"});
+  REQUIRE(rrc == 0);
+  CHECK(prog.line() == "ok 0");  // it returned with the process running again
+  CHECK(prog.cmd("probe 1") == "ok");
+}
+
+TEST_CASE("TMSDISK_ON_TOUCH=resume - a launch during a pause resumes the process and proceeds") {
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("autoresume", 0);
+  env["TMSDISK_ON_TOUCH"] = "resume";
+  Proc prog({CUDA_TOUCH_PATH, "1"}, env);
+  REQUIRE(prog.line() == "ready");
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "autoresume"});
+  REQUIRE(prc == 0);
+  CHECK(rank_state(node) == "paused");
+  CHECK(prog.cmd("launch") == "ok 0");
+  CHECK(rank_state(node) == "running");
+  CHECK(prog.cmd("probe 1") == "ok");
+}
+
+TEST_CASE("TMSDISK_ON_TOUCH=fail - a launch during a pause fails and the data stays paused") {
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("failfast", 0);
+  env["TMSDISK_ON_TOUCH"] = "fail";
+  Proc prog({CUDA_TOUCH_PATH, "1"}, env);
+  REQUIRE(prog.line() == "ready");
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "failfast"});
+  REQUIRE(prc == 0);
+  CHECK(prog.cmd("launch") == "err 800");  // CUDA_ERROR_NOT_PERMITTED
+  CHECK(rank_state(node) == "paused");
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "failfast"});
+  REQUIRE(rrc == 0);
+  CHECK(prog.cmd("probe 0") == "ok");  // the failed launch never ran
+  CHECK(prog.cmd("launch") == "ok 0");
+  CHECK(prog.cmd("probe 1") == "ok");
+}
+
+TEST_CASE("a pause requested during a stream capture is refused with EBUSY - after the capture it succeeds") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_TOUCH_PATH, "1"}, node.shim_env("capture", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("capture begin") == "ok");
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "capture"});
+  INFO(pj.dump());
+  CHECK(prc != 0);
+  REQUIRE(pj.size() == 1);
+  CHECK(pj[0]["errno"] == EBUSY);
+  CHECK(pj[0]["message"].get<std::string>().find("capture") != std::string::npos);
+  CHECK(rank_state(node) == "running");
+  CHECK(prog.cmd("launch") == "ok 0");  // the refused pause left the gate open
+  REQUIRE(prog.cmd("capture end") == "ok");
+  auto [prc2, pj2] = node.tmsctl({"pause", "--job", "capture"});
+  INFO(pj2.dump());
+  CHECK(prc2 == 0);
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "capture"});
+  CHECK(rrc == 0);
+  CHECK(prog.cmd("probe 1") == "ok");
+}
+
+TEST_CASE("an expandable-segments style allocator is paused and resumed mid-life, then grows and shrinks on") {
+  Node node;
+  node.device_mb = 64;
+  node.start_daemon();
+  Proc prog({CUDA_VMM_APP_PATH}, node.shim_env("segments", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("grow 20") == "ok 20");
+  REQUIRE(prog.cmd("shrink 5") == "ok 15");
+  REQUIRE(prog.cmd("grow 3") == "ok 18");
+  REQUIRE(prog.cmd("add 7") == "ok");
+  CHECK_FALSE(node.probe(40));
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    INFO("cycle " << cycle);
+    auto [prc, pj] = node.tmsctl({"pause", "--job", "segments"});
+    INFO(pj.dump());
+    REQUIRE(prc == 0);
+    CHECK(pj[0]["bytes"].get<uint64_t>() == 18 * 2 * MiB);
+    CHECK(node.probe(40));  // the application's own physical memory was handed back
+    auto [rrc, rj] = node.tmsctl({"resume", "--job", "segments"});
+    INFO(rj.dump());
+    REQUIRE(rrc == 0);
+    REQUIRE(prog.cmd("check") == "ok 18");
+    // Its handles (tokens) still work: shrink releases them, grow maps new ones.
+    REQUIRE(prog.cmd("shrink 4") == "ok 14");
+    REQUIRE(prog.cmd("grow 4") == "ok 18");
+    REQUIRE(prog.cmd("add 1") == "ok");
+    REQUIRE(prog.cmd("check") == "ok 18");
+  }
+  // A pause with TMSDISK_ON_TOUCH=wait holds the allocator's next map until the resume.
+  auto [prc, pj] = node.tmsctl({"pause", "--job", "segments"});
+  REQUIRE(prc == 0);
+  prog.send("grow 1");
+  CHECK(prog.line(300).empty());
+  auto [rrc, rj] = node.tmsctl({"resume", "--job", "segments"});
+  REQUIRE(rrc == 0);
+  CHECK(prog.line() == "ok 19");
+  CHECK(prog.cmd("check") == "ok 19");
+}
