@@ -6,10 +6,11 @@
 // One run measures, in this order:
 //   1. the raw O_DIRECT write/read ceiling of DIR (the daemon's root; TMSDISK_SOCKET names the daemon),
 //      again after 3., keeping the better figure;
-//   2. a child without the shim: pinned host<->device copy bandwidth, cuMemAlloc+cuMemFree latency
+//   2. children without the shim: pinned host<->device copy bandwidth, cuMemAlloc+cuMemFree latency
 //      (64 MiB), and the kernel launch rate;
-//   3. a child with the shim preloaded: the same, then tmsdisk_pause()/tmsdisk_resume() of GIB GiB
-//      of filled device memory, verified byte for byte afterwards;
+//   3. children with the shim preloaded: the same, and in the last one tmsdisk_pause()/
+//      tmsdisk_resume() of GIB GiB of filled device memory, verified byte for byte afterwards
+//      (2 and 3 alternate --overhead-rounds times; each keeps its best figures);
 // and prints each figure beside its ceiling: pause GB/s / raw write, resume GB/s / raw read,
 // alloc latency and launch rate with the shim / without.
 #include <cuda.h>
@@ -117,7 +118,7 @@ json measure(double gib, bool with_pause) {
     out["launches_per_s"] = reps / seconds_since(t);
   }
 
-  if (!with_pause) return out;
+  if (!with_pause || gib <= 0) return out;
   using Api = int (*)();
   auto pause = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_pause"));
   auto resume = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_resume"));
@@ -200,11 +201,15 @@ int main(int argc, char** argv) {
   std::string dir, shim, child;
   double gib = 4;
   bool as_json = false;
+  int overhead_rounds = 3;
   CLI::App app{"tmsdisk-shim-bench: pause/resume GB/s beside the disk ceiling, and the shim's overhead"};
   app.add_option("--dir", dir, "the daemon's root directory (for the raw O_DIRECT ceiling)");
   app.add_option("--gib", gib, "GiB of device memory to pause and resume")->capture_default_str();
   app.add_option("--shim", shim, "libtmsdisk.so to preload (default: $TMSDISK_LIBRARY)");
   app.add_option("--child", child, "internal: run the measurements in this process")->group("");
+  app.add_option("--overhead-rounds", overhead_rounds, "alternating plain/shim children for the overhead figures (best kept)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 20));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -231,8 +236,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "raw disk: %s\n", raw.error().describe().c_str());
     return 1;
   }
-  json plain = run_child(self, gib, "");
-  json shimmed = run_child(self, gib, shim);
+  // Launch rate and allocation latency drift between processes by more than the shim's cost, so
+  // the overhead children alternate (plain, shim, plain, ...) and each side keeps its best figures;
+  // the pause/resume runs once, in the last shim child.
+  json plain, shimmed;
+  auto keep_best = [](json& best, const json& now) {
+    if (best.contains("error")) return;  // the first failure is the one reported
+    if (best.is_null() || now.contains("error")) {
+      best = now;
+      return;
+    }
+    for (const char* key : {"d2h_gb_s", "h2d_gb_s", "launches_per_s"})
+      if (now.contains(key) && (!best.contains(key) || now[key].get<double>() > best[key].get<double>())) best[key] = now[key];
+    if (now.contains("alloc_free_us") && now["alloc_free_us"].get<double>() < best["alloc_free_us"].get<double>())
+      best["alloc_free_us"] = now["alloc_free_us"];
+    for (auto it = now.begin(); it != now.end(); ++it)
+      if (!best.contains(it.key())) best[it.key()] = it.value();
+  };
+  for (int round = 0; round < overhead_rounds; ++round) {
+    keep_best(plain, run_child(self, 0, ""));
+    keep_best(shimmed, run_child(self, round + 1 == overhead_rounds ? gib : 0, shim));
+  }
   // As in the session benchmark: the ceiling is the better of a raw pass before and one after.
   if (auto again = tmsdisk::bench::measure_raw_disk(dir, static_cast<uint64_t>(gib * (1ull << 30)), 8u << 20, 32)) {
     raw->write_bytes_per_s = std::max(raw->write_bytes_per_s, again->write_bytes_per_s);
