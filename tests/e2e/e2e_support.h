@@ -32,22 +32,6 @@ using nlohmann::json;
 
 inline constexpr uint64_t MiB = 1ull << 20;
 
-[[noreturn]] inline void skip(const std::string& why) {
-  std::printf("SKIPPED: %s\n", why.c_str());
-  std::fflush(stdout);
-  std::_Exit(77);
-}
-
-template <class Pred>
-inline bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return pred();
-}
-
 using Env = std::map<std::string, std::string>;
 
 // The current environment, minus anything that would leak between tests, plus `extra`.

@@ -18,181 +18,16 @@
 #include <thread>
 
 #include "client.h"
+#include "e2e_support.h"
+#include "in_process_daemon.h"
 #include "server.h"
-#include "test_support.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 
-extern char** environ;
-
-namespace fs = std::filesystem;
 using namespace tmsdisk;
-using namespace tmsdisk::testing;
-using nlohmann::json;
+using namespace tmsdisk::e2e;
 
 namespace {
-
-constexpr uint64_t MiB = 1ull << 20;
-
-[[noreturn]] void skip(const std::string& why) {
-  std::printf("SKIPPED: %s\n", why.c_str());
-  std::fflush(stdout);
-  std::_Exit(77);
-}
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return pred();
-}
-
-using Env = std::map<std::string, std::string>;
-
-// The current environment, minus anything that would leak between tests, plus `extra`.
-std::vector<std::string> make_env(const Env& extra) {
-  Env env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    std::string k = kv.substr(0, eq);
-    if (k == "LD_PRELOAD" || k.rfind("TMSDISK_", 0) == 0 || k.rfind("TMS_DISK_", 0) == 0 || k.rfind("SIMCUDA_", 0) == 0 ||
-        k == "RANK" || k == "XDG_RUNTIME_DIR")
-      continue;
-    env[k] = kv.substr(eq + 1);
-  }
-  for (auto& [k, v] : extra) env[k] = v;
-  std::vector<std::string> out;
-  for (auto& [k, v] : env) out.push_back(k + "=" + v);
-  return out;
-}
-
-// A child process with line-oriented stdin/stdout.
-class Proc {
- public:
-  Proc(const std::vector<std::string>& argv, const Env& env) {
-    int in[2], out[2];
-    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
-    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    auto envs = make_env(env);
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      std::vector<char*> a, e;
-      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
-      e.push_back(nullptr);
-      ::execve(a[0], a.data(), e.data());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    to_.reset(in[1]);
-    from_.reset(out[0]);
-  }
-  ~Proc() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-
-  // Reads one line (the program's answer); empty on EOF or timeout.
-  std::string line(int timeout_ms = 120000) {
-    for (;;) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return l;
-      }
-      pollfd p{from_.get(), POLLIN, 0};
-      if (::poll(&p, 1, timeout_ms) <= 0) return {};
-      char tmp[4096];
-      ssize_t n = ::read(from_.get(), tmp, sizeof(tmp));
-      if (n <= 0) return {};
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
-  }
-  std::string cmd(const std::string& c) {
-    std::string l = c + "\n";
-    REQUIRE(::write(to_.get(), l.data(), l.size()) == static_cast<ssize_t>(l.size()));
-    return line();
-  }
-  int wait() {
-    to_.reset();
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  UniqueFd to_, from_;
-  std::string buf_;
-};
-
-// Runs a command to completion; returns {exit status, stdout}.
-std::pair<int, std::string> run(const std::vector<std::string>& argv, const Env& env) {
-  Proc p(argv, env);
-  std::string out, l;
-  while (!(l = p.line()).empty() || false) out += l + "\n";
-  return {p.wait(), out};
-}
-
-struct Node {
-  TempDir dir{test_tmp_root(), "e2e"};
-  std::string socket = dir / "d.sock";
-  std::string root = dir / "root";
-  std::string sim_state = dir / "simcuda-state";
-  DaemonProcess daemon;
-  uint64_t device_mb = 512;
-
-  Node() { fs::create_directories(root); }
-  void start_daemon(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args{"--socket", socket, "--root", root, "--staging-mb", "16", "--slot-mb", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    int rc = daemon.start(TMSDISK_DAEMON_PATH, args);
-    INFO(daemon.log());
-    REQUIRE(rc == 0);
-  }
-  Env sim_env() const {
-    return {{"LD_LIBRARY_PATH", SIMCUDA_DIR},
-            {"SIMCUDA_STATE", sim_state},
-            {"SIMCUDA_DEVICE_MEM_MB", std::to_string(device_mb)}};
-  }
-  Env shim_env(const std::string& job, int rank) const {
-    Env e = sim_env();
-    e["LD_PRELOAD"] = SHIM_PATH;
-    e["TMSDISK_SOCKET"] = socket;
-    e["TMSDISK_JOB"] = job;
-    e["RANK"] = std::to_string(rank);
-    e["TMSDISK_LOG"] = "info";
-    return e;
-  }
-  // A second process (without the shim) asking for `mib` MiB of device memory.
-  bool probe(uint64_t mib) const { return run({CUDA_PROBE_PATH, std::to_string(mib)}, sim_env()).first == 0; }
-  std::pair<int, json> tmsctl(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv{TMSCTL_PATH, "--socket", socket, "--json"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto [rc, out] = run(argv, sim_env());
-    INFO(out);
-    json j = json::parse(out, nullptr, false);
-    return {rc, j};
-  }
-  std::string rank_dir(const std::string& job, int rank, pid_t pid) const {
-    return root + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" + std::to_string(pid);
-  }
-};
 
 uint64_t disk_usage(const std::string& dir) {
   uint64_t total = 0;
@@ -202,12 +37,6 @@ uint64_t disk_usage(const std::string& dir) {
     if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return total;
-}
-
-std::string ok_addr(const std::string& answer) {
-  // "ok ID 0xADDR"
-  auto sp = answer.rfind(' ');
-  return answer.rfind("ok ", 0) == 0 && sp != std::string::npos ? answer.substr(sp + 1) : "";
 }
 
 }  // namespace
@@ -376,25 +205,17 @@ TEST_CASE("ENOSPC at pause leaves every allocation resident and intact - a small
 }
 
 namespace {
-struct InProcessDaemon {
-  std::unique_ptr<server::Server> srv;
-  std::thread loop;
-  InProcessDaemon(const Node& node, std::function<int(const io::Request&, int)> fault) {
+// A server on a thread of this process, on the node's root and socket, with injected I/O faults.
+struct NodeDaemon : InProcessDaemon {
+  NodeDaemon(const Node& node, std::function<int(const io::Request&, int)> fault)
+      : InProcessDaemon(config_for(node), std::move(fault)) {}
+  static server::Config config_for(const Node& node) {
     server::Config cfg;
     cfg.roots = {node.root};
     cfg.socket_path = node.socket;
     cfg.staging_mb = 16;
     cfg.slot_mb = 2;
-    cfg.io_fault = std::move(fault);
-    auto s = server::Server::create(cfg);
-    INFO((s ? "" : s.error().describe()));
-    REQUIRE(s);
-    srv = std::move(s.value());
-    loop = std::thread([this] { (void)srv->run(); });
-  }
-  ~InProcessDaemon() {
-    srv->stop();
-    loop.join();
+    return cfg;
   }
 };
 }  // namespace
@@ -403,7 +224,7 @@ TEST_CASE("a write error mid-pause is reported - released allocations resume, th
   Node node;
   std::atomic<int> writes{0};
   std::atomic<bool> armed{true};
-  InProcessDaemon d(node, [&](const io::Request& r, int raw) {
+  NodeDaemon d(node, [&](const io::Request& r, int raw) {
     // The 20th chunk written fails once: after the first allocation (16 chunks of 2 MiB) is complete.
     if (r.op == io::Op::Write && writes.fetch_add(1) == 19 && armed.exchange(false)) return -EIO;
     return raw;

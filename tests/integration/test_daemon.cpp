@@ -18,6 +18,7 @@
 
 #include "client.h"
 #include "server.h"
+#include "in_process_daemon.h"
 #include "test_support.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -29,24 +30,6 @@ using proto::BlobSize;
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
-
-[[noreturn]] void skip(const std::string& why) {
-  std::printf("SKIPPED: %s\n", why.c_str());
-  std::fflush(stdout);
-  std::_Exit(77);
-}
-
-// Waits for a condition the daemon makes true asynchronously (e.g. a closed session's teardown),
-// checking it every millisecond up to a deadline; the assertion is on the condition, not the time.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return pred();
-}
 
 struct Daemon {
   TempDir dir{test_tmp_root()};
@@ -498,33 +481,24 @@ TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem")
 // Faults injected into the I/O engine of an in-process server.
 
 namespace {
-struct InProcessDaemon {
+// A server on a thread of this process, on its own temp root and socket, with injected I/O faults.
+struct FaultyDaemon {
   TempDir dir{test_tmp_root()};
   std::string socket = dir / "d.sock";
-  std::unique_ptr<server::Server> srv;
-  std::thread loop;
-  explicit InProcessDaemon(std::function<int(const io::Request&, int)> fault) {
+  std::unique_ptr<InProcessDaemon> daemon;
+  explicit FaultyDaemon(std::function<int(const io::Request&, int)> fault) {
     fs::create_directories(dir / "root");
     server::Config cfg;
     cfg.roots = {dir / "root"};
     cfg.socket_path = socket;
-    cfg.io_fault = std::move(fault);
-    auto s = server::Server::create(cfg);
-    INFO((s ? "" : s.error().describe()));
-    REQUIRE(s);
-    srv = std::move(s.value());
-    loop = std::thread([this] { (void)srv->run(); });
-  }
-  ~InProcessDaemon() {
-    srv->stop();
-    loop.join();
+    daemon = std::make_unique<InProcessDaemon>(cfg, std::move(fault));
   }
 };
 }  // namespace
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
   std::atomic<bool> fail_next_write{false};
-  InProcessDaemon d([&](const io::Request& r, int raw) {
+  FaultyDaemon d([&](const io::Request& r, int raw) {
     if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;
     return raw;
   });
@@ -554,7 +528,7 @@ TEST_CASE("EIO during a write reaches the client - other sessions are unaffected
 
 TEST_CASE("short writes and reads are resubmitted and the data survives intact") {
   std::atomic<int> shortened{0};
-  InProcessDaemon d([&](const io::Request& r, int raw) {
+  FaultyDaemon d([&](const io::Request& r, int raw) {
     // Every other completion moves only half the bytes (kept 4 KiB aligned for O_DIRECT).
     if (raw > 8192 && (shortened.fetch_add(1) % 2 == 0)) return static_cast<int>((r.length / 2) & ~4095u);
     return raw;

@@ -6,10 +6,13 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pattern.h"
@@ -18,6 +21,26 @@
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::testing {
+
+// Ends a test that cannot run here: CTest reports exit status 77 as skipped, with the reason printed.
+[[noreturn]] inline void skip(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(77);
+}
+
+// Waits for a condition another process makes true asynchronously (a closed session's teardown, a
+// daemon's reconnect), checking it every few milliseconds up to a deadline; the assertion is on the
+// condition, not on the time.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pred();
+}
 
 // A fresh directory (mode 0755) removed with its contents on destruction.
 class TempDir {
