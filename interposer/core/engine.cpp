@@ -634,21 +634,10 @@ OpResult Engine::pause(uint64_t command_request) {
     }
 
     proto::Envelope env;
-    int got;
-    if (copying) {
-      got = receive(env, 0);
-      if (got == 0) {
-        // Nothing to read: wait for the oldest copy instead of spinning.
-        for (std::size_t s = 0; s < slots_.size(); ++s) {
-          if (slots_[s].state != SlotState::Copying) continue;
-          (void)api.cuEventSynchronize(ctxs_[static_cast<std::size_t>(slots_[s].ctx)].events[s]);
-          break;
-        }
-        maybe_progress(command_request, done_bytes, total, false);
-        continue;
-      }
-    } else {
-      got = receive(env, kTickMs);
+    const int got = next_message(env, copying);
+    if (copying && got == 0) {
+      maybe_progress(command_request, done_bytes, total, false);
+      continue;  // a copy finished: harvest it
     }
     if (got < 0) {
       set_fail(-got, "lost the connection to tmsdiskd during the pause");
@@ -916,20 +905,10 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
     }
 
     proto::Envelope env;
-    int got;
-    if (copying) {
-      got = receive(env, 0);
-      if (got == 0) {
-        for (std::size_t s = 0; s < slots_.size(); ++s) {
-          if (slots_[s].state != SlotState::Copying) continue;
-          (void)api.cuEventSynchronize(ctxs_[static_cast<std::size_t>(slots_[s].ctx)].events[s]);
-          break;
-        }
-        maybe_progress(command_request, done_bytes, total, false);
-        continue;
-      }
-    } else {
-      got = receive(env, kTickMs);
+    const int got = next_message(env, copying);
+    if (copying && got == 0) {
+      maybe_progress(command_request, done_bytes, total, false);
+      continue;  // a copy finished: harvest it
     }
     if (got < 0 || (got == 0 && now_ms() - last_activity > kReplyTimeoutMs)) {
       const bool lost = got < 0;
@@ -1204,6 +1183,19 @@ int Engine::send(uint64_t request_id, const proto::Message& body) {
   const int e = proto::send_message(sock_, bytes);
   if (e == -EPIPE || e == -ECONNRESET) drop_session(std::strerror(-e));
   return e;
+}
+
+int Engine::next_message(proto::Envelope& env, bool copying) {
+  if (!copying) return receive(env, kTickMs);
+  const int got = receive(env, 0);
+  if (got != 0) return got;
+  const DriverApi& api = driver().api;
+  for (std::size_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].state != SlotState::Copying) continue;
+    (void)api.cuEventSynchronize(ctxs_[static_cast<std::size_t>(slots_[s].ctx)].events[s]);
+    break;
+  }
+  return 0;
 }
 
 int Engine::receive(proto::Envelope& env, int timeout_ms) {

@@ -112,6 +112,9 @@ class Engine {
   void release_staging() noexcept;
   int send(uint64_t request_id, const proto::Message& body);
   int receive(proto::Envelope& env, int timeout_ms);
+  // The pause and resume loops' wait: the daemon's next message, or, while copies run and nothing
+  // has arrived, the oldest copy's completion (then 0, so the caller harvests it instead of spinning).
+  int next_message(proto::Envelope& env, bool copying);
   int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why);
   void handle_other(const proto::Envelope& env);
   void send_report();
