@@ -664,13 +664,7 @@ OpResult Engine::pause(uint64_t command_request) {
       continue;
     }
     last_activity = now_ms();
-    int s = -1;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].state == SlotState::InDaemon && slots_[i].request == env.request_id) {
-        s = static_cast<int>(i);
-        break;
-      }
-    }
+    const int s = slot_awaiting(env.request_id);
     if (s < 0) {
       handle_other(env);
       continue;
@@ -935,13 +929,7 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
       continue;
     }
     last_activity = now_ms();
-    int s = -1;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].state == SlotState::InDaemon && slots_[i].request == env.request_id) {
-        s = static_cast<int>(i);
-        break;
-      }
-    }
+    const int s = slot_awaiting(env.request_id);
     if (s < 0) {
       handle_other(env);
       continue;
@@ -1183,6 +1171,12 @@ int Engine::send(uint64_t request_id, const proto::Message& body) {
   const int e = proto::send_message(sock_, bytes);
   if (e == -EPIPE || e == -ECONNRESET) drop_session(std::strerror(-e));
   return e;
+}
+
+int Engine::slot_awaiting(uint64_t request_id) const noexcept {
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].state == SlotState::InDaemon && slots_[i].request == request_id) return static_cast<int>(i);
+  return -1;
 }
 
 int Engine::next_message(proto::Envelope& env, bool copying) {

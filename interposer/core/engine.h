@@ -115,6 +115,8 @@ class Engine {
   // The pause and resume loops' wait: the daemon's next message, or, while copies run and nothing
   // has arrived, the oldest copy's completion (then 0, so the caller harvests it instead of spinning).
   int next_message(proto::Envelope& env, bool copying);
+  // The slot whose request the daemon answers with `request_id`, or -1 (an answer to something else).
+  int slot_awaiting(uint64_t request_id) const noexcept;
   int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why);
   void handle_other(const proto::Envelope& env);
   void send_report();
