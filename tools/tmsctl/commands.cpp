@@ -115,7 +115,8 @@ int cmd_status(const Common& common) {
                      {"managed_allocations", s.stats.managed_allocations},
                      {"disk_bytes", s.disk_bytes},
                      {"last_pause", {{"bytes", s.stats.last_pause_bytes}, {"ns", s.stats.last_pause_ns}}},
-                     {"last_resume", {{"bytes", s.stats.last_resume_bytes}, {"ns", s.stats.last_resume_ns}}}});
+                     {"last_resume", {{"bytes", s.stats.last_resume_bytes}, {"ns", s.stats.last_resume_ns}}},
+                     {"last_change_unix_ms", s.stats.last_change_unix_ms}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
