@@ -179,7 +179,9 @@ int device_attribute(const Driver& d, CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return d.cfg.rdma_with_vmm;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
@@ -194,7 +196,7 @@ int device_attribute(const Driver& d, CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
-    default: return 0;  // notably MEMORY_POOLS_SUPPORTED: simcuda has no cuMemAllocAsync
+    default: return 0;
   }
 }
 
@@ -646,6 +648,40 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInByt
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return call([&](Driver& d) { return mem_free(d, dptr); });
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  return call([&](Driver& d) { return mem_alloc_managed(d, dptr, bytesize, flags); });
+}
+
+// ---- stream-ordered pools (the default pool of each device only) ----
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice dev) {
+  return call([&](Driver& d) { return default_mem_pool(d, pool_out, dev); });
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return call([&](Driver& d) { return default_mem_pool(d, pool, dev); });
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  return call([&](Driver& d) { return mem_pool_trim(d, pool, minBytesToKeep); });
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return call([&](Driver& d) { return mem_alloc_async(d, dptr, bytesize, hStream, false); });
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return call([&](Driver& d) { return mem_alloc_async(d, dptr, bytesize, hStream, true); });
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return call([&](Driver& d) { return mem_free_async(d, dptr, hStream, false); });
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return call([&](Driver& d) { return mem_free_async(d, dptr, hStream, true); });
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
@@ -1173,6 +1209,12 @@ namespace {
   R(cuMemAlloc, 3020, cuMemAlloc_v2)                                                       \
   R(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                             \
   R(cuMemFree, 3020, cuMemFree_v2)                                                         \
+  R(cuMemAllocManaged, 6000, cuMemAllocManaged)                                            \
+  R(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool)                           \
+  R(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool)                                         \
+  R(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo)                                               \
+  P(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                         \
+  P(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                            \
   R(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                                   \
   R(cuPointerGetAttribute, 4000, cuPointerGetAttribute)                                    \
   R(cuPointerGetAttributes, 7000, cuPointerGetAttributes)                                  \

@@ -163,13 +163,15 @@ struct MapGroup {  // one cuMemMap call
   std::vector<Access> access;  // one per granule
 };
 
-struct NativeAlloc {  // cuMemAlloc_v2 / cuMemAllocPitch_v2
+struct NativeAlloc {  // cuMemAlloc_v2 / cuMemAllocPitch_v2 / cuMemAllocManaged / cuMemAllocAsync
   size_t size = 0;    // as requested
   size_t mapped = 0;  // rounded to pages, what is charged
   CUctx_st* ctx = nullptr;
   int device = 0;
   int fd = -1;
   uint64_t id = 0;
+  bool managed = false;                // cuMemAllocManaged
+  CUmemPoolHandle_st* pool = nullptr;  // cuMemAllocAsync: the pool it returns to when freed
 };
 
 struct IpcImport {  // cuIpcOpenMemHandle_v2
@@ -189,6 +191,18 @@ struct HostRange {  // cuMemAllocHost_v2 / cuMemHostAlloc / cuMemHostRegister_v2
   unsigned flags = 0;
   uint64_t id = 0;
 };
+
+}  // namespace simcuda
+
+// A device's default stream-ordered pool. Guarded by Driver::mem_mu.
+struct CUmemPoolHandle_st {
+  int device = 0;
+  // Blocks freed by cuMemFreeAsync (in stream order), still mapped and charged, until reused by an
+  // allocation of the same page-rounded size or released by cuMemPoolTrimTo.
+  std::vector<std::pair<uintptr_t, simcuda::NativeAlloc>> idle;
+};
+
+namespace simcuda {
 
 struct Driver {
   Config cfg;
@@ -223,6 +237,7 @@ struct Driver {
   std::map<uintptr_t, IpcImport> imports;
   std::map<uintptr_t, HostRange> hosts;
   std::unordered_map<uint64_t, std::shared_ptr<PhysAlloc>> handles;  // handle_refs > 0
+  CUmemPoolHandle_st pools[kMaxDevices];                             // default pools, by device
 
   uint64_t new_id() { return next_id.fetch_add(1, std::memory_order_relaxed); }
 };
@@ -279,6 +294,11 @@ CUresult launch_kernel(Driver& d, CUfunction f, unsigned gx, unsigned gy, unsign
 CUresult mem_alloc(Driver& d, CUdeviceptr* out, size_t bytes);
 CUresult mem_alloc_pitch(Driver& d, CUdeviceptr* out, size_t* pitch, size_t width, size_t height, unsigned elem);
 CUresult mem_free(Driver& d, CUdeviceptr p);
+CUresult mem_alloc_managed(Driver& d, CUdeviceptr* out, size_t bytes, unsigned flags);
+CUresult default_mem_pool(Driver& d, CUmemoryPool* out, int device);
+CUresult mem_alloc_async(Driver& d, CUdeviceptr* out, size_t bytes, CUstream h, bool ptds);
+CUresult mem_free_async(Driver& d, CUdeviceptr p, CUstream h, bool ptds);
+CUresult mem_pool_trim(Driver& d, CUmemoryPool pool, size_t keep);
 void free_context_memory(Driver& d, CUctx_st* ctx);
 CUresult mem_get_info(Driver& d, size_t* free_bytes, size_t* total_bytes);
 CUresult mem_get_address_range(Driver& d, CUdeviceptr* base, size_t* size, CUdeviceptr p);

@@ -204,6 +204,8 @@ struct PtrInfo {
   uint64_t block_id = 0;
   unsigned handle_types = 0;
   bool rdma = false;
+  bool managed = false;
+  CUmemoryPool pool = nullptr;
   Access access{};
 };
 
@@ -218,7 +220,9 @@ PtrInfo classify(Driver& d, uintptr_t p) {
     info.ctx = a.ctx;
     info.device = a.device;
     info.buffer_id = info.block_id = a.id;
-    info.rdma = d.cfg.rdma_with_vmm != 0;
+    info.rdma = d.cfg.rdma_with_vmm != 0 && !a.managed;
+    info.managed = a.managed;
+    info.pool = a.pool;
     info.access.read = info.access.write = ~uint64_t{0};
     return info;
   }
@@ -280,11 +284,11 @@ void free_native(Driver& d, std::map<uintptr_t, NativeAlloc>::iterator it) {
 
 // ---- native allocations ----
 
-CUresult mem_alloc(Driver& d, CUdeviceptr* out, size_t bytes) {
-  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  CUctx_st* c = nullptr;
-  int dev = 0;
-  if (CUresult r = current_device(d, &c, &dev); r != CUDA_SUCCESS) return r;
+namespace {
+
+// A page-rounded memfd mapping, charged to `dev` (2 MiB-aligned from 2 MiB up).
+CUresult alloc_native(Driver& d, CUdeviceptr* out, size_t bytes, CUctx_st* c, int dev, bool managed,
+                      CUmemPoolHandle_st* pool) {
   size_t mapped = 0;
   if (!round_up(bytes, d.page, &mapped)) return CUDA_ERROR_OUT_OF_MEMORY;
   // Large allocations get the VMM granularity's alignment, as from the real allocator.
@@ -303,8 +307,112 @@ CUresult mem_alloc(Driver& d, CUdeviceptr* out, size_t bytes) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   std::unique_lock<std::shared_mutex> lk(d.mem_mu);
-  d.natives[reinterpret_cast<uintptr_t>(va)] = NativeAlloc{bytes, mapped, c, dev, fd, id};
+  NativeAlloc a{bytes, mapped, c, dev, fd, id};
+  a.managed = managed;
+  a.pool = pool;
+  d.natives[reinterpret_cast<uintptr_t>(va)] = a;
   *out = reinterpret_cast<CUdeviceptr>(va);
+  return CUDA_SUCCESS;
+}
+
+// Releases an idle pool block. Caller holds mem_mu exclusively.
+void release_block(Driver& d, uintptr_t base, const NativeAlloc& a) {
+  munmap(reinterpret_cast<void*>(base), a.mapped);
+  close(a.fd);
+  uncharge(d, a.device, a.mapped);
+}
+
+}  // namespace
+
+CUresult mem_alloc(Driver& d, CUdeviceptr* out, size_t bytes) {
+  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st* c = nullptr;
+  int dev = 0;
+  if (CUresult r = current_device(d, &c, &dev); r != CUDA_SUCCESS) return r;
+  return alloc_native(d, out, bytes, c, dev, false, nullptr);
+}
+
+CUresult mem_alloc_managed(Driver& d, CUdeviceptr* out, size_t bytes, unsigned flags) {
+  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st* c = nullptr;
+  int dev = 0;
+  if (CUresult r = current_device(d, &c, &dev); r != CUDA_SUCCESS) return r;
+  return alloc_native(d, out, bytes, c, dev, true, nullptr);
+}
+
+// ---- stream-ordered pools: one default pool per device ----
+
+CUresult default_mem_pool(Driver& d, CUmemoryPool* out, int device) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(d, device)) return CUDA_ERROR_INVALID_DEVICE;
+  std::unique_lock<std::shared_mutex> lk(d.mem_mu);
+  d.pools[device].device = device;
+  *out = &d.pools[device];
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_alloc_async(Driver& d, CUdeviceptr* out, size_t bytes, CUstream h, bool ptds) {
+  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<CUstream_st> s;
+  if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+  CUctx_st* c = s->ctx;
+  int dev = c->device;
+  CUmemPoolHandle_st* pool = &d.pools[dev];
+  size_t mapped = 0;
+  if (!round_up(bytes, d.page, &mapped)) return CUDA_ERROR_OUT_OF_MEMORY;
+  {
+    // Reuse a block that an earlier cuMemFreeAsync returned (its stream reached the free).
+    std::unique_lock<std::shared_mutex> lk(d.mem_mu);
+    pool->device = dev;
+    for (auto it = pool->idle.begin(); it != pool->idle.end(); ++it) {
+      if (it->second.mapped != mapped) continue;
+      NativeAlloc a = it->second;
+      uintptr_t base = it->first;
+      pool->idle.erase(it);
+      a.size = bytes;
+      a.ctx = c;
+      a.id = d.new_id();
+      d.natives[base] = a;
+      *out = static_cast<CUdeviceptr>(base);
+      return CUDA_SUCCESS;
+    }
+  }
+  return alloc_native(d, out, bytes, c, dev, false, pool);
+}
+
+CUresult mem_free_async(Driver& d, CUdeviceptr p, CUstream h, bool ptds) {
+  std::shared_ptr<CUstream_st> s;
+  if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+  {
+    std::shared_lock<std::shared_mutex> lk(d.mem_mu);
+    auto it = d.natives.find(static_cast<uintptr_t>(p));
+    if (it == d.natives.end() || it->second.pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  }
+  // In stream order: work queued before the free still sees the memory.
+  Op op;
+  op.run = [&d, p] {
+    std::unique_lock<std::shared_mutex> lk(d.mem_mu);
+    auto it = d.natives.find(static_cast<uintptr_t>(p));
+    if (it == d.natives.end() || it->second.pool == nullptr) return CUDA_SUCCESS;  // freed meanwhile
+    it->second.pool->idle.emplace_back(it->first, it->second);
+    d.natives.erase(it);
+    return CUDA_SUCCESS;
+  };
+  return enqueue(d, s, std::move(op));
+}
+
+CUresult mem_pool_trim(Driver& d, CUmemoryPool pool, size_t keep) {
+  if (pool < &d.pools[0] || pool >= &d.pools[kMaxDevices]) return CUDA_ERROR_INVALID_VALUE;
+  std::unique_lock<std::shared_mutex> lk(d.mem_mu);
+  size_t idle = 0;
+  for (const auto& [base, a] : pool->idle) idle += a.mapped;
+  while (idle > keep && !pool->idle.empty()) {
+    auto& [base, a] = pool->idle.back();
+    idle -= a.mapped;
+    release_block(d, base, a);
+    pool->idle.pop_back();
+  }
   return CUDA_SUCCESS;
 }
 
@@ -415,8 +523,11 @@ CUresult pointer_get_attribute(Driver& d, void* data, CUpointer_attribute attr, 
       if (info.kind != PtrInfo::Host) return unknown(static_cast<void*>(nullptr));
       put(data, reinterpret_cast<void*>(p));
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      if (!backed) return unknown(0u);
+      put(data, info.managed ? 1u : 0u);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
       if (!backed) return unknown(0u);
       put(data, 0u);
@@ -435,7 +546,7 @@ CUresult pointer_get_attribute(Driver& d, void* data, CUpointer_attribute attr, 
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
       if (!backed) return unknown(0u);
-      put(data, info.kind == PtrInfo::Native ? 1u : 0u);
+      put(data, info.kind == PtrInfo::Native && !info.managed && info.pool == nullptr ? 1u : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       // For VMM memory this is the reservation, even where nothing is mapped.
@@ -477,7 +588,7 @@ CUresult pointer_get_attribute(Driver& d, void* data, CUpointer_attribute attr, 
     }
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       if (!backed) return unknown(static_cast<CUmemoryPool>(nullptr));
-      put(data, static_cast<CUmemoryPool>(nullptr));
+      put(data, info.pool);
       return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -772,6 +883,7 @@ CUresult ipc_get(Driver& d, CUipcMemHandle* out, CUdeviceptr p) {
     return containing(d.reservations, static_cast<uintptr_t>(p)) != d.reservations.end() ? CUDA_ERROR_NOT_SUPPORTED
                                                                                          : CUDA_ERROR_INVALID_VALUE;
   }
+  if (it->second.managed || it->second.pool != nullptr) return CUDA_ERROR_INVALID_VALUE;
   IpcWire w{};
   memcpy(w.magic, kIpcMagic, sizeof w.magic);
   w.pid = static_cast<int32_t>(getpid());

@@ -139,7 +139,8 @@ TEST_CASE("Devices and contexts", "[simcuda][context]") {
   CHECK(attr(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) == 1);
   CHECK(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) == 9);
   CHECK(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) == 0);
-  CHECK(attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 0);
+  CHECK(attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 1);
+  CHECK(attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) == 1);
 
   const void* table = &n;
   CUuuid id{};
@@ -241,4 +242,81 @@ TEST_CASE("Host allocations and the dlsym-able introspection API", "[simcuda][ho
   REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
   CHECK(is_mapped(d, 100) == 0);
   dlclose(lib);
+}
+
+TEST_CASE("cuMemAllocManaged is charged host memory the device reads and writes", "[simcuda][managed]") {
+  setup();
+  const uint64_t used0 = simcuda_used_bytes(0);
+  CUdeviceptr p = 0;
+  CHECK(cuMemAllocManaged(&p, 4096, 0) == CUDA_ERROR_INVALID_VALUE);  // flags: GLOBAL or HOST
+  REQUIRE(cuMemAllocManaged(&p, 3 * kGran, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  CHECK(p % kGran == 0);
+  CHECK(simcuda_used_bytes(0) == used0 + 3 * kGran);
+  REQUIRE(cuMemsetD32(p, 0x5a5a5a5a, 3 * kGran / 4) == CUDA_SUCCESS);
+  CHECK(*reinterpret_cast<uint32_t*>(p + kGran) == 0x5a5a5a5au);  // the host sees it too
+  unsigned managed = 0;
+  REQUIRE(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p + 16) == CUDA_SUCCESS);
+  CHECK(managed == 1);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  REQUIRE(cuMemGetAddressRange(&base, &size, p + 100) == CUDA_SUCCESS);
+  CHECK(base == p);
+  CHECK(size == 3 * kGran);
+  CUipcMemHandle ipc{};
+  CHECK(cuIpcGetMemHandle(&ipc, p) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(simcuda_used_bytes(0) == used0);
+}
+
+TEST_CASE("stream-ordered pools - allocate, free in stream order, reuse, trim", "[simcuda][pool]") {
+  setup();
+  const uint64_t used0 = simcuda_used_bytes(0);
+  CUmemoryPool pool = nullptr, current = nullptr;
+  REQUIRE(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS);
+  REQUIRE(cuDeviceGetMemPool(&current, 0) == CUDA_SUCCESS);
+  CHECK(pool == current);
+  CUmemoryPool pool1 = nullptr;
+  REQUIRE(cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS);
+  CHECK(pool1 != pool);
+  CHECK(cuDeviceGetDefaultMemPool(&pool1, 7) == CUDA_ERROR_INVALID_DEVICE);
+
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUdeviceptr a = 0, b = 0;
+  REQUIRE(cuMemAllocAsync(&a, 4 * kGran, s) == CUDA_SUCCESS);
+  REQUIRE(cuMemAllocAsync(&b, kGran, s) == CUDA_SUCCESS);
+  CHECK(simcuda_used_bytes(0) == used0 + 5 * kGran);
+  REQUIRE(cuMemsetD32Async(a, 7, 4 * kGran / 4, s) == CUDA_SUCCESS);
+  CUmemoryPool owner = nullptr;
+  REQUIRE(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, a) == CUDA_SUCCESS);
+  CHECK(owner == pool);
+
+  // The free runs in stream order: the set queued before it still finds the memory.
+  REQUIRE(cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  unsigned mapped = 1;
+  CHECK(cuPointerGetAttribute(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, a) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemFreeAsync(a, s) == CUDA_ERROR_INVALID_VALUE);  // already freed
+  CHECK(simcuda_used_bytes(0) == used0 + 5 * kGran);        // the pool keeps it
+  CUdeviceptr c = 0;
+  REQUIRE(cuMemAllocAsync(&c, 4 * kGran, s) == CUDA_SUCCESS);  // same size: reused
+  CHECK(c == a);
+  CHECK(simcuda_used_bytes(0) == used0 + 5 * kGran);
+  REQUIRE(cuMemFreeAsync(c, s) == CUDA_SUCCESS);
+  REQUIRE(cuMemFreeAsync(b, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+
+  // Trimming hands idle memory back to the device, keeping at least what was asked.
+  REQUIRE(cuMemPoolTrimTo(pool, kGran) == CUDA_SUCCESS);
+  CHECK(simcuda_used_bytes(0) <= used0 + kGran);
+  REQUIRE(cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS);
+  CHECK(simcuda_used_bytes(0) == used0);
+  CHECK(cuMemPoolTrimTo(reinterpret_cast<CUmemoryPool>(&owner), 0) == CUDA_ERROR_INVALID_VALUE);
+
+  // A cuMemAlloc pointer is not pool memory.
+  CUdeviceptr n = 0;
+  REQUIRE(cuMemAlloc(&n, kGran) == CUDA_SUCCESS);
+  CHECK(cuMemFreeAsync(n, s) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemFree(n) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
