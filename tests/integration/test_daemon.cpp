@@ -698,3 +698,28 @@ TEST_CASE("a client that floods requests without reading replies cannot stall th
   CHECK(sent > 0);
   CHECK(d.session_count() >= 1);  // another client is still served promptly
 }
+
+TEST_CASE("the daemon takes its settings from a TOML config file and --help shows the defaults") {
+  Daemon d(2);
+  const std::string conf = d.dir / "tmsdiskd.conf";
+  {
+    std::ofstream f(conf);
+    f << "root = [\"" << d.roots[0] << "\", \"" << d.roots[1] << "\"]\n"
+      << "socket = \"" << d.socket << "\"\n"
+      << "staging-mb = 24\n"
+      << "slot-mb = 4\n";
+  }
+  REQUIRE(d.proc.start(TMSDISK_DAEMON_PATH, {"--config", conf}) == 0);
+  auto c = ShimClient::connect(d.socket, {.job = "conf"});
+  REQUIRE(c);
+  CHECK(c->welcome().staging_bytes == 24 * MiB);  // the file's defaults, not the built-in ones
+  CHECK(c->welcome().slot_bytes == 4 * MiB);
+  REQUIRE(c->reserve({{1, 8 * MiB}}));  // striped over both roots from the file
+  CHECK(c->write_all({{1, 8 * MiB}}, fill_pattern));
+  CHECK(fs::exists(d.rank_dir(1, "conf", 0, ::getpid()) + "/data"));
+
+  DaemonProcess bad;
+  const std::string missing = d.dir / "missing.conf";
+  CHECK(bad.start(TMSDISK_DAEMON_PATH, {"--config", missing}) != 0);  // named but absent: an error, said so
+  CHECK(bad.log().find("missing.conf") != std::string::npos);
+}
