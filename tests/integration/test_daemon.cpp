@@ -699,7 +699,7 @@ TEST_CASE("a client that floods requests without reading replies cannot stall th
   CHECK(d.session_count() >= 1);  // another client is still served promptly
 }
 
-TEST_CASE("the daemon takes its settings from a TOML config file and --help shows the defaults") {
+TEST_CASE("the daemon takes its settings from a TOML config file") {
   Daemon d(2);
   const std::string conf = d.dir / "tmsdiskd.conf";
   {
