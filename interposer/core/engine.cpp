@@ -39,6 +39,7 @@ constexpr int kTickMs = 100;                 // progress messages at most this o
 constexpr int64_t kReplyTimeoutMs = 120000;  // the daemon answers every chunk well within this
 constexpr int kHandshakeTimeoutS = 10;
 constexpr int kPrivateDaemonStartMs = 10000;
+constexpr int kDrainTimeoutMs = 60000;  // calls already inside the gate when a pause starts
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
 constexpr int64_t kMaxConnectBackoffMs = 30000;
 
@@ -414,12 +415,21 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
       // finishes (pause() synchronizes) before a byte moves. The gate opens again once nothing is
       // paused (after a resume, or a pause that released nothing), and only after the state says so.
       gate::begin_op();
+      bool drained = true;
       if (pausing) {
         gate::close();
-        gate::drain();
+        drained = gate::drain(kDrainTimeoutMs);
       }
       std::string busy;
-      if (pausing && gate::capture_active(&busy)) {
+      if (!drained) {
+        // A call inside the gate does not return (e.g. a copy queued behind a collective whose peer
+        // is held at its own gate): give up rather than hold the process forever. Nothing moved;
+        // the gate reopens below since nothing is paused.
+        r = OpResult{ETIMEDOUT, 0, 0,
+                     format("CUDA calls in flight did not finish within %d s; pause refused (pause ranks that "
+                            "run collectives only while no collective is in flight)",
+                            kDrainTimeoutMs / 1000)};
+      } else if (pausing && gate::capture_active(&busy)) {
         r = OpResult{EBUSY, 0, 0, busy};
       } else {
         std::unique_lock lock(op_lock_);
@@ -509,6 +519,35 @@ OpResult Engine::pause(uint64_t command_request) {
     if (!scope.ok()) return OpResult{EIO, 0, 0, "cannot make an allocation's context current (was it destroyed?)"};
     if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
       return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize", r)};
+  }
+  // Peer devices granted access (cuCtxEnablePeerAccess, application access lists) may have kernels
+  // still writing this memory from their own contexts: synchronize their primary contexts too, those
+  // that are active (retaining an inactive one would create it).
+  if (api.cuDevicePrimaryCtxGetState && api.cuDevicePrimaryCtxRetain && api.cuDevicePrimaryCtxRelease_v2 &&
+      api.cuDeviceGet) {
+    std::vector<int> peers;
+    for (const auto& a : resident)
+      for (const CUmemAccessDesc& d : a->access)
+        if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            std::find(peers.begin(), peers.end(), d.location.id) == peers.end())
+          peers.push_back(d.location.id);
+    for (int ordinal : peers) {
+      CUdevice dev;
+      unsigned int flags = 0;
+      int active = 0;
+      CUcontext primary = nullptr;
+      if (api.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+          api.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+          api.cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS)
+        continue;
+      CUresult r = CUDA_SUCCESS;
+      if (std::find(contexts.begin(), contexts.end(), primary) == contexts.end()) {
+        CtxScope scope(api, primary);
+        r = scope.ok() ? api.cuCtxSynchronize() : CUDA_ERROR_INVALID_CONTEXT;
+      }
+      api.cuDevicePrimaryCtxRelease_v2(dev);
+      if (r != CUDA_SUCCESS) return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize (peer device)", r)};
+    }
   }
   vmm_trim_pools();  // pool memory stays resident; what the pools keep unused goes back now
 

@@ -198,10 +198,25 @@ void close() noexcept {
   g_closed.store(1, std::memory_order_seq_cst);
 }
 
-void drain() noexcept {
-  for (int round = 0; g_anonymous.load(std::memory_order_seq_cst) != 0; ++round) pause_briefly(round);
-  for (Record* r = g_records.load(std::memory_order_acquire); r; r = r->next)
-    for (int round = 0; r->active.load(std::memory_order_seq_cst) != 0; ++round) pause_briefly(round);
+bool drain(int timeout_ms) noexcept {
+  timespec start{};
+  ::clock_gettime(CLOCK_MONOTONIC, &start);
+  auto expired = [&] {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >= timeout_ms;
+  };
+  for (int round = 0; g_anonymous.load(std::memory_order_seq_cst) != 0; ++round) {
+    if (expired()) return false;
+    pause_briefly(round);
+  }
+  for (Record* r = g_records.load(std::memory_order_acquire); r; r = r->next) {
+    for (int round = 0; r->active.load(std::memory_order_seq_cst) != 0; ++round) {
+      if (expired()) return false;
+      pause_briefly(round);
+    }
+  }
+  return true;
 }
 
 void open() noexcept {

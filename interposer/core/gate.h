@@ -30,8 +30,8 @@ void leave() noexcept;
 void begin_op() noexcept;
 void end_op() noexcept;
 void close() noexcept;
-// Returns once no thread is inside a gated call.
-void drain() noexcept;
+// Returns true once no thread is inside a gated call, false if some still is after `timeout_ms`.
+bool drain(int timeout_ms) noexcept;
 void open() noexcept;
 bool is_closed() noexcept;
 

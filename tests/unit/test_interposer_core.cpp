@@ -228,10 +228,7 @@ TEST_CASE("gate: a closed gate holds new calls, drain waits for the calls inside
   REQUIRE(gate::enter("test") == CUDA_SUCCESS);  // this thread is inside
   gate::close();
   std::atomic<bool> drained{false}, entered{false};
-  std::thread drainer([&] {
-    gate::drain();
-    drained = true;
-  });
+  std::thread drainer([&] { drained = gate::drain(60000); });
   std::thread late([&] {
     // TMSDISK_ON_TOUCH is unset: wait until the gate opens.
     if (gate::enter("late") == CUDA_SUCCESS) {
@@ -248,6 +245,16 @@ TEST_CASE("gate: a closed gate holds new calls, drain waits for the calls inside
   gate::open();
   late.join();
   CHECK(entered.load());
+  CHECK_FALSE(gate::is_closed());
+}
+
+TEST_CASE("gate: drain gives up after its deadline while a call stays inside") {
+  REQUIRE(gate::enter("stuck") == CUDA_SUCCESS);  // e.g. a copy queued behind a collective
+  gate::close();
+  CHECK_FALSE(gate::drain(50));
+  gate::leave();
+  CHECK(gate::drain(50));
+  gate::open();
   CHECK_FALSE(gate::is_closed());
 }
 
