@@ -5,17 +5,11 @@
 # process takes the freed memory, then the shim and session benchmarks on the same directory.
 #   tests/gpu/run_gpu.sh BUNDLE_DIR OUT_DIR [TORCH_LAYERS]
 set -uo pipefail  # not -e: every section runs and reports, whatever an earlier one did
-bundle=$(cd "$1" && pwd)
 out=$2
 layers=${3:-6}
-mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-work=/var/tmp/tmsdisk-gpu
-rm -rf "$work"
-mkdir -p "$work/root"
-export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-tmsctl=$bundle/tmsctl
+. "$here/node.sh"
+start_node "$1" "$out" main || exit 1
 
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -24,11 +18,6 @@ tmsctl=$bundle/tmsctl
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   df -h /var/tmp | tail -1
 } >"$out/machine.txt" 2>&1
-
-"$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$out/tmsdiskd.log" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && break; sleep 0.1; done
 
 echo "== 1. unmodified CUDA program (driver API, three allocation paths)" | tee "$out/cuda.txt"
 coproc PROG { exec "$tmsctl" run --job cuda -- "$bundle/cuda_pattern" 2>>"$out/cuda-shim.log"; }

@@ -5,21 +5,11 @@
 # brings them back; training then continues and must end bit-identical to a run without the pause.
 #   tests/gpu/run_gpu_ddp.sh BUNDLE_DIR OUT_DIR [STEPS]
 set -uo pipefail  # not -e: every step runs and reports
-bundle=$(cd "$1" && pwd)
 out=$2
 steps=${3:-20}
-mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-work=/var/tmp/tmsdisk-gpu-ddp
-rm -rf "$work"
-mkdir -p "$work/root"
-export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-tmsctl=$bundle/tmsctl
-"$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$out/tmsdiskd-ddp.log" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && break; sleep 0.1; done
+. "$here/node.sh"
+start_node "$1" "$out" ddp || exit 1
 
 touch "$work/go-ref"
 ref=$("$tmsctl" run --job ddp-ref -- torchrun --nproc-per-node 2 "$here/torch_ddp_idle.py" "$steps" "$work/go-ref" 2>"$out/ddp-ref.log" | grep final)

@@ -5,21 +5,11 @@
 # same loop run without a pause.
 #   tests/gpu/run_gpu_gate.sh BUNDLE_DIR OUT_DIR [STEPS]
 set -uo pipefail  # not -e: every case runs and reports
-bundle=$(cd "$1" && pwd)
 out=$2
 steps=${3:-60}
-mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-work=/var/tmp/tmsdisk-gpu-gate
-rm -rf "$work"
-mkdir -p "$work/root"
-export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-tmsctl=$bundle/tmsctl
-"$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$out/tmsdiskd-gate.log" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && break; sleep 0.1; done
+. "$here/node.sh"
+start_node "$1" "$out" gate || exit 1
 
 for alloc in default expandable; do
   conf=""

@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: Apache-2.0
+# Sourced by the run_gpu*.sh checks: the environment they run in and a daemon on a fresh root.
+#
+# start_node BUNDLE_DIR OUT_DIR NAME
+#   Sets `bundle`, `tmsctl` and `work` (/var/tmp/tmsdisk-gpu-NAME), exports TMSDISK_*, and starts
+#   tmsdiskd with its log in OUT_DIR/tmsdiskd-NAME.log; it is stopped and `work` removed on exit.
+start_node() {
+  bundle=$(cd "$1" && pwd)
+  mkdir -p "$2"
+  work=/var/tmp/tmsdisk-gpu-$3
+  rm -rf "$work"
+  mkdir -p "$work/root"
+  export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd
+  # NVLink multicast stays off (a program using it can take the host's shared GPUs out of service);
+  # cuBLAS workspaces are fixed so that deterministic runs can be compared digest for digest.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+  tmsctl=$bundle/tmsctl
+  "$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$2/tmsdiskd-$3.log" &
+  node_daemon=$!
+  trap 'kill $node_daemon 2>/dev/null; wait $node_daemon 2>/dev/null; rm -rf "$work"' EXIT
+  for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "tmsdiskd did not start; see $2/tmsdiskd-$3.log" >&2
+  return 1
+}
