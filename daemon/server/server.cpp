@@ -28,6 +28,7 @@
 #include <map>
 #include <set>
 
+#include "ipc_exports.h"
 #include "storage.h"
 #include "tmsdisk/common/proc.h"
 #include "tmsdisk/common/unique_fd.h"
@@ -71,6 +72,12 @@ uint64_t unix_ms() {
           .count());
 }
 
+// A reply waiting in a connection's outbox, with the descriptor it passes (IPC_OPENED).
+struct Outgoing {
+  std::vector<uint8_t> bytes;
+  UniqueFd fd;
+};
+
 struct Connection {
   uint64_t id = 0;
   UniqueFd fd;
@@ -78,7 +85,7 @@ struct Connection {
   bool hello_done = false;
   proto::Role role = proto::Role::Control;
   uint64_t session_id = 0;  // shim connections
-  std::deque<std::vector<uint8_t>> outbox;
+  std::deque<Outgoing> outbox;
   std::size_t outbox_bytes = 0;
   uint32_t interest = 0;  // the epoll events currently asked for
   Clock::time_point accepted = Clock::now();
@@ -158,6 +165,7 @@ struct Server::Impl {
   uint64_t next_request = 1;
   uint64_t next_control = 1;
   std::vector<io::Completion> completions;
+  IpcExports ipc{random_token};
 
   explicit Impl(Config c) : config(std::move(c)) {}
 
@@ -283,6 +291,9 @@ struct Server::Impl {
     for (auto& [id, s] : sessions)
       if (s.orphan && !rank_alive(s)) dead_orphans.push_back(id);
     for (uint64_t id : dead_orphans) reap_orphan(id);
+    // Exports and opens of sessions that vanished without passing maybe_destroy (an orphan whose
+    // rank failed to reconnect).
+    for (const auto& u : ipc.drop([&](uint64_t id) { return sessions.count(id) == 0; })) notify_users(u);
     std::set<std::string> live;
     for (auto& [id, s] : sessions) live.insert(s.relative_dir);
     auto r = storage::sweep_dead_ranks(
@@ -313,22 +324,27 @@ struct Server::Impl {
         c.closing = true;  // peer gone; the read side notices too
         return;
       }
-      if (fd >= 0) {
-        // Descriptors are only sent with WELCOME, the first reply, when the buffer is empty; a full
-        // buffer at that point means the peer is not reading at all.
+    }
+    Outgoing out;
+    out.bytes = std::move(bytes);
+    if (fd >= 0) {
+      // The descriptor must outlive whatever owns it now (an export revoked meanwhile).
+      out.fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!out.fd) {
+        spdlog::warn("connection {} (pid {}): cannot queue a descriptor: {}", c.id, c.cred.pid, std::strerror(errno));
         c.closing = true;
         return;
       }
     }
-    if (c.outbox_bytes + bytes.size() > kMaxOutboxBytes) {
+    if (c.outbox_bytes + out.bytes.size() > kMaxOutboxBytes) {
       spdlog::warn("connection {} (pid {}) does not read its replies; closing it", c.id, c.cred.pid);
       c.closing = true;
       c.outbox.clear();
       c.outbox_bytes = 0;
       return;
     }
-    c.outbox_bytes += bytes.size();
-    c.outbox.push_back(std::move(bytes));
+    c.outbox_bytes += out.bytes.size();
+    c.outbox.push_back(std::move(out));
     update_interest(c);
   }
 
@@ -355,7 +371,7 @@ struct Server::Impl {
 
   void flush(Connection& c) {
     while (!c.outbox.empty()) {
-      int rc = proto::send_message(c.fd.get(), c.outbox.front());
+      int rc = proto::send_message(c.fd.get(), c.outbox.front().bytes, c.outbox.front().fd.get());
       if (rc == -EAGAIN) break;
       if (rc != 0) {
         c.outbox.clear();
@@ -363,7 +379,7 @@ struct Server::Impl {
         c.closing = true;
         break;
       }
-      c.outbox_bytes -= c.outbox.front().size();
+      c.outbox_bytes -= c.outbox.front().bytes.size();
       c.outbox.pop_front();
     }
     update_interest(c);
@@ -467,7 +483,7 @@ struct Server::Impl {
     for (int i = 0; i < 64 && !c.closing && c.outbox.size() < kReadPauseReplies; ++i) {
       int fd = -1;
       long n = proto::recv_message(c.fd.get(), buf, &fd);
-      UniqueFd passed(fd);  // no client message carries a descriptor: drop any that arrives
+      UniqueFd passed(fd);  // only IPC_EXPORT carries one; any other is closed unused
       if (n == -EAGAIN) return;
       if (n == 0) {
         c.closing = true;
@@ -492,14 +508,14 @@ struct Server::Impl {
         c.closing = true;  // a peer that sends malformed messages cannot be trusted to stay in sync
         return;
       }
-      handle(c, *d.envelope);
+      handle(c, *d.envelope, passed);
     }
   }
 
   // ----------------------------------------------------------------------------------------------
   // Dispatch
 
-  void handle(Connection& c, proto::Envelope& env) {
+  void handle(Connection& c, proto::Envelope& env, UniqueFd& passed) {
     if (!c.hello_done) {
       auto* hello = std::get_if<proto::Hello>(&env.body);
       if (!hello) {
@@ -520,6 +536,13 @@ struct Server::Impl {
                         std::is_same_v<T, proto::Progress>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
+          } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
+            if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
+            on_ipc_export(c, rid, m, std::move(passed));
+          } else if constexpr (std::is_same_v<T, proto::IpcRevoke> || std::is_same_v<T, proto::IpcOpen> ||
+                               std::is_same_v<T, proto::IpcClose>) {
+            if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
+            on_ipc(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::ListSessions> || std::is_same_v<T, proto::Control> ||
                                std::is_same_v<T, proto::Gc>) {
             on_control(c, rid, m);
@@ -592,6 +615,8 @@ struct Server::Impl {
     send(c, rid, w, s.memfd.get());
     spdlog::info("session {}: pid {} uid {} job {} rank {} ({} slots of {} MiB){}", s.id, s.cred.pid, s.cred.uid,
                  s.job, s.rank, s.slot_count, s.slot_bytes / kMiB, w.restored ? ", restored paused state" : "");
+    // A rank back from an orphaned connection learns who has its exports open now.
+    for (const auto& u : ipc.exports_of(s.id)) notify_users(u);
   }
 
   Result<uint64_t> open_session(Connection& c, const proto::Hello& h) {
@@ -643,6 +668,7 @@ struct Server::Impl {
     id.start_time = *start_time;
     id.token = h.token ? h.token : random_token();
     const std::string relative_dir = storage::rank_relative_dir(id);
+    uint64_t adopted = 0;  // the orphan session this rank reconnects to
     for (auto it = sessions.begin(); it != sessions.end(); ++it) {
       Session& other = it->second;
       if (other.relative_dir != relative_dir) continue;
@@ -653,6 +679,7 @@ struct Server::Impl {
         return make_error(EPERM, "this rank's files are kept for a session that lost its connection; reconnect with "
                                  "that session's token");
       // The rank is back: its files are adopted below, from disk, by a fresh store.
+      adopted = it->first;
       forget_orphan(it->first);
       break;
     }
@@ -709,6 +736,7 @@ struct Server::Impl {
     const uint64_t sid = s.id;
     sessions.emplace(sid, std::move(s));
     had_session = true;
+    if (adopted) ipc.rename_session(adopted, sid);
     return sid;
   }
 
@@ -757,6 +785,7 @@ struct Server::Impl {
     release_session_resources(s);
     spdlog::info("session {} (pid {}) closed; its files are removed", sid, s.cred.pid);
     sessions.erase(it);
+    for (const auto& u : ipc.drop([&](uint64_t id) { return id == sid; })) notify_users(u);
     if (config.exit_when_idle && sessions.empty()) {
       spdlog::info("last session ended; exiting (idle exit)");
       stopping = true;
@@ -903,6 +932,64 @@ struct Server::Impl {
     if (!ctl) return;
     m.session_id = s.id;
     send(*ctl, op->second.request_id, m);
+  }
+
+  // ----------------------------------------------------------------------------------------------
+  // Legacy IPC (ipc_exports.h)
+
+  void on_ipc_export(Connection& c, uint64_t rid, const proto::IpcExport& m, UniqueFd fd) {
+    Session& s = *session_of(c);
+    if (!fd) return send_error(c, rid, EINVAL, "IPC_EXPORT without the allocation's descriptor");
+    if (auto st = check_memory_fd(fd.get()); !st) return send_error(c, rid, st.error().errnum(), st.error().describe());
+    proto::IpcExported out;
+    if (m.export_id == 0) {
+      auto id = ipc.add(s.id, s.cred.uid, s.cred.pid, std::move(fd), m.bytes, m.device);
+      if (!id) return send_error(c, rid, id.error().errnum(), id.error().describe());
+      out.export_id = *id;
+      spdlog::debug("session {}: legacy IPC export {} ({} bytes on device {})", s.id, *id, m.bytes, m.device);
+    } else {
+      if (auto st = ipc.refresh(m.export_id, s.id, std::move(fd), m.bytes); !st)
+        return send_error(c, rid, st.error().errnum(), st.error().describe());
+      out.export_id = m.export_id;
+    }
+    send(c, rid, out);
+  }
+
+  void on_ipc(Connection& c, uint64_t rid, const proto::IpcRevoke& m) {
+    Session& s = *session_of(c);
+    auto st = m.freed ? ipc.forget(m.export_id, s.id) : ipc.revoke(m.export_id, s.id);
+    if (!st) return send_error(c, rid, st.error().errnum(), st.error().describe());
+    send(c, rid, proto::OkReply{});
+  }
+
+  void on_ipc(Connection& c, uint64_t rid, const proto::IpcOpen& m) {
+    Session& s = *session_of(c);
+    auto o = ipc.open(m.export_id, s.id, s.cred.uid);
+    if (!o) return send_error(c, rid, o.error().errnum(), o.error().describe());
+    proto::IpcOpened out;
+    out.export_id = m.export_id;
+    out.bytes = o->bytes;
+    out.device = o->device;
+    out.exporter_pid = o->exporter_pid;
+    send(c, rid, out, o->fd);
+    notify_users(o->users);
+  }
+
+  void on_ipc(Connection& c, uint64_t rid, const proto::IpcClose& m) {
+    Session& s = *session_of(c);
+    auto u = ipc.close(m.export_id, s.id);
+    if (!u) return send_error(c, rid, u.error().errnum(), u.error().describe());
+    send(c, rid, proto::OkReply{});
+    notify_users(*u);
+  }
+
+  // Unsolicited (request id 0); lost if the exporter is disconnected, which resends on reconnect.
+  void notify_users(const IpcExports::Users& u) {
+    auto it = sessions.find(u.owner);
+    if (it == sessions.end() || it->second.conn_id == 0) return;
+    Connection* c = conn(it->second.conn_id);
+    if (!c) return;
+    send(*c, 0, proto::IpcUsers{.export_id = u.export_id, .importers = u.importers});
   }
 
   // ----------------------------------------------------------------------------------------------

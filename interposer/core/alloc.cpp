@@ -27,16 +27,19 @@ enum DeviceVmm : int { kUnknown = 0, kVmm = 1, kNoVmm = 2 };
 struct DeviceInfo {
   std::atomic<int> vmm{kUnknown};
   std::atomic<bool> rdma{false};
+  std::atomic<bool> posix_fd{false};  // allocations can be exported as a POSIX fd (legacy IPC, ipc.cpp)
   std::atomic<std::size_t> granularity{0};
 };
 DeviceInfo g_devices[kMaxDevices];
 
-CUmemAllocationProp make_prop(CUdevice dev, bool rdma) {
+CUmemAllocationProp make_prop(CUdevice dev, bool rdma, bool posix_fd) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev;
   prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+  // Exportable, so that cuIpcGetMemHandle can share it through the daemon.
+  prop.requestedHandleTypes = posix_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   return prop;
 }
 
@@ -44,19 +47,23 @@ const DeviceInfo* device_info(const DriverApi& api, CUdevice dev) {
   if (dev < 0 || dev >= kMaxDevices) return nullptr;
   DeviceInfo& d = g_devices[dev];
   if (d.vmm.load(std::memory_order_acquire) != kUnknown) return &d;
-  int vmm = 0, rdma = 0;
+  int vmm = 0, rdma = 0, posix_fd = 0;
   if (api.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) != CUDA_SUCCESS)
     vmm = 0;
   if (api.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) != CUDA_SUCCESS)
     rdma = 0;
+  if (api.cuDeviceGetAttribute(&posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) !=
+      CUDA_SUCCESS)
+    posix_fd = 0;
   std::size_t granularity = 0;
-  const CUmemAllocationProp prop = make_prop(dev, rdma != 0);
+  const CUmemAllocationProp prop = make_prop(dev, rdma != 0, posix_fd != 0);
   if (vmm &&
       (api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
        granularity == 0))
     vmm = 0;
   if (!vmm) TMS_INFO("device %d has no usable virtual memory management; its allocations stay native", dev);
   d.rdma.store(rdma != 0, std::memory_order_relaxed);
+  d.posix_fd.store(posix_fd != 0, std::memory_order_relaxed);
   d.granularity.store(granularity, std::memory_order_relaxed);
   d.vmm.store(vmm ? kVmm : kNoVmm, std::memory_order_release);
   return &d;
@@ -85,7 +92,7 @@ bool try_managed(CUdeviceptr* dptr, std::size_t size, CUresult* result) {
   a->mapped = mapped;
   a->ctx = ctx;
   a->device = dev;
-  a->prop = make_prop(dev, info->rdma.load(std::memory_order_relaxed));
+  a->prop = make_prop(dev, info->rdma.load(std::memory_order_relaxed), info->posix_fd.load(std::memory_order_relaxed));
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
@@ -101,10 +108,16 @@ bool try_managed(CUdeviceptr* dptr, std::size_t size, CUresult* result) {
   }
   CUmemGenericAllocationHandle handle = 0;
   r = api.cuMemCreate(&handle, mapped, &a->prop, 0);
+  // Some platforms advertise an attribute but refuse what it promises: drop the RDMA flag, then the
+  // exportable handle type, for this device (legacy IPC of its memory then fails, and says so).
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && a->prop.allocFlags.gpuDirectRDMACapable) {
-    // Some platforms advertise the attribute but refuse the flag: drop it for this device.
     info->rdma.store(false, std::memory_order_relaxed);
     a->prop.allocFlags.gpuDirectRDMACapable = 0;
+    r = api.cuMemCreate(&handle, mapped, &a->prop, 0);
+  }
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && a->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    info->posix_fd.store(false, std::memory_order_relaxed);
+    a->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     r = api.cuMemCreate(&handle, mapped, &a->prop, 0);
   }
   if (r != CUDA_SUCCESS) {
@@ -248,6 +261,8 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) noexcept {
     if (a->base != dptr) return CUDA_ERROR_INVALID_VALUE;  // inside an allocation, as the driver says
     a = registry().remove(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;  // freed concurrently by another thread
+    if (a->export_id)
+      if (Engine* e = Engine::existing()) e->ipc_forget(a->export_id);  // importers keep what they mapped
     return free_managed(*a);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

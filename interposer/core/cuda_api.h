@@ -20,3 +20,4 @@
 #undef cuStreamWriteValue64
 #undef cuStreamWaitValue64
 #undef cuStreamBatchMemOp
+#undef cuIpcOpenMemHandle

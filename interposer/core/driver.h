@@ -108,6 +108,15 @@ class ReentryGuard {
 // Marks the calling thread as the shim's own for its whole life.
 void mark_shim_thread() noexcept;
 
+// Opening of a hook: the driver's function when the shim must stay out of the way (a call from its
+// own threads, the shim disabled), CUDA_ERROR_NOT_FOUND when this libcuda lacks the entry point.
+// Leaves `guard` and `d` (the driver) in scope.
+#define TMSDISK_PASSTHROUGH_IF_OFF(real, args)  \
+  ReentryGuard guard;                           \
+  const Driver& d = driver();                   \
+  if (!d.api.real) return CUDA_ERROR_NOT_FOUND; \
+  if (guard.nested() || !d.usable) return d.api.real args
+
 // Makes `ctx` current on the calling thread for one scope (push/pop, so the caller's own current
 // context is untouched).
 class CtxScope {

@@ -229,6 +229,34 @@ void Engine::ensure_started() noexcept {
   started_.store(true, std::memory_order_release);
 }
 
+int Engine::post(std::function<void()> task, bool wait) noexcept {
+  try {
+    ensure_started();
+    auto req = std::make_unique<Request>();
+    req->task = std::move(task);
+    req->detached = !wait;
+    Request* r = req.get();
+    {
+      std::lock_guard lock(mu_);
+      if (!thread_started_) return -ESRCH;
+      queue_.push_back(r);
+      req.release();  // the queue owns it until done (detached) or until we take it back below
+    }
+    const uint64_t one = 1;
+    ssize_t w;
+    do {
+      w = ::write(wake_fd_, &one, sizeof(one));
+    } while (w < 0 && errno == EINTR);
+    if (!wait) return 0;
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return r->done; });
+    delete r;
+    return 0;
+  } catch (...) {
+    return -ENOMEM;
+  }
+}
+
 int Engine::run(proto::CommandOp op, OpResult* out) noexcept {
   try {
     ensure_started();
@@ -240,7 +268,7 @@ int Engine::run(proto::CommandOp op, OpResult* out) noexcept {
         if (out) *out = OpResult{EAGAIN, 0, 0, "the tmsdisk control thread could not be started"};
         return -EAGAIN;
       }
-      if (busy_ || !queue_.empty()) {
+      if (busy_ || std::any_of(queue_.begin(), queue_.end(), [](const Request* q) { return !q->task; })) {
         if (out) *out = OpResult{EBUSY, 0, 0, "another pause or resume is running"};
         return -EBUSY;
       }
@@ -343,7 +371,24 @@ void Engine::serve_requests() {
       if (queue_.empty()) return;
       req = queue_.front();
       queue_.pop_front();
-      busy_ = true;
+      busy_ = !req->task;
+    }
+    if (req->task) {
+      try {
+        req->task();
+      } catch (...) {
+        TMS_ERROR("control thread: an IPC request ran out of memory");
+      }
+      if (req->detached) {
+        delete req;
+        continue;
+      }
+      {
+        std::lock_guard lock(mu_);
+        req->done = true;
+      }
+      cv_.notify_all();
+      continue;
     }
     OpResult result;
     try {
@@ -550,6 +595,24 @@ OpResult Engine::pause(uint64_t command_request) {
     }
   }
   vmm_trim_pools();  // pool memory stays resident; what the pools keep unused goes back now
+
+  // Exported through legacy IPC: the daemon must not keep the old physical memory alive, and what
+  // another process has open stays resident. Whatever this pause leaves resident gets its export
+  // back on the way out.
+  std::vector<std::shared_ptr<Allocation>> revoked;
+  struct Reexport {
+    Engine* engine;
+    std::vector<std::shared_ptr<Allocation>>& list;
+    ~Reexport() {
+      for (auto& a : list)
+        if (a->state.load() == AllocState::Resident) engine->ipc_refresh(*a);
+    }
+  } reexport{this, revoked};
+  ipc_revoke(resident, revoked);
+  if (resident.empty()) {
+    res.message = "every allocation stays resident: other processes have them open through legacy IPC";
+    return res;
+  }
 
   std::vector<Job> jobs(resident.size());
   uint64_t total = 0;
@@ -1009,8 +1072,10 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
     maybe_progress(command_request, done_bytes, total, false);
   }
   maybe_progress(command_request, done_bytes, total, true);
-  for (Job& j : jobs)
+  for (Job& j : jobs) {
     if (!j.complete) unmap_job(j);
+    else if (j.a->export_id) ipc_refresh(*j.a);
+  }
 
   OpResult res;
   res.bytes = resumed_bytes;
@@ -1203,11 +1268,11 @@ void Engine::register_staging(CUcontext ctx) {
   }
 }
 
-int Engine::send(uint64_t request_id, const proto::Message& body) {
+int Engine::send(uint64_t request_id, const proto::Message& body, int fd) {
   if (sock_ < 0) return -ENOTCONN;
   auto bytes = proto::encode(request_id, body);
   if (bytes.empty()) return -EMSGSIZE;
-  const int e = proto::send_message(sock_, bytes);
+  const int e = proto::send_message(sock_, bytes, fd);
   if (e == -EPIPE || e == -ECONNRESET) drop_session(std::strerror(-e));
   return e;
 }
@@ -1231,14 +1296,15 @@ int Engine::next_message(proto::Envelope& env, bool copying) {
   return 0;
 }
 
-int Engine::receive(proto::Envelope& env, int timeout_ms) {
+int Engine::receive(proto::Envelope& env, int timeout_ms, UniqueFd* fd) {
   if (sock_ < 0) return -ENOTCONN;
   pollfd p{sock_, POLLIN, 0};
   const int n = ::poll(&p, 1, timeout_ms);
   if (n <= 0) return 0;
-  int fd = -1;
-  const long got = proto::recv_message(sock_, rx_, &fd);
-  if (fd >= 0) ::close(fd);
+  int passed = -1;
+  const long got = proto::recv_message(sock_, rx_, &passed);
+  UniqueFd owned(passed);
+  if (fd) *fd = std::move(owned);
   if (got == -EMSGSIZE || got == -EINTR || got == -EAGAIN) return 0;
   if (got <= 0) {
     const int e = got == 0 ? ECONNRESET : static_cast<int>(-got);
@@ -1254,7 +1320,7 @@ int Engine::receive(proto::Envelope& env, int timeout_ms) {
   return 1;
 }
 
-int Engine::await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why) {
+int Engine::await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why, UniqueFd* fd) {
   const int64_t deadline = now_ms() + kReplyTimeoutMs;
   for (;;) {
     const int64_t left = deadline - now_ms();
@@ -1262,13 +1328,17 @@ int Engine::await_reply(uint64_t request_id, proto::Envelope& reply, std::string
       *why = format("tmsdiskd did not answer within %lld s", static_cast<long long>(kReplyTimeoutMs / 1000));
       return -ETIMEDOUT;
     }
-    const int got = receive(reply, static_cast<int>(std::min<int64_t>(left, kReportIntervalMs)));
+    UniqueFd passed;
+    const int got = receive(reply, static_cast<int>(std::min<int64_t>(left, kReportIntervalMs)), &passed);
     if (got < 0) {
       *why = format("lost the connection to tmsdiskd: %s", std::strerror(-got));
       return got;
     }
     if (got == 0) continue;
-    if (reply.request_id == request_id) return 0;
+    if (reply.request_id == request_id) {
+      if (fd) *fd = std::move(passed);
+      return 0;
+    }
     handle_other(reply);
   }
 }
@@ -1287,6 +1357,7 @@ void Engine::handle_other(const proto::Envelope& env) {
       return;
     }
   }
+  if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return on_ipc_users(*users);
   if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
     TMS_WARN("tmsdiskd: %s (%s)", err->message.c_str(), std::strerror(err->code));
     return;

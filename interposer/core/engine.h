@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -20,6 +21,7 @@
 
 #include "cuda_api.h"
 #include "registry.h"
+#include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::shim {
@@ -64,6 +66,18 @@ class Engine {
 
   EngineStatus status() const;
 
+  // Legacy CUDA IPC brokered by tmsdiskd (ipc.cpp). Called by application threads; each exchange
+  // runs on the control thread, serialized with pauses. They return 0 or -errno with *why set.
+  //
+  // Shares `a`'s physical memory with the daemon (once; later calls return the same id).
+  int ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id, std::string* why) noexcept;
+  // Resolves an export id: its size, device and exporter (*out), and the memory's fd (*fd).
+  int ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, std::string* why) noexcept;
+  // Ends one ipc_open of `export_id`.
+  int ipc_close(uint64_t export_id, std::string* why) noexcept;
+  // The exported allocation was freed: the daemon forgets the export. Does not wait.
+  void ipc_forget(uint64_t export_id) noexcept;
+
   // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
   std::shared_mutex& op_lock() noexcept { return op_lock_; }
 
@@ -78,7 +92,9 @@ class Engine {
 
  private:
   struct Request {
-    proto::CommandOp op;
+    proto::CommandOp op{};
+    std::function<void()> task;  // set: other work for the control thread (IPC) instead of `op`
+    bool detached = false;       // nobody waits: the control thread deletes it
     bool done = false;
     OpResult result;
   };
@@ -98,6 +114,18 @@ class Engine {
   };
   struct Job;
 
+  // Runs `task` on the control thread; waits for it unless `wait` is false. -ESRCH if the thread
+  // cannot be started, -ENOMEM.
+  int post(std::function<void()> task, bool wait) noexcept;
+  // One request and its reply on the session, connecting first if needed; `fd` rides along and
+  // *reply_fd receives one that comes back. An ErrorReply becomes -code with its message.
+  int exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why);
+  // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
+  void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident, std::vector<std::shared_ptr<Allocation>>& revoked);
+  // After a resume (or a pause that failed): hands the daemon the new physical memory of `a`.
+  void ipc_refresh(Allocation& a) noexcept;
+  void on_ipc_users(const proto::IpcUsers& m);
+
   static void* thread_main(void* self) noexcept;
   void control_loop();
   void serve_requests();
@@ -110,14 +138,16 @@ class Engine {
   int connect_session(std::string* why);
   void drop_session(const char* why);
   void release_staging() noexcept;
-  int send(uint64_t request_id, const proto::Message& body);
-  int receive(proto::Envelope& env, int timeout_ms);
+  int send(uint64_t request_id, const proto::Message& body, int fd = -1);
+  // The next message within `timeout_ms` (1), none (0) or -errno; a descriptor that came with it
+  // goes to *fd when given, else is closed.
+  int receive(proto::Envelope& env, int timeout_ms, UniqueFd* fd = nullptr);
   // The pause and resume loops' wait: the daemon's next message, or, while copies run and nothing
   // has arrived, the oldest copy's completion (then 0, so the caller harvests it instead of spinning).
   int next_message(proto::Envelope& env, bool copying);
   // The slot whose request the daemon answers with `request_id`, or -1 (an answer to something else).
   int slot_awaiting(uint64_t request_id) const noexcept;
-  int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why);
+  int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why, UniqueFd* fd = nullptr);
   void handle_other(const proto::Envelope& env);
   void send_report();
   void maybe_progress(uint64_t command_request, uint64_t done, uint64_t total, bool force);

@@ -26,7 +26,8 @@
     (symbol, pfn, cuda_version, flags, symbol_status), "cuGetProcAddress", 12000, Any, Optional)                      \
   TMSDISK_GATED_HOOKS(X)                                                                                              \
   TMSDISK_CAPTURE_HOOKS(X)                                                                                            \
-  TMSDISK_VMM_HOOKS(X)
+  TMSDISK_VMM_HOOKS(X)                                                                                                \
+  TMSDISK_IPC_HOOKS(X)
 
 // Calls that submit work or touch device memory: each passes the gate (gate.h) and then forwards
 // unchanged, one generic definition for all (gated.cpp). Query and synchronize calls are absent on
@@ -340,6 +341,16 @@
     (mcHandle, mcOffset, memptr, size, flags), "cuMulticastBindAddr", 12010, Any, Optional)                            \
   X(cuCtxEnablePeerAccess, (CUcontext peerContext, unsigned int Flags), (peerContext, Flags), "cuCtxEnablePeerAccess", \
     4000, Any, Optional)
+
+// Legacy IPC: brokered by tmsdiskd for the shim's own allocations (ipc.cpp).
+#define TMSDISK_IPC_HOOKS(X)                                                                                         \
+  X(cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr), "cuIpcGetMemHandle", 4010, Any, \
+    Optional)                                                                                                        \
+  X(cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags),    \
+    "cuIpcOpenMemHandle", 4010, Any, Optional)                                                                       \
+  X(cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags), \
+    "cuIpcOpenMemHandle", 11000, Any, Optional)                                                                      \
+  X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr), "cuIpcCloseMemHandle", 4010, Any, Optional)
 
 // Entry points the shim calls but does not intercept: X(name, params, need). cuGetExportTable is
 // deliberately absent: it must reach the driver untouched.

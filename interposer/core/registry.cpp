@@ -78,6 +78,10 @@ bool Registry::remove_unmanaged(CUdeviceptr ptr) noexcept {
   return true;
 }
 
+void Registry::set_importers(Allocation& a, uint32_t importers) noexcept {
+  if (a.importers.exchange(importers) != importers) version_.fetch_add(1, std::memory_order_relaxed);
+}
+
 RegistryTotals Registry::totals() const {
   std::lock_guard lock(mu_);
   RegistryTotals t;
@@ -85,6 +89,10 @@ RegistryTotals Registry::totals() const {
   for (const auto& [base, a] : managed_) {
     if (const int reason = a->pinned.load(std::memory_order_relaxed); reason >= 0) {
       t.unmanaged_bytes[static_cast<std::size_t>(reason)] += a->size;
+      continue;
+    }
+    if (a->importers.load(std::memory_order_relaxed) > 0 && a->state.load(std::memory_order_relaxed) == AllocState::Resident) {
+      t.unmanaged_bytes[static_cast<std::size_t>(proto::Unmanaged::Exported)] += a->size;
       continue;
     }
     ++t.managed_allocations;

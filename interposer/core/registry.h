@@ -40,6 +40,12 @@ struct Allocation {
   // handle behind the application's token, which vmm.cpp maps to this allocation.
   bool app_vmm = false;
   uint64_t token = 0;
+  // Legacy IPC (ipc.cpp): the daemon's id for this allocation's export, 0 if never exported.
+  // Written by the control thread under the exclusive op lock; read under the shared one.
+  uint64_t export_id = 0;
+  // Processes that have the export open (IPC_USERS): while any has, a pause leaves the allocation
+  // resident and status counts it as exported.
+  std::atomic<uint32_t> importers{0};
   // An Unmanaged reason once another process or device may reference the memory (exported,
   // multicast-bound, its handle handed out): it then stays resident for good and status counts it
   // as unmanaged. -1: pausable.
@@ -66,6 +72,8 @@ class Registry {
   std::vector<std::shared_ptr<Allocation>> snapshot() const;
   // Keeps `a` resident for good, counted as unmanaged for `reason` (the first reason sticks).
   void pin(Allocation& a, proto::Unmanaged reason) noexcept;
+  // How many processes have `a` open through legacy IPC (IPC_USERS from the daemon).
+  void set_importers(Allocation& a, uint32_t importers) noexcept;
 
   // Native allocations, counted so status can show why they are not paused. Out of memory only
   // loses the accounting, never the allocation.

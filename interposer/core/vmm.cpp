@@ -259,12 +259,6 @@ void vmm_trim_pools() noexcept {
 
 namespace hook {
 
-#define TMSDISK_PASSTHROUGH_IF_OFF(real, args)  \
-  ReentryGuard guard;                           \
-  const Driver& d = driver();                   \
-  if (!d.api.real) return CUDA_ERROR_NOT_FOUND; \
-  if (guard.nested() || !d.usable) return d.api.real args
-
 // ---- memory that stays resident, counted with its reason ----
 
 CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) noexcept {

@@ -452,6 +452,49 @@ bool ControlResult::check(std::string& why) const {
   return true;
 }
 
+namespace {
+
+// Export ids are random and never 0 (0 means "none" on both ends).
+bool valid_export_id(uint64_t id, std::string& why) {
+  if (id != 0) return true;
+  why = "export id 0";
+  return false;
+}
+
+bool valid_ipc_memory(uint64_t bytes, int32_t device, std::string& why) {
+  if (bytes == 0 || bytes > kMaxIpcBytes) {
+    why = "exported size " + std::to_string(bytes) + " out of range";
+    return false;
+  }
+  if (device < 0) {
+    why = "negative device ordinal";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IpcExport::check(std::string& why) const { return valid_ipc_memory(bytes, device, why); }
+bool IpcExported::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcRevoke::check(std::string& why) const {
+  if (freed > 1) {
+    why = "freed must be 0 or 1";
+    return false;
+  }
+  return valid_export_id(export_id, why);
+}
+bool IpcOpen::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcOpened::check(std::string& why) const {
+  if (exporter_pid <= 0) {
+    why = "non-positive exporter pid";
+    return false;
+  }
+  return valid_export_id(export_id, why) && valid_ipc_memory(bytes, device, why);
+}
+bool IpcClose::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcUsers::check(std::string& why) const { return valid_export_id(export_id, why); }
+
 // ---------------------------------------------------------------------------------------------
 // Names
 
@@ -477,6 +520,13 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::ControlResult: return "CONTROL_RESULT";
     case MsgType::Gc: return "GC";
     case MsgType::GcResult: return "GC_RESULT";
+    case MsgType::IpcExport: return "IPC_EXPORT";
+    case MsgType::IpcExported: return "IPC_EXPORTED";
+    case MsgType::IpcRevoke: return "IPC_REVOKE";
+    case MsgType::IpcOpen: return "IPC_OPEN";
+    case MsgType::IpcOpened: return "IPC_OPENED";
+    case MsgType::IpcClose: return "IPC_CLOSE";
+    case MsgType::IpcUsers: return "IPC_USERS";
   }
   return "UNKNOWN";
 }

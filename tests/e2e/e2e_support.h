@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -180,6 +181,42 @@ struct Node {
            std::to_string(pid);
   }
 };
+
+// One rank's accounting as `tmsctl status` shows it.
+struct Totals {
+  uint64_t resident = 0, paused = 0;
+  std::map<std::string, uint64_t> unmanaged;  // by reason, as named in the JSON
+  std::string state;
+  bool operator==(const Totals&) const = default;
+};
+
+// The status of the rank with `pid`, or of the only rank when pid is 0; empty if there is none.
+inline Totals totals(const Node& node, pid_t pid = 0) {
+  Totals t;
+  auto [rc, j] = node.tmsctl({"status"});
+  if (rc != 0 || !j.is_array() || (pid == 0 && j.size() != 1)) return t;
+  for (auto& s : j) {
+    if (pid != 0 && s.value("pid", 0) != pid) continue;
+    t.resident = s.value("resident_bytes", uint64_t{0});
+    t.paused = s.value("paused_bytes", uint64_t{0});
+    t.state = s.value("state", "");
+    for (auto& [k, v] : s["unmanaged_bytes"].items()) t.unmanaged[k] = v.get<uint64_t>();
+  }
+  return t;
+}
+
+inline uint64_t accounted(const Totals& t) {
+  uint64_t sum = t.resident + t.paused;
+  for (auto& [k, v] : t.unmanaged) sum += v;
+  return sum;
+}
+
+inline std::string show(const Totals& t) {
+  std::ostringstream o;
+  o << "state=" << t.state << " resident=" << t.resident << " paused=" << t.paused;
+  for (auto& [k, v] : t.unmanaged) o << " " << k << "=" << v;
+  return o.str();
+}
 
 inline std::string ok_addr(const std::string& answer) {
   auto sp = answer.rfind(' ');

@@ -26,37 +26,6 @@ std::map<std::string, long long> parse_ready(const std::string& line) {
   return out;
 }
 
-struct Totals {
-  uint64_t resident = 0, paused = 0;
-  std::map<std::string, uint64_t> unmanaged;
-  std::string state;
-  bool operator==(const Totals&) const = default;
-};
-
-Totals totals(const Node& node) {
-  Totals t;
-  auto [rc, j] = node.tmsctl({"status"});
-  if (rc != 0 || !j.is_array() || j.size() != 1) return t;
-  t.resident = j[0].value("resident_bytes", uint64_t{0});
-  t.paused = j[0].value("paused_bytes", uint64_t{0});
-  t.state = j[0].value("state", "");
-  for (auto& [k, v] : j[0]["unmanaged_bytes"].items()) t.unmanaged[k] = v.get<uint64_t>();
-  return t;
-}
-
-uint64_t accounted(const Totals& t) {
-  uint64_t sum = t.resident + t.paused;
-  for (auto& [k, v] : t.unmanaged) sum += v;
-  return sum;
-}
-
-std::string show(const Totals& t) {
-  std::ostringstream o;
-  o << "state=" << t.state << " resident=" << t.resident << " paused=" << t.paused;
-  for (auto& [k, v] : t.unmanaged) o << " " << k << "=" << v;
-  return o.str();
-}
-
 }  // namespace
 
 TEST_CASE("status adds up - resident + paused + unmanaged by reason is what the program allocated, paused or not") {
@@ -71,6 +40,7 @@ TEST_CASE("status adds up - resident + paused + unmanaged by reason is what the 
   auto got = parse_ready(ready);
   REQUIRE(got.count("managed") == 1);
   REQUIRE(got["retain"] == 0);  // the shim hands out the real handle of its cuMemAlloc memory
+  REQUIRE(got["export"] == 0);  // created exportable (legacy IPC goes through such exports)
   const uint64_t managed = got["managed"], small = got["small"], unified = got["managed-memory"], pool = got["pool"],
                  exported = got["exported"];
   // The shim counts the bytes asked for, not their rounding to the granularity.

@@ -120,6 +120,34 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(round_trip(e).code == EPERM);
   round_trip(OkReply{});
   round_trip(Gc{});
+
+  CHECK(round_trip(IpcExport{.export_id = 0, .bytes = 2 << 20, .device = 1}).device == 1);
+  CHECK(round_trip(IpcExported{.export_id = 0xabc}).export_id == 0xabc);
+  CHECK(round_trip(IpcRevoke{.export_id = 5, .freed = 1}).freed == 1);
+  CHECK(round_trip(IpcOpen{.export_id = 6}).export_id == 6);
+  auto opened = round_trip(IpcOpened{.export_id = 7, .bytes = 4096, .device = 0, .exporter_pid = 42});
+  CHECK(opened.exporter_pid == 42);
+  CHECK(opened.bytes == 4096);
+  CHECK(round_trip(IpcClose{.export_id = 8}).export_id == 8);
+  CHECK(round_trip(IpcUsers{.export_id = 9, .importers = 2}).importers == 2);
+}
+
+TEST_CASE("IPC messages refuse ids, sizes and devices that cannot be right") {
+  auto refused = [](const Message& m) {
+    auto bytes = encode(1, m);
+    REQUIRE(!bytes.empty());
+    return decode_code(bytes) == EBADMSG;
+  };
+  CHECK(refused(IpcExport{.export_id = 0, .bytes = 0, .device = 0}));
+  CHECK(refused(IpcExport{.export_id = 0, .bytes = kMaxIpcBytes + 1, .device = 0}));
+  CHECK(refused(IpcExport{.export_id = 0, .bytes = 4096, .device = -1}));
+  CHECK(refused(IpcExported{.export_id = 0}));
+  CHECK(refused(IpcRevoke{.export_id = 1, .freed = 2}));
+  CHECK(refused(IpcRevoke{.export_id = 0, .freed = 0}));
+  CHECK(refused(IpcOpen{.export_id = 0}));
+  CHECK(refused(IpcOpened{.export_id = 1, .bytes = 4096, .device = 0, .exporter_pid = 0}));
+  CHECK(refused(IpcClose{.export_id = 0}));
+  CHECK(refused(IpcUsers{.export_id = 0, .importers = 1}));
 }
 
 TEST_CASE("encode refuses fields beyond their limits") {
@@ -144,7 +172,7 @@ TEST_CASE("header problems are rejected with their codes") {
   CHECK(decode_code(bad_magic) == EPROTO);
 
   auto bad_version = good;
-  bad_version[4] = 2;
+  bad_version[4] = static_cast<uint8_t>(kVersion + 1);
   CHECK(decode_code(bad_version) == EPROTONOSUPPORT);
 
   auto bad_flags = good;

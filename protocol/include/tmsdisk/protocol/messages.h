@@ -27,7 +27,7 @@
 namespace tmsdisk::proto {
 
 inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four bytes on the wire
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: legacy IPC brokered by the daemon (IPC_*)
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -61,6 +61,14 @@ enum class MsgType : uint16_t {
   ControlResult = 33,  // per-rank outcomes
   Gc = 34,             // sweep directories of dead ranks now
   GcResult = 35,
+  // Legacy CUDA IPC brokered by the daemon: shim <-> daemon (see the IPC messages below).
+  IpcExport = 40,    // exporter: share an allocation's physical memory; its POSIX fd rides along
+  IpcExported = 41,  // daemon: the id importers name it by
+  IpcRevoke = 42,    // exporter: drop the fd (before a pause: refused while imported; after a free)
+  IpcOpen = 43,      // importer: resolve an id from a CUipcMemHandle
+  IpcOpened = 44,    // daemon: the physical memory's fd rides along
+  IpcClose = 45,     // importer: done with it
+  IpcUsers = 46,     // daemon -> exporter: how many processes have it open now (no reply)
 };
 
 enum class Role : uint8_t { Shim = 1, Control = 2 };
@@ -396,9 +404,97 @@ struct GcResult {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Legacy IPC. An exporter's cuIpcGetMemHandle hands the daemon a POSIX fd of the allocation's
+// physical memory and gets back a random id, which the CUipcMemHandle carries. An importer's
+// cuIpcOpenMemHandle sends the id and receives the fd when both processes belong to the same uid.
+// The daemon counts importers per export: the exporter keeps an allocation resident while any
+// process has it open, and revokes the fd before pausing it so that the old physical memory is
+// not kept alive by the daemon.
+
+inline constexpr uint64_t kMaxIpcBytes = uint64_t{1} << 48;  // far above any device's memory
+
+struct IpcExport {
+  static constexpr MsgType kType = MsgType::IpcExport;
+  uint64_t export_id = 0;  // 0: a new export; else the fd of this revoked export again (after a resume)
+  uint64_t bytes = 0;      // mapped size of the physical memory
+  int32_t device = 0;      // the exporter's device ordinal
+  template <class F>
+  void fields(F&& f) {
+    f(export_id), f(bytes), f(device);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcExported {
+  static constexpr MsgType kType = MsgType::IpcExported;
+  uint64_t export_id = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(export_id);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcRevoke {
+  static constexpr MsgType kType = MsgType::IpcRevoke;
+  uint64_t export_id = 0;
+  uint8_t freed = 0;  // 1: the allocation was freed, forget the export (never refused)
+  template <class F>
+  void fields(F&& f) {
+    f(export_id), f(freed);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcOpen {
+  static constexpr MsgType kType = MsgType::IpcOpen;
+  uint64_t export_id = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(export_id);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcOpened {
+  static constexpr MsgType kType = MsgType::IpcOpened;
+  uint64_t export_id = 0;
+  uint64_t bytes = 0;
+  int32_t device = 0;
+  int32_t exporter_pid = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(export_id), f(bytes), f(device), f(exporter_pid);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcClose {
+  static constexpr MsgType kType = MsgType::IpcClose;
+  uint64_t export_id = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(export_id);
+  }
+  bool check(std::string& why) const;
+};
+
+struct IpcUsers {
+  static constexpr MsgType kType = MsgType::IpcUsers;
+  uint64_t export_id = 0;
+  uint32_t importers = 0;  // processes that have it open
+  template <class F>
+  void fields(F&& f) {
+    f(export_id), f(importers);
+  }
+  bool check(std::string& why) const;
+};
+
 using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone,
                              Commit, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control,
-                             ControlResult, Gc, GcResult>;
+                             ControlResult, Gc, GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened,
+                             IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;

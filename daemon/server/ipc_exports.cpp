@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ipc_exports.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <string>
+
+namespace tmsdisk::server {
+
+namespace {
+// The NVIDIA driver's character devices (/dev/nvidiactl, /dev/nvidia<N>) have this fixed major; an
+// exported POSIX handle is an open file of /dev/nvidiactl carrying the allocation.
+constexpr unsigned kNvidiaMajor = 195;
+}  // namespace
+
+Status check_memory_fd(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_error("cannot inspect the exported descriptor");
+  if (S_ISCHR(st.st_mode) && ::major(st.st_rdev) == kNvidiaMajor) return {};
+  // F_GET_SEALS answers only for shmem files (memfd, tmpfs), whose close never blocks.
+  if (S_ISREG(st.st_mode) && ::fcntl(fd, F_GET_SEALS) >= 0) return {};
+  return make_error(EINVAL, "the descriptor passed with IPC_EXPORT is not GPU memory (neither an NVIDIA device "
+                            "file nor a memfd)");
+}
+
+Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device) {
+  std::size_t mine = 0;
+  for (const auto& [id, e] : exports_) mine += e.owner == owner;
+  if (mine >= kMaxPerSession)
+    return make_error(EMFILE, "this process already shares " + std::to_string(mine) +
+                                  " allocations through legacy IPC, the most tmsdiskd holds for one process");
+  uint64_t id = 0;
+  do id = random_();
+  while (id == 0 || exports_.count(id));
+  Export e;
+  e.owner = owner;
+  e.uid = uid;
+  e.pid = pid;
+  e.fd = std::move(fd);
+  e.bytes = bytes;
+  e.device = device;
+  exports_.emplace(id, std::move(e));
+  return id;
+}
+
+Result<IpcExports::Export*> IpcExports::owned(uint64_t id, uint64_t owner) {
+  auto it = exports_.find(id);
+  // Another session's id is answered as unknown: ids are not to be probed.
+  if (it == exports_.end() || it->second.owner != owner)
+    return make_error(ENOENT, "no legacy IPC export " + std::to_string(id) + " of this process");
+  return &it->second;
+}
+
+Status IpcExports::refresh(uint64_t id, uint64_t owner, UniqueFd fd, uint64_t bytes) {
+  auto e = owned(id, owner);
+  if (!e) return std::move(e).error();
+  if ((*e)->bytes != bytes)
+    return make_error(EINVAL, "export " + std::to_string(id) + " cannot change size from " +
+                                  std::to_string((*e)->bytes) + " to " + std::to_string(bytes) + " bytes");
+  (*e)->fd = std::move(fd);
+  return {};
+}
+
+Status IpcExports::revoke(uint64_t id, uint64_t owner) {
+  auto e = owned(id, owner);
+  if (!e) return std::move(e).error();
+  if (!(*e)->opens.empty())
+    return make_error(EBUSY, std::to_string(importers(**e)) + " process(es) have export " + std::to_string(id) + " open");
+  (*e)->fd.reset();
+  return {};
+}
+
+Status IpcExports::forget(uint64_t id, uint64_t owner) {
+  auto e = owned(id, owner);
+  if (!e) return std::move(e).error();
+  exports_.erase(id);
+  return {};
+}
+
+Result<IpcExports::Opened> IpcExports::open(uint64_t id, uint64_t importer, uid_t uid) {
+  auto it = exports_.find(id);
+  // Another user's export is answered as unknown too: ids are not to be probed.
+  if (it == exports_.end() || it->second.uid != uid)
+    return make_error(ENOENT, "no legacy IPC export " + std::to_string(id) +
+                                  " of this user (the exporter freed it or exited, or it belongs to another uid)");
+  Export& e = it->second;
+  if (e.owner == importer)
+    return make_error(EINVAL, "a process cannot open its own legacy IPC handle (the driver refuses it as well)");
+  if (!e.fd)
+    return make_error(EAGAIN, "the exporting process (pid " + std::to_string(e.pid) +
+                                  ") is paused; open the handle after it resumes");
+  ++e.opens[importer];
+  Opened o;
+  o.fd = e.fd.get();
+  o.bytes = e.bytes;
+  o.device = e.device;
+  o.exporter_pid = e.pid;
+  o.users = Users{e.owner, id, importers(e)};
+  return o;
+}
+
+Result<IpcExports::Users> IpcExports::close(uint64_t id, uint64_t importer) {
+  auto it = exports_.find(id);
+  if (it == exports_.end()) return make_error(ENOENT, "no legacy IPC export " + std::to_string(id));
+  Export& e = it->second;
+  auto open = e.opens.find(importer);
+  if (open == e.opens.end()) return make_error(ENOENT, "this process has export " + std::to_string(id) + " not open");
+  if (--open->second == 0) e.opens.erase(open);
+  return Users{e.owner, id, importers(e)};
+}
+
+std::vector<IpcExports::Users> IpcExports::drop(const std::function<bool(uint64_t session)>& gone) {
+  std::vector<Users> notices;
+  for (auto it = exports_.begin(); it != exports_.end();) {
+    if (gone(it->second.owner)) {
+      it = exports_.erase(it);
+      continue;
+    }
+    if (std::erase_if(it->second.opens, [&](const auto& kv) { return gone(kv.first); }) > 0)
+      notices.push_back(Users{it->second.owner, it->first, importers(it->second)});
+    ++it;
+  }
+  return notices;
+}
+
+void IpcExports::rename_session(uint64_t from, uint64_t to) {
+  for (auto& [id, e] : exports_) {
+    if (e.owner == from) e.owner = to;
+    if (auto n = e.opens.extract(from)) {
+      n.key() = to;
+      e.opens.insert(std::move(n));
+    }
+  }
+}
+
+std::vector<IpcExports::Users> IpcExports::exports_of(uint64_t owner) const {
+  std::vector<Users> out;
+  for (const auto& [id, e] : exports_)
+    if (e.owner == owner) out.push_back(Users{owner, id, importers(e)});
+  return out;
+}
+
+}  // namespace tmsdisk::server

@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+// Legacy CUDA IPC for the shim's own allocations, brokered by tmsdiskd (README.md, "Known limitations").
+//
+// The shim backs cuMemAlloc with VMM memory, which the driver never shares through legacy IPC. So
+// cuIpcGetMemHandle on it hands the physical memory to the daemon as a POSIX fd and returns a
+// handle naming the export; a shimmed importer's cuIpcOpenMemHandle asks the daemon for the fd and
+// maps it. The exporter keeps the allocation resident while any process has it open, and revokes
+// the daemon's fd before pausing it (engine.cpp) so that no old physical memory stays alive.
+// Native allocations (below TMSDISK_MIN_BYTES, devices without VMM) keep the driver's own IPC.
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "config.h"
+#include "driver.h"
+#include "engine.h"
+#include "gate.h"
+#include "log.h"
+#include "registry.h"
+#include "shim.h"
+
+namespace tmsdisk::shim {
+namespace {
+
+// What a brokered CUipcMemHandle holds. The magic tells it from the driver's own handles (which a
+// shimmed importer passes through unchanged); only the export id is trusted, and only by the daemon.
+constexpr char kMagic[8] = {'T', 'M', 'S', 'D', 'I', 'P', 'C', '1'};
+struct BrokeredHandle {
+  char magic[8];
+  uint64_t export_id;
+  uint64_t bytes;
+  int32_t exporter_pid;
+  int32_t device;
+};
+static_assert(sizeof(BrokeredHandle) <= CU_IPC_HANDLE_SIZE);
+
+bool parse(const CUipcMemHandle& h, BrokeredHandle* out) {
+  std::memcpy(out, h.reserved, sizeof(*out));
+  return std::memcmp(out->magic, kMagic, sizeof(kMagic)) == 0 && out->export_id != 0;
+}
+
+// Memory this process opened through the daemon, by the address it was mapped at.
+struct Import {
+  uint64_t export_id = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  std::size_t bytes = 0;
+  CUcontext ctx = nullptr;
+  uint32_t refs = 0;  // opens of the same handle share one mapping, as with the driver
+};
+struct Imports {
+  std::mutex mu;  // also serializes opens, so two threads opening one handle share the mapping
+  std::map<CUdeviceptr, Import> by_base;
+};
+Imports& imports() {
+  static auto* t = new Imports;  // never destroyed: hooks may run during static destruction
+  return *t;
+}
+
+CUresult open_brokered(const DriverApi& api, const BrokeredHandle& h, CUdeviceptr* pdptr) {
+  CUcontext ctx = nullptr;
+  CUdevice dev = 0;
+  if (api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || api.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  Imports& t = imports();
+  std::lock_guard lock(t.mu);
+  for (auto& [base, imp] : t.by_base) {
+    if (imp.export_id == h.export_id) {
+      ++imp.refs;
+      *pdptr = base;
+      return CUDA_SUCCESS;
+    }
+  }
+  Engine* e = Engine::instance();
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  proto::IpcOpened info;
+  UniqueFd fd;
+  std::string why;
+  if (int rc = e->ipc_open(h.export_id, &info, &fd, &why); rc < 0) {
+    TMS_WARN("cuIpcOpenMemHandle: %s", why.c_str());
+    if (rc == -EINVAL) return CUDA_ERROR_INVALID_CONTEXT;  // our own handle, refused like the driver does
+    if (rc == -EAGAIN) return kGateClosedError;            // the exporter is paused
+    if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  auto undo = [&](const char* what, CUresult r) {
+    TMS_WARN("cuIpcOpenMemHandle: %s failed (%s) for export %llu", what, cu_error_name(r),
+             static_cast<unsigned long long>(h.export_id));
+    std::string ignored;
+    (void)e->ipc_close(h.export_id, &ignored);
+    return r;
+  };
+  const std::size_t bytes = info.bytes;
+  CUmemGenericAllocationHandle mem = 0;
+  CUresult r = api.cuMemImportFromShareableHandle(&mem, reinterpret_cast<void*>(static_cast<intptr_t>(fd.get())),
+                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  fd.reset();  // the imported handle holds the memory now
+  if (r != CUDA_SUCCESS) return undo("cuMemImportFromShareableHandle", r);
+  CUdeviceptr va = 0;
+  r = api.cuMemAddressReserve(&va, bytes, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(mem);
+    return undo("cuMemAddressReserve", r);
+  }
+  r = api.cuMemMap(va, bytes, 0, mem, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = api.cuMemSetAccess(va, bytes, &access, 1);
+    if (r != CUDA_SUCCESS) api.cuMemUnmap(va, bytes);
+  }
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(mem);
+    api.cuMemAddressFree(va, bytes);
+    return undo("mapping the imported memory", r);
+  }
+  try {
+    t.by_base.emplace(va, Import{h.export_id, mem, bytes, ctx, 1});
+  } catch (...) {
+    api.cuMemUnmap(va, bytes);
+    api.cuMemRelease(mem);
+    api.cuMemAddressFree(va, bytes);
+    return undo("recording the import", CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  registry().add_unmanaged(va, bytes, proto::Unmanaged::Imported);
+  TMS_DEBUG("opened export %llu of pid %d: %zu bytes at 0x%llx", static_cast<unsigned long long>(h.export_id),
+            info.exporter_pid, bytes, static_cast<unsigned long long>(va));
+  *pdptr = va;
+  return CUDA_SUCCESS;
+}
+
+template <class Real>
+CUresult open_hook(const Driver& d, Real real, CUdeviceptr* pdptr, const CUipcMemHandle& handle, unsigned int flags) {
+  BrokeredHandle h;
+  if (!parse(handle, &h)) return real(pdptr, handle, flags);  // the driver's own handle
+  if (!pdptr || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  ensure_init();
+  try {
+    return open_brokered(d.api, h, pdptr);
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Engine side: each runs on the control thread (post), serialized with pauses and resumes.
+
+int Engine::ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id, std::string* why) noexcept {
+  int rc = 0;
+  const int posted = post(
+      [&] {
+        // Exclusive: no free of this allocation, and no pause, while its handle is exported.
+        std::unique_lock lock(op_lock_);
+        if (registry().find(a->base) != a) {
+          rc = -EINVAL;
+          *why = "the allocation was freed";
+          return;
+        }
+        if (a->state.load() != AllocState::Resident) {
+          rc = -EAGAIN;
+          *why = "the allocation is paused";
+          return;
+        }
+        if (a->export_id) {
+          *export_id = a->export_id;
+          return;
+        }
+        const DriverApi& api = driver().api;
+        int fd = -1;
+        const CUresult r = api.cuMemExportToShareableHandle(&fd, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r != CUDA_SUCCESS) {
+          rc = -ENOTSUP;
+          *why = std::string("cannot export the allocation's physical memory as a file descriptor (") +
+                 cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles";
+          return;
+        }
+        UniqueFd owned(fd);
+        proto::IpcExport m;
+        m.bytes = a->mapped;
+        m.device = a->device;
+        proto::Envelope reply;
+        rc = exchange(m, owned.get(), reply, nullptr, why);
+        if (rc < 0) return;
+        const auto* done = std::get_if<proto::IpcExported>(&reply.body);
+        if (!done) {
+          rc = -EPROTO;
+          *why = "unexpected answer to IPC_EXPORT";
+          return;
+        }
+        a->export_id = done->export_id;
+        *export_id = done->export_id;
+      },
+      true);
+  return posted < 0 ? posted : rc;
+}
+
+int Engine::ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, std::string* why) noexcept {
+  int rc = 0;
+  const int posted = post(
+      [&] {
+        proto::IpcOpen m;
+        m.export_id = export_id;
+        proto::Envelope reply;
+        rc = exchange(m, -1, reply, fd, why);
+        if (rc < 0) return;
+        const auto* opened = std::get_if<proto::IpcOpened>(&reply.body);
+        if (!opened || !*fd || opened->export_id != export_id) {
+          rc = -EPROTO;
+          *why = "tmsdiskd's answer to IPC_OPEN carries no memory";
+          if (opened && *fd) {
+            // Opened on the daemon's books: close it there too.
+            proto::IpcClose c;
+            c.export_id = export_id;
+            std::string ignored;
+            (void)exchange(c, -1, reply, nullptr, &ignored);
+          }
+          fd->reset();
+          return;
+        }
+        *out = *opened;
+      },
+      true);
+  return posted < 0 ? posted : rc;
+}
+
+int Engine::ipc_close(uint64_t export_id, std::string* why) noexcept {
+  int rc = 0;
+  const int posted = post(
+      [&] {
+        proto::IpcClose m;
+        m.export_id = export_id;
+        proto::Envelope reply;
+        rc = exchange(m, -1, reply, nullptr, why);
+      },
+      true);
+  return posted < 0 ? posted : rc;
+}
+
+void Engine::ipc_forget(uint64_t export_id) noexcept {
+  (void)post(
+      [this, export_id] {
+        // Without a session the daemon dropped the export with it already.
+        if (sock_ < 0) return;
+        proto::IpcRevoke m;
+        m.export_id = export_id;
+        m.freed = 1;
+        proto::Envelope reply;
+        std::string why;
+        if (exchange(m, -1, reply, nullptr, &why) < 0)
+          TMS_DEBUG("forgetting legacy IPC export %llu: %s", static_cast<unsigned long long>(export_id), why.c_str());
+      },
+      false);
+}
+
+void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
+                        std::vector<std::shared_ptr<Allocation>>& revoked) {
+  for (auto it = resident.begin(); it != resident.end();) {
+    Allocation& a = **it;
+    if (!a.export_id) {
+      ++it;
+      continue;
+    }
+    proto::IpcRevoke m;
+    m.export_id = a.export_id;
+    proto::Envelope reply;
+    std::string why;
+    const int rc = exchange(m, -1, reply, nullptr, &why);
+    if (rc == 0) {
+      revoked.push_back(*it);
+      ++it;
+      continue;
+    }
+    if (rc == -EBUSY) {
+      TMS_INFO("allocation %llu stays resident: %s", static_cast<unsigned long long>(a.id), why.c_str());
+    } else if (rc == -ENOENT) {
+      // The daemon lost the export (it restarted): whoever opened it before may still use it.
+      TMS_WARN("allocation %llu stays resident for good: tmsdiskd no longer knows its legacy IPC export",
+               static_cast<unsigned long long>(a.id));
+      registry().pin(a, proto::Unmanaged::Exported);
+    } else {
+      TMS_WARN("allocation %llu stays resident: cannot revoke its legacy IPC export: %s",
+               static_cast<unsigned long long>(a.id), why.c_str());
+    }
+    it = resident.erase(it);
+  }
+}
+
+void Engine::ipc_refresh(Allocation& a) noexcept {
+  try {
+    const DriverApi& api = driver().api;
+    int fd = -1;
+    std::string why;
+    CUresult r = api.cuMemExportToShareableHandle(&fd, a.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    int rc = -ENOTSUP;
+    if (r == CUDA_SUCCESS) {
+      UniqueFd owned(fd);
+      proto::IpcExport m;
+      m.export_id = a.export_id;
+      m.bytes = a.mapped;
+      m.device = a.device;
+      proto::Envelope reply;
+      rc = exchange(m, owned.get(), reply, nullptr, &why);
+    } else {
+      why = std::string("cuMemExportToShareableHandle: ") + cu_error_name(r);
+    }
+    if (rc == 0) return;
+    // Handles given out before the pause no longer open; a new cuIpcGetMemHandle exports it anew.
+    TMS_WARN("allocation %llu: cannot share its memory again through legacy IPC: %s",
+             static_cast<unsigned long long>(a.id), why.c_str());
+    a.export_id = 0;
+  } catch (...) {
+    a.export_id = 0;
+  }
+}
+
+void Engine::on_ipc_users(const proto::IpcUsers& m) {
+  for (const auto& a : registry().snapshot()) {
+    if (a->export_id == m.export_id) {
+      registry().set_importers(*a, m.importers);
+      return;
+    }
+  }
+}
+
+int Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why) {
+  if (sock_ < 0) {
+    if (int e = connect_session(why); e < 0) return e;
+  }
+  const uint64_t id = next_request_++;
+  if (int e = send(id, m, fd); e < 0) {
+    *why = std::string("cannot send to tmsdiskd: ") + std::strerror(-e);
+    return e;
+  }
+  if (int e = await_reply(id, reply, why, reply_fd); e < 0) return e;
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body)) {
+    *why = "tmsdiskd: " + err->message;
+    return -err->code;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks
+
+namespace hook {
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept {
+  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcGetMemHandle, (pHandle, dptr));
+  try {
+    std::shared_ptr<Allocation> a = registry().find(dptr);
+    if (!pHandle || !a || a->app_vmm) return d.api.cuIpcGetMemHandle(pHandle, dptr);  // the driver's own IPC
+    ensure_init();
+    Engine* e = Engine::instance();
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int attempt = 0;; ++attempt) {
+      {
+        // Paused memory has no physical memory to share: wait, resume or fail (TMSDISK_ON_TOUCH).
+        // Not held across the export, which runs on the control thread that also runs pauses.
+        GateScope gate("cuIpcGetMemHandle");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+      }
+      uint64_t id = 0;
+      std::string why;
+      const int rc = e->ipc_export(a, &id, &why);
+      if (rc == -EAGAIN && attempt < 100) continue;  // paused again between the gate and the export
+      if (rc < 0) {
+        TMS_WARN("cuIpcGetMemHandle: %s; legacy IPC of memory tmsdisk manages goes through tmsdiskd", why.c_str());
+        if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == -EINVAL) return CUDA_ERROR_INVALID_VALUE;
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      BrokeredHandle h{};
+      std::memcpy(h.magic, kMagic, sizeof(kMagic));
+      h.export_id = id;
+      h.bytes = a->mapped;
+      h.exporter_pid = static_cast<int32_t>(::getpid());
+      h.device = a->device;
+      std::memset(pHandle, 0, sizeof(*pHandle));
+      std::memcpy(pHandle->reserved, &h, sizeof(h));
+      return CUDA_SUCCESS;
+    }
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) noexcept {
+  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcOpenMemHandle, (pdptr, handle, Flags));
+  return open_hook(d, d.api.cuIpcOpenMemHandle, pdptr, handle, Flags);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) noexcept {
+  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcOpenMemHandle_v2, (pdptr, handle, Flags));
+  return open_hook(d, d.api.cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
+  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcCloseMemHandle, (dptr));
+  try {
+    Imports& t = imports();
+    std::lock_guard lock(t.mu);
+    auto it = t.by_base.find(dptr);
+    if (it == t.by_base.end()) return d.api.cuIpcCloseMemHandle(dptr);
+    if (--it->second.refs > 0) return CUDA_SUCCESS;
+    const Import imp = it->second;
+    t.by_base.erase(it);
+    registry().remove_unmanaged(dptr);
+    {
+      // Work of this process still reading the memory finishes before it is unmapped.
+      CtxScope scope(d.api, imp.ctx);
+      if (scope.ok()) (void)d.api.cuCtxSynchronize();
+    }
+    d.api.cuMemUnmap(dptr, imp.bytes);
+    d.api.cuMemRelease(imp.handle);
+    d.api.cuMemAddressFree(dptr, imp.bytes);
+    if (Engine* e = Engine::instance()) {
+      std::string why;
+      if (e->ipc_close(imp.export_id, &why) < 0)
+        TMS_DEBUG("closing legacy IPC export %llu: %s", static_cast<unsigned long long>(imp.export_id), why.c_str());
+    }
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+}  // namespace hook
+}  // namespace tmsdisk::shim

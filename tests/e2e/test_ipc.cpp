@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// End to end on simcuda (issue 4): legacy CUDA IPC of memory the shim manages, brokered by tmsdiskd.
+// One process exports a cuMemAlloc allocation with cuIpcGetMemHandle, another opens and reads it;
+// a pause keeps it resident and correct while it is open, and pauses it normally once closed.
+#include "e2e_support.h"
+
+using namespace tmsdisk::e2e;
+
+namespace {
+
+constexpr uint64_t kBytes = 4 * MiB;
+// CUresult values the programs print.
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT: a process opening its own handle
+constexpr int kInvalidHandle = 400;   // CUDA_ERROR_INVALID_HANDLE
+constexpr int kNotPermitted = 800;    // CUDA_ERROR_NOT_PERMITTED: the exporter is paused
+
+struct Pair {
+  Node& node;
+  Proc exporter;
+  std::string handle;
+  std::unique_ptr<Proc> importer;
+
+  explicit Pair(Node& n) : node(n), exporter({CUDA_IPC_PATH, "export", std::to_string(kBytes)}, env(n, 0)) {
+    const std::string ready = exporter.line();
+    INFO(ready);
+    REQUIRE(ready.rfind("ready ", 0) == 0);
+    handle = ready.substr(6);
+  }
+  static Env env(const Node& n, int rank) {
+    Env e = n.shim_env("ipc", rank);
+    e["TMSDISK_MIN_BYTES"] = std::to_string(1 * MiB);
+    return e;
+  }
+  std::string start_importer() {
+    importer = std::make_unique<Proc>(std::vector<std::string>{CUDA_IPC_PATH, "import", handle}, env(node, 1));
+    return importer->line();
+  }
+  std::pair<int, json> exporter_op(const std::string& op) {
+    return node.tmsctl({op, "--pid", std::to_string(exporter.pid())});
+  }
+};
+
+}  // namespace
+
+TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, which stays resident while open") {
+  Node node;
+  node.start_daemon();
+  Pair p(node);
+  CHECK(p.exporter.cmd("selfopen") == "rc " + std::to_string(kInvalidContext));
+  REQUIRE(p.start_importer() == "ready");
+  CHECK(p.importer->cmd("check shared 1") == "ok");
+  CHECK(p.importer->cmd("fill shared 7") == "ok");
+  CHECK(p.exporter.cmd("check shared 7") == "ok");  // one memory, two processes
+
+  // Open elsewhere: counted as exported by the exporter, as imported by the importer.
+  Totals t;
+  CHECK(eventually([&] {
+    t = totals(node, p.exporter.pid());
+    return t.resident == kBytes && t.unmanaged["exported"] == kBytes;
+  }));
+  INFO("exporter: " << show(t));
+  CHECK(eventually([&] { return totals(node, p.importer->pid()).unmanaged["imported"] == kBytes; }));
+
+  // A pause moves the private buffer only; the shared one stays mapped for the importer.
+  auto [prc, pj] = p.exporter_op("pause");
+  INFO(pj.dump());
+  REQUIRE(prc == 0);
+  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);
+  CHECK(eventually([&] {
+    t = totals(node, p.exporter.pid());
+    return t.paused == kBytes && t.resident == 0 && t.unmanaged["exported"] == kBytes;
+  }));
+  INFO("exporter paused: " << show(t));
+  CHECK(p.importer->cmd("check shared 7") == "ok");
+  CHECK(p.importer->cmd("fill shared 8") == "ok");
+
+  // Closed: nobody else holds it, so the next pause takes it too.
+  CHECK(p.importer->cmd("close") == "ok");
+  CHECK(eventually([&] { return totals(node, p.exporter.pid()).unmanaged.count("exported") == 0; }));
+  auto [rrc, rj] = p.exporter_op("resume");
+  INFO(rj.dump());
+  REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("check shared 8") == "ok");
+  CHECK(p.exporter.cmd("check private 2") == "ok");
+  std::tie(prc, pj) = p.exporter_op("pause");
+  INFO(pj.dump());
+  REQUIRE(prc == 0);
+  CHECK(pj[0]["bytes"].get<uint64_t>() == 2 * kBytes);
+  CHECK(eventually([&] { return totals(node, p.exporter.pid()).paused == 2 * kBytes; }));
+  // Its memory is on disk now: the handle does not open until the exporter resumes.
+  CHECK(p.importer->cmd("open") == "err " + std::to_string(kNotPermitted));
+
+  std::tie(rrc, rj) = p.exporter_op("resume");
+  INFO(rj.dump());
+  REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("check shared 8") == "ok");
+  CHECK(p.exporter.cmd("check private 2") == "ok");
+  // The same handle opens the resumed memory.
+  CHECK(p.importer->cmd("open") == "ok");
+  CHECK(p.importer->cmd("check shared 8") == "ok");
+  CHECK(p.importer->cmd("fill shared 9") == "ok");
+  CHECK(p.exporter.cmd("check shared 9") == "ok");
+  CHECK(p.importer->cmd("close") == "ok");
+  CHECK(p.importer->cmd("exit") == "ok");
+  CHECK(p.importer->wait() == 0);
+  CHECK(p.exporter.cmd("exit") == "ok");
+  CHECK(p.exporter.wait() == 0);
+}
+
+TEST_CASE("legacy IPC - an importer that dies without closing no longer holds the memory, nor does an exiting exporter") {
+  Node node;
+  node.start_daemon();
+  Pair p(node);
+  REQUIRE(p.start_importer() == "ready");
+  CHECK(eventually([&] { return totals(node, p.exporter.pid()).unmanaged["exported"] == kBytes; }));
+  ::kill(p.importer->pid(), SIGKILL);
+  p.importer->wait();
+  CHECK(eventually([&] { return totals(node, p.exporter.pid()).unmanaged.count("exported") == 0; }));
+  auto [prc, pj] = p.exporter_op("pause");
+  INFO(pj.dump());
+  REQUIRE(prc == 0);
+  CHECK(pj[0]["bytes"].get<uint64_t>() == 2 * kBytes);
+  auto [rrc, rj] = p.exporter_op("resume");
+  INFO(rj.dump());
+  REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("check shared 1") == "ok");
+
+  // Once the exporter exits, its handle names nothing.
+  CHECK(p.exporter.cmd("exit") == "ok");
+  CHECK(p.exporter.wait() == 0);
+  CHECK(p.start_importer() == "err open " + std::to_string(kInvalidHandle));
+}
