@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include <cstdio>
 #include <string>
 
 namespace tmsdisk::server {
@@ -21,8 +22,11 @@ Status check_memory_fd(int fd) {
   if (S_ISCHR(st.st_mode) && ::major(st.st_rdev) == kNvidiaMajor) return {};
   // F_GET_SEALS answers only for shmem files (memfd, tmpfs), whose close never blocks.
   if (S_ISREG(st.st_mode) && ::fcntl(fd, F_GET_SEALS) >= 0) return {};
-  return make_error(EINVAL, "the descriptor passed with IPC_EXPORT is not GPU memory (neither an NVIDIA device "
-                            "file nor a memfd)");
+  char what[64];
+  std::snprintf(what, sizeof(what), "mode 0%o, device %u:%u", static_cast<unsigned>(st.st_mode),
+                ::major(st.st_rdev), ::minor(st.st_rdev));
+  return make_error(EINVAL, std::string("the descriptor passed with IPC_EXPORT is not GPU memory (neither an NVIDIA "
+                                        "device file nor a memfd: ") + what + ")");
 }
 
 Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device) {

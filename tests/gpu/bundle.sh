@@ -7,10 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=$1
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-release --target tmsdiskd tmsctl tmsdisk cuda_pattern cuda_probe tmsdisk-shim-bench tmsdisk-session-bench
+cmake --build build-release --target tmsdiskd tmsctl tmsdisk cuda_ipc cuda_pattern cuda_probe tmsdisk-shim-bench tmsdisk-session-bench
 mkdir -p "$dest"
 cp build-release/daemon/tmsdiskd build-release/tools/tmsctl/tmsctl build-release/interposer/libtmsdisk.so \
-   build-release/tests/e2e/cuda_pattern build-release/tests/e2e/cuda_probe \
+   build-release/tests/e2e/cuda_ipc build-release/tests/e2e/cuda_pattern build-release/tests/e2e/cuda_probe \
    build-release/bench/tmsdisk-shim-bench build-release/bench/tmsdisk-session-bench "$dest/"
 strip "$dest"/*
 ls -la "$dest"

@@ -3,6 +3,7 @@
 // the shim's role. Each TEST_CASE runs as its own CTest test; one that cannot run here exits 77.
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -722,4 +723,105 @@ TEST_CASE("the daemon takes its settings from a TOML config file") {
   const std::string missing = d.dir / "missing.conf";
   CHECK(bad.start(TMSDISK_DAEMON_PATH, {"--config", missing}) != 0);  // named but absent: an error, said so
   CHECK(bad.log().find("missing.conf") != std::string::npos);
+}
+
+namespace {
+
+// A memfd holding `text`, standing in for the POSIX handle of GPU memory.
+UniqueFd memory_fd(const std::string& text) {
+  UniqueFd fd(::memfd_create("ipc-test-memory", MFD_CLOEXEC));
+  REQUIRE(fd);
+  REQUIRE(::pwrite(fd.get(), text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()));
+  return fd;
+}
+
+std::string read_text(int fd, std::size_t n) {
+  std::string out(n, '\0');
+  REQUIRE(::pread(fd, out.data(), n, 0) == static_cast<ssize_t>(n));
+  return out;
+}
+
+// The last IPC_USERS the exporter was told for `id` (or -1).
+int64_t users_told(ShimClient& c, uint64_t id) {
+  int64_t last = -1;
+  for (auto& n : c.notices())
+    if (auto* u = std::get_if<proto::IpcUsers>(&n.body); u && u->export_id == id) last = u->importers;
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes wait for closes, sessions clean up") {
+  Daemon d;
+  d.start();
+  auto exporter = d.shim({.job = "ipc", .rank = 0});
+  auto importer = d.shim({.job = "ipc", .rank = 1});
+
+  // Only GPU memory handles are taken: none at all, or a pipe, is refused.
+  CHECK(expect_error(exporter, proto::IpcExport{.export_id = 0, .bytes = 4096, .device = 0}) == EINVAL);
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd pr(p[0]), pw(p[1]);
+  auto refused = exporter.call(proto::IpcExport{.export_id = 0, .bytes = 4096, .device = 0}, pr.get());
+  CHECK((!refused && refused.error().errnum() == EINVAL));
+
+  UniqueFd mem = memory_fd("device bytes");
+  auto exported = exporter.call(proto::IpcExport{.export_id = 0, .bytes = 4096, .device = 0}, mem.get());
+  REQUIRE(exported);
+  const uint64_t id = std::get<proto::IpcExported>(*exported).export_id;
+  CHECK(id != 0);
+
+  CHECK(expect_error(exporter, proto::IpcOpen{.export_id = id}) == EINVAL);  // its own export
+  CHECK(expect_error(importer, proto::IpcOpen{.export_id = id + 1}) == ENOENT);
+  UniqueFd got;
+  auto opened = importer.call(proto::IpcOpen{.export_id = id}, -1, &got);
+  REQUIRE(opened);
+  const auto& info = std::get<proto::IpcOpened>(*opened);
+  CHECK(info.bytes == 4096);
+  CHECK(info.exporter_pid == ::getpid());
+  REQUIRE(got);
+  CHECK(read_text(got.get(), 12) == "device bytes");  // the very memory the exporter handed over
+
+  // Open elsewhere: a pause's revoke is refused, and the exporter was told who holds it.
+  CHECK(expect_error(exporter, proto::IpcRevoke{.export_id = id, .freed = 0}) == EBUSY);
+  CHECK(users_told(exporter, id) == 1);
+  REQUIRE(importer.call(proto::IpcClose{.export_id = id}));
+  REQUIRE(exporter.call(proto::IpcRevoke{.export_id = id, .freed = 0}));
+  CHECK(users_told(exporter, id) == 0);
+  CHECK(expect_error(importer, proto::IpcOpen{.export_id = id}) == EAGAIN);  // the exporter paused it
+
+  // Resumed: the new memory goes out under the same id.
+  UniqueFd mem2 = memory_fd("new bytes");
+  REQUIRE(exporter.call(proto::IpcExport{.export_id = id, .bytes = 4096, .device = 0}, mem2.get()));
+  REQUIRE(importer.call(proto::IpcOpen{.export_id = id}, -1, &got));
+  CHECK(read_text(got.get(), 9) == "new bytes");
+
+  if (::geteuid() == 0) {
+    // Another user cannot open it, even knowing the id.
+    pid_t child = ::fork();
+    if (child == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+      auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+      if (!c) ::_exit(c.error().errnum() == EACCES ? 77 : 11);
+      auto r = c->call(proto::IpcOpen{.export_id = id});
+      ::_exit(!r && r.error().errnum() == ENOENT ? 0 : 12);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) WARN("uid 65534 cannot reach the test socket: the other-uid open is not checked");
+    else CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  // The importer goes away without closing: its open ends with its session.
+  importer.close();
+  CHECK(eventually([&] {
+    auto r = exporter.call(proto::IpcRevoke{.export_id = id, .freed = 0});
+    return static_cast<bool>(r);
+  }));
+  CHECK(users_told(exporter, id) == 0);
+  // The exporter freed the allocation: the id names nothing any more.
+  REQUIRE(exporter.call(proto::IpcRevoke{.export_id = id, .freed = 1}));
+  auto late = d.shim({.job = "ipc", .rank = 3});
+  CHECK(expect_error(late, proto::IpcOpen{.export_id = id}) == ENOENT);
 }

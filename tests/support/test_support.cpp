@@ -190,17 +190,20 @@ Result<ShimClient> ShimClient::connect(const std::string& socket, const Options&
   return c;
 }
 
-Result<uint64_t> ShimClient::send(const proto::Message& m) {
+Result<uint64_t> ShimClient::send(const proto::Message& m, int fd) {
   const uint64_t id = next_request_++;
   auto bytes = proto::encode(id, m);
   if (bytes.empty()) return make_error(EINVAL, "encode failed");
-  if (int rc = proto::send_message(fd_.get(), bytes); rc < 0) return make_error(-rc, "send");
+  if (int rc = proto::send_message(fd_.get(), bytes, fd); rc < 0) return make_error(-rc, "send");
   return id;
 }
 
-Result<proto::Envelope> ShimClient::receive() {
+Result<proto::Envelope> ShimClient::receive(UniqueFd* fd) {
   std::vector<uint8_t> buf;
-  long n = proto::recv_message(fd_.get(), buf);
+  int passed = -1;
+  long n = proto::recv_message(fd_.get(), buf, &passed);
+  UniqueFd owned(passed);
+  if (fd) *fd = std::move(owned);
   if (n == 0) return make_error(ECONNRESET, "daemon closed the connection");
   if (n < 0) return make_error(static_cast<int>(-n), "recv");
   auto d = proto::decode(buf);
@@ -208,14 +211,20 @@ Result<proto::Envelope> ShimClient::receive() {
   return std::move(*d.envelope);
 }
 
-Result<proto::Message> ShimClient::call(const proto::Message& m) {
-  auto id = send(m);
+Result<proto::Message> ShimClient::call(const proto::Message& m, int fd, UniqueFd* reply_fd) {
+  auto id = send(m, fd);
   if (!id) return std::move(id).error();
-  auto env = receive();
-  if (!env) return std::move(env).error();
-  if (env->request_id != *id) return make_error(EPROTO, "answer to another request");
-  if (auto* e = std::get_if<proto::ErrorReply>(&env->body)) return make_error(e->code, e->message);
-  return std::move(env->body);
+  for (;;) {
+    auto env = receive(reply_fd);
+    if (!env) return std::move(env).error();
+    if (env->request_id == 0) {
+      notices_.push_back(std::move(*env));
+      continue;
+    }
+    if (env->request_id != *id) return make_error(EPROTO, "answer to another request");
+    if (auto* e = std::get_if<proto::ErrorReply>(&env->body)) return make_error(e->code, e->message);
+    return std::move(env->body);
+  }
 }
 
 Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs) {

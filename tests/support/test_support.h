@@ -104,12 +104,15 @@ class ShimClient {
   uint8_t* slot(uint32_t i) const { return staging_ + uint64_t{i} * welcome_.slot_bytes; }
   int fd() const { return fd_.get(); }
 
-  // One request, one answer (ERROR replies become errors).
-  Result<proto::Message> call(const proto::Message& request);
+  // One request, one answer (ERROR replies become errors). `fd` rides along with the request and
+  // *reply_fd receives one that comes back. Unsolicited messages (request id 0, such as IPC_USERS)
+  // that arrive first are kept in notices().
+  Result<proto::Message> call(const proto::Message& request, int fd = -1, UniqueFd* reply_fd = nullptr);
   // Sends without waiting; returns the request id.
-  Result<uint64_t> send(const proto::Message& request);
+  Result<uint64_t> send(const proto::Message& request, int fd = -1);
   // Next message from the daemon (any request id), with its id.
-  Result<proto::Envelope> receive();
+  Result<proto::Envelope> receive(UniqueFd* fd = nullptr);
+  std::vector<proto::Envelope>& notices() { return notices_; }
 
   Status reserve(const std::vector<proto::BlobSize>& blobs);
   Status commit(proto::CommitState state, uint64_t generation);
@@ -129,6 +132,7 @@ class ShimClient {
   uint8_t* staging_ = nullptr;
   proto::Welcome welcome_;
   uint64_t next_request_ = 1;
+  std::vector<proto::Envelope> notices_;
 };
 
 }  // namespace tmsdisk::testing
