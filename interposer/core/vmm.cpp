@@ -683,7 +683,5 @@ CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) noexce
   return r;
 }
 
-#undef TMSDISK_PASSTHROUGH_IF_OFF
-
 }  // namespace hook
 }  // namespace tmsdisk::shim

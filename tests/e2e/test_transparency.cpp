@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // End to end on simcuda: a pause that may arrive at any moment (the gate and TMSDISK_ON_TOUCH),
-// honest accounting, application-managed VMM and brokered legacy IPC (issue 4).
+// application-managed VMM, and peer access replayed on resume (issue 4).
 #include "e2e_support.h"
 
 using namespace tmsdisk::e2e;
@@ -152,4 +152,33 @@ TEST_CASE("an expandable-segments style allocator is paused and resumed mid-life
   REQUIRE(rrc == 0);
   CHECK(prog.line() == "ok 19");
   CHECK(prog.cmd("check") == "ok 19");
+}
+
+TEST_CASE("peer access enabled with cuCtxEnablePeerAccess opens managed memory to the peer, and again after a resume") {
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("peer", 0);
+  env["SIMCUDA_DEVICE_COUNT"] = std::to_string(2);  // (a literal here trips GCC 12's -Wrestrict)
+  env["TMSDISK_MIN_BYTES"] = std::to_string(1 * MiB);
+  Proc prog({CUDA_PEER_PATH}, env);
+  REQUIRE(prog.line() == "ready");
+  // VMM memory is not opened by peer access by itself: the shim grants it, to the buffer allocated
+  // before and to the one allocated after.
+  CHECK(prog.cmd("access") == "ok 3 3");
+  CHECK(prog.cmd("copy") == "ok");
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    INFO("cycle " << cycle);
+    auto [prc, pj] = node.tmsctl({"pause", "--job", "peer"});
+    INFO(pj.dump());
+    REQUIRE(prc == 0);
+    CHECK(pj[0]["bytes"].get<uint64_t>() >= 8 * MiB);
+    auto [rrc, rj] = node.tmsctl({"resume", "--job", "peer"});
+    INFO(rj.dump());
+    REQUIRE(rrc == 0);
+    // New physical memory, the same rights for the peer.
+    CHECK(prog.cmd("access") == "ok 3 3");
+    CHECK(prog.cmd("copy") == "ok");
+  }
+  CHECK(prog.cmd("exit") == "ok");
+  CHECK(prog.wait() == 0);
 }
