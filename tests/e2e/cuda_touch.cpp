@@ -9,6 +9,8 @@
 //   launch                one add on the probe buffer, synchronized   -> "ok STATE" | "err CODE"
 //                         (STATE: tmsdisk_status().state right after the launch returned, -1 without the shim)
 //   probe N               the probe buffer holds N in every word      -> "ok" | "bad WHY"
+//   memop N               cuStreamWriteValue32 of N to the probe
+//                         buffer's first word, synchronized          -> "ok WORD0" | "err CODE"
 //   capture begin|end     stream capture on a stream of its own       -> "ok" | "err CODE"
 //   api pause|resume      the in-process C API                        -> "ok" | "err ERRNO"
 //   exit
@@ -178,6 +180,17 @@ int main(int argc, char** argv) {
       if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
       if (r == CUDA_SUCCESS)
         std::printf("ok %d\n", state);
+      else
+        std::printf("err %d\n", static_cast<int>(r));
+    } else if (cmd == "memop") {
+      // A stream memory operation (gated like a launch): word 0 of the probe buffer becomes N.
+      uint32_t value = 0, word = 0;
+      in >> value;
+      CUresult r = cuStreamWriteValue32(nullptr, probe, value, 0);
+      if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
+      if (r == CUDA_SUCCESS) r = cuMemcpyDtoH(&word, probe, sizeof(word));
+      if (r == CUDA_SUCCESS)
+        std::printf("ok %u\n", word);
       else
         std::printf("err %d\n", static_cast<int>(r));
     } else if (cmd == "probe") {

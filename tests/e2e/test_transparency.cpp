@@ -74,20 +74,23 @@ TEST_CASE("TMSDISK_ON_TOUCH=resume - a launch during a pause resumes the process
   CHECK(prog.cmd("probe 1") == "ok");
 }
 
-TEST_CASE("TMSDISK_ON_TOUCH=fail - a launch during a pause fails and the data stays paused") {
+TEST_CASE("TMSDISK_ON_TOUCH=fail - a launch or stream write during a pause fails and the data stays paused") {
   Node node;
   node.start_daemon();
   Env env = node.shim_env("failfast", 0);
   env["TMSDISK_ON_TOUCH"] = "fail";
   Proc prog({CUDA_TOUCH_PATH, "1"}, env);
   REQUIRE(prog.line() == "ready");
+  CHECK(prog.cmd("memop 7") == "ok 7");  // a stream memory operation writes while nothing is paused
+  CHECK(prog.cmd("memop 0") == "ok 0");
   auto [prc, pj] = node.tmsctl({"pause", "--job", "failfast"});
   REQUIRE(prc == 0);
   CHECK(prog.cmd("launch") == "err 800");  // CUDA_ERROR_NOT_PERMITTED
+  CHECK(prog.cmd("memop 5") == "err 800");  // stream memory operations pass the gate too
   CHECK(rank_state(node) == "paused");
   auto [rrc, rj] = node.tmsctl({"resume", "--job", "failfast"});
   REQUIRE(rrc == 0);
-  CHECK(prog.cmd("probe 0") == "ok");  // the failed launch never ran
+  CHECK(prog.cmd("probe 0") == "ok");  // neither the failed launch nor the failed write ran
   CHECK(prog.cmd("launch") == "ok 0");
   CHECK(prog.cmd("probe 1") == "ok");
 }

@@ -877,6 +877,17 @@ CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
   SIMCUDA_SET(true, dstDevice, ui, 4, N, hStream, true);
 }
 
+// Stream memory operations: a 32-bit write is a one-word set, ordered on the stream. (Waits and batches
+// are not simulated.)
+CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  if ((flags & ~static_cast<unsigned>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  SIMCUDA_SET(false, addr, value, 4, 1, stream, true);
+}
+CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  if ((flags & ~static_cast<unsigned>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  SIMCUDA_SET(true, addr, value, 4, 1, stream, true);
+}
+
 #undef SIMCUDA_SET
 
 // ---- host memory ----
@@ -1249,6 +1260,7 @@ namespace {
   P(cuMemsetD8Async, 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz)                          \
   P(cuMemsetD16Async, 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz)                       \
   P(cuMemsetD32Async, 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz)                       \
+  P(cuStreamWriteValue32, 11070, cuStreamWriteValue32_v2, cuStreamWriteValue32_v2_ptsz)    \
   R(cuMemAllocHost, 3020, cuMemAllocHost_v2)                                               \
   R(cuMemHostAlloc, 2020, cuMemHostAlloc)                                                  \
   R(cuMemFreeHost, 2000, cuMemFreeHost)                                                    \
