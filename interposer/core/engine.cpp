@@ -250,8 +250,9 @@ int Engine::post(std::function<void()> task, bool wait) noexcept {
     if (!wait) return 0;
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return r->done; });
+    const int code = r->result.code;
     delete r;
-    return 0;
+    return code ? -code : 0;
   } catch (...) {
     return -ENOMEM;
   }
@@ -378,6 +379,7 @@ void Engine::serve_requests() {
         req->task();
       } catch (...) {
         TMS_ERROR("control thread: an IPC request ran out of memory");
+        req->result.code = ENOMEM;  // the waiter must not read the task's results as a success
       }
       if (req->detached) {
         delete req;

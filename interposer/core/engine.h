@@ -115,7 +115,7 @@ class Engine {
   struct Job;
 
   // Runs `task` on the control thread; waits for it unless `wait` is false. -ESRCH if the thread
-  // cannot be started, -ENOMEM.
+  // cannot be started, -ENOMEM if memory ran out (before or inside the task).
   int post(std::function<void()> task, bool wait) noexcept;
   // One request and its reply on the session, connecting first if needed; `fd` rides along and
   // *reply_fd receives one that comes back. An ErrorReply becomes -code with its message.

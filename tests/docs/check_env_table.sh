@@ -18,10 +18,12 @@ first=$(printf '%s\n' "$table" | tail -n +3 | cut -d'|' -f2 | grep -oE '`[A-Z_][
 status=0
 for v in $code; do
   [[ $v =~ $ignore ]] && continue
-  printf '%s\n' "$table" | grep -q "\`$v\`" || { echo "README environment table lacks $v (read by the code)"; status=1; }
+  # Here-strings, not pipes: grep -q exits at the first match, and under pipefail the writer's
+  # SIGPIPE would make a match look like a failure.
+  grep -q "\`$v\`" <<<"$table" || { echo "README environment table lacks $v (read by the code)"; status=1; }
 done
 for v in $first; do
-  printf '%s\n' "$code" | grep -qx "$v" || { echo "README documents $v, which no code reads"; status=1; }
+  grep -qx "$v" <<<"$code" || { echo "README documents $v, which no code reads"; status=1; }
 done
 [ $status -eq 0 ] && echo "environment table matches the code ($(printf '%s\n' "$code" | grep -cvE "$ignore") variables)"
 exit $status
