@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-sessions-per-uid", config.max_sessions_per_uid, "sessions (ranks) one user may hold (root: unlimited)")
       ->capture_default_str();
+  app.add_option("--max-ipc-exports-per-uid", config.max_ipc_exports_per_uid,
+                 "allocations one user may share through legacy CUDA IPC at once; each holds one of the daemon's "
+                 "file descriptors (root: unlimited)")
+      ->capture_default_str();
+  app.add_option("--max-ipc-exports", config.max_ipc_exports,
+                 "legacy CUDA IPC exports of all users together (keep well below the descriptor limit)")
+      ->capture_default_str();
   app.add_option("--slot-mb", config.slot_mb, "bytes per I/O request and staging slot, MiB")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));

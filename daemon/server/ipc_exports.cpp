@@ -30,11 +30,13 @@ Status check_memory_fd(int fd) {
 }
 
 Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device) {
-  std::size_t mine = 0;
-  for (const auto& [id, e] : exports_) mine += e.owner == owner;
-  if (mine >= kMaxPerSession)
-    return make_error(EMFILE, "this process already shares " + std::to_string(mine) +
-                                  " allocations through legacy IPC, the most tmsdiskd holds for one process");
+  const std::size_t mine = per_uid_[uid];
+  if (uid != 0 && mine >= limits_.per_uid)
+    return make_error(EDQUOT, "uid " + std::to_string(uid) + " already shares " + std::to_string(mine) +
+                                  " allocations through legacy IPC, the most this daemon allows (max-ipc-exports-per-uid)");
+  if (exports_.size() >= limits_.total)
+    return make_error(ENFILE, "tmsdiskd already holds " + std::to_string(exports_.size()) +
+                                  " legacy IPC exports, the most it allows for all users");
   uint64_t id = 0;
   do id = random_();
   while (id == 0 || exports_.count(id));
@@ -46,7 +48,14 @@ Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd 
   e.bytes = bytes;
   e.device = device;
   exports_.emplace(id, std::move(e));
+  ++per_uid_[uid];
   return id;
+}
+
+void IpcExports::erase(std::map<uint64_t, Export>::iterator it) {
+  auto n = per_uid_.find(it->second.uid);
+  if (n != per_uid_.end() && --n->second == 0) per_uid_.erase(n);
+  exports_.erase(it);
 }
 
 Result<IpcExports::Export*> IpcExports::owned(uint64_t id, uint64_t owner) {
@@ -60,6 +69,8 @@ Result<IpcExports::Export*> IpcExports::owned(uint64_t id, uint64_t owner) {
 Status IpcExports::refresh(uint64_t id, uint64_t owner, UniqueFd fd, uint64_t bytes) {
   auto e = owned(id, owner);
   if (!e) return std::move(e).error();
+  if ((*e)->fd || !(*e)->opens.empty())
+    return make_error(EBUSY, "export " + std::to_string(id) + " is live; only a revoked export takes new memory");
   if ((*e)->bytes != bytes)
     return make_error(EINVAL, "export " + std::to_string(id) + " cannot change size from " +
                                   std::to_string((*e)->bytes) + " to " + std::to_string(bytes) + " bytes");
@@ -79,7 +90,7 @@ Status IpcExports::revoke(uint64_t id, uint64_t owner) {
 Status IpcExports::forget(uint64_t id, uint64_t owner) {
   auto e = owned(id, owner);
   if (!e) return std::move(e).error();
-  exports_.erase(id);
+  erase(exports_.find(id));
   return {};
 }
 
@@ -107,10 +118,11 @@ Result<IpcExports::Opened> IpcExports::open(uint64_t id, uint64_t importer, uid_
 
 Result<IpcExports::Users> IpcExports::close(uint64_t id, uint64_t importer) {
   auto it = exports_.find(id);
-  if (it == exports_.end()) return make_error(ENOENT, "no legacy IPC export " + std::to_string(id));
+  // One answer for "no such export" and "not open by you": ids are not to be probed.
+  if (it == exports_.end() || it->second.opens.count(importer) == 0)
+    return make_error(ENOENT, "this process has no legacy IPC export " + std::to_string(id) + " open");
   Export& e = it->second;
   auto open = e.opens.find(importer);
-  if (open == e.opens.end()) return make_error(ENOENT, "this process has export " + std::to_string(id) + " not open");
   if (--open->second == 0) e.opens.erase(open);
   return Users{e.owner, id, importers(e)};
 }
@@ -119,7 +131,7 @@ std::vector<IpcExports::Users> IpcExports::drop(const std::function<bool(uint64_
   std::vector<Users> notices;
   for (auto it = exports_.begin(); it != exports_.end();) {
     if (gone(it->second.owner)) {
-      it = exports_.erase(it);
+      erase(it++);
       continue;
     }
     if (std::erase_if(it->second.opens, [&](const auto& kv) { return gone(kv.first); }) > 0)
@@ -137,6 +149,12 @@ void IpcExports::rename_session(uint64_t from, uint64_t to) {
       e.opens.insert(std::move(n));
     }
   }
+}
+
+bool IpcExports::holds(uint64_t sid) const {
+  for (const auto& [id, e] : exports_)
+    if (e.owner == sid || e.opens.count(sid)) return true;
+  return false;
 }
 
 std::vector<IpcExports::Users> IpcExports::exports_of(uint64_t owner) const {

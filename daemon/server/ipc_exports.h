@@ -8,7 +8,10 @@
 //   - an export is revoked (its fd closed) before the exporter pauses the allocation, which is
 //     refused while any session has it open: a pause must not leave an importer looking at
 //     physical memory the exporter no longer uses;
-//   - everything a session exported goes with the session; what it had open is closed with it.
+//   - everything a session exported goes with the session; what it had open is closed with it
+//     (the server keeps the session of a live process that holds either, as an orphan);
+//   - every export holds a descriptor of the root daemon's: their number is bounded per user and in
+//     all.
 //
 // Plain data structure, single-threaded like the server that owns it.
 #pragma once
@@ -33,7 +36,10 @@ Status check_memory_fd(int fd);
 
 class IpcExports {
  public:
-  static constexpr std::size_t kMaxPerSession = 4096;  // each export holds a descriptor
+  struct Limits {
+    std::size_t per_uid = 4096;  // exports one (non-root) user may hold
+    std::size_t total = 16384;   // exports of all users together (LimitNOFILE is 65536)
+  };
 
   // The processes that have an export open changed: tell its owner (IPC_USERS).
   struct Users {
@@ -50,11 +56,12 @@ class IpcExports {
   };
 
   // `random` supplies non-zero ids (tests make them predictable).
-  explicit IpcExports(std::function<uint64_t()> random) : random_(std::move(random)) {}
+  IpcExports(std::function<uint64_t()> random, Limits limits) : random_(std::move(random)), limits_(limits) {}
 
   // A new export of `owner` (session of `uid`, process `pid`). Returns its id.
   Result<uint64_t> add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device);
-  // The fd of a revoked export again, after the exporter resumed the allocation.
+  // The fd of a revoked export again, after the exporter resumed the allocation (refused while the
+  // export is live: nobody's memory changes under them).
   Status refresh(uint64_t id, uint64_t owner, UniqueFd fd, uint64_t bytes);
   // Closes the fd before a pause: EBUSY while a session has it open.
   Status revoke(uint64_t id, uint64_t owner);
@@ -72,6 +79,8 @@ class IpcExports {
   void rename_session(uint64_t from, uint64_t to);
   // Current counts of `owner`'s exports (sent again when it reconnects).
   std::vector<Users> exports_of(uint64_t owner) const;
+  // Whether the session exported anything or has anything open.
+  bool holds(uint64_t sid) const;
 
   std::size_t size() const noexcept { return exports_.size(); }
 
@@ -87,9 +96,12 @@ class IpcExports {
   };
   static uint32_t importers(const Export& e) noexcept { return static_cast<uint32_t>(e.opens.size()); }
   Result<Export*> owned(uint64_t id, uint64_t owner);
+  void erase(std::map<uint64_t, Export>::iterator it);
 
   std::function<uint64_t()> random_;
+  Limits limits_;
   std::map<uint64_t, Export> exports_;
+  std::map<uid_t, std::size_t> per_uid_;  // exports held, by user
 };
 
 }  // namespace tmsdisk::server

@@ -28,6 +28,7 @@
 #include <map>
 #include <set>
 
+#include "fd_reaper.h"
 #include "ipc_exports.h"
 #include "storage.h"
 #include "tmsdisk/common/proc.h"
@@ -44,6 +45,7 @@ namespace proto = tmsdisk::proto;
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr std::size_t kMaxOutboxBytes = 16 << 20;  // queued reply bytes before a non-reading peer is dropped
 constexpr std::size_t kReadPauseReplies = 256;    // stop reading a peer with this many replies queued
+constexpr std::size_t kMaxQueuedFds = 16;         // descriptors queued for a peer that does not read them
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
 constexpr std::size_t kMaxConnectionsPerUid = 512;
 constexpr auto kIdleExitAfter = std::chrono::seconds(60);
@@ -87,6 +89,7 @@ struct Connection {
   uint64_t session_id = 0;  // shim connections
   std::deque<Outgoing> outbox;
   std::size_t outbox_bytes = 0;
+  std::size_t outbox_fds = 0;  // descriptors among the queued replies (each one of ours)
   uint32_t interest = 0;  // the epoll events currently asked for
   Clock::time_point accepted = Clock::now();
   bool closing = false;  // close once the outbox drains (after a fatal error reply)
@@ -112,6 +115,7 @@ struct Session {
   uint64_t start_time = 0;  // of the rank's process, with cred.pid its identity
   UniqueFd pidfd;           // readable once the rank's process has exited (-1 on kernels without pidfd)
   bool orphan = false;      // connection gone, process alive, files hold its only copy: kept
+  bool adopted = false;     // continues an orphan: its files, exports and opens carried over
   std::vector<proto::BlobSize> pending_reserve;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
@@ -165,7 +169,8 @@ struct Server::Impl {
   uint64_t next_request = 1;
   uint64_t next_control = 1;
   std::vector<io::Completion> completions;
-  IpcExports ipc{random_token};
+  IpcExports ipc{random_token, IpcExports::Limits{config.max_ipc_exports_per_uid, config.max_ipc_exports}};
+  FdReaper reaper;  // descriptors clients passed that are not kept
 
   explicit Impl(Config c) : config(std::move(c)) {}
 
@@ -327,6 +332,11 @@ struct Server::Impl {
     }
     Outgoing out;
     out.bytes = std::move(bytes);
+    if (fd >= 0 && c.outbox_fds >= kMaxQueuedFds) {
+      spdlog::warn("connection {} (pid {}) does not read the descriptors it asked for; closing it", c.id, c.cred.pid);
+      c.closing = true;
+      return;
+    }
     if (fd >= 0) {
       // The descriptor must outlive whatever owns it now (an export revoked meanwhile).
       out.fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
@@ -339,13 +349,19 @@ struct Server::Impl {
     if (c.outbox_bytes + out.bytes.size() > kMaxOutboxBytes) {
       spdlog::warn("connection {} (pid {}) does not read its replies; closing it", c.id, c.cred.pid);
       c.closing = true;
-      c.outbox.clear();
-      c.outbox_bytes = 0;
+      drop_outbox(c);
       return;
     }
     c.outbox_bytes += out.bytes.size();
+    c.outbox_fds += out.fd ? 1 : 0;
     c.outbox.push_back(std::move(out));
     update_interest(c);
+  }
+
+  static void drop_outbox(Connection& c) {
+    c.outbox.clear();
+    c.outbox_bytes = 0;
+    c.outbox_fds = 0;
   }
 
   void send_error(Connection& c, uint64_t request_id, int code, const std::string& message) {
@@ -374,12 +390,12 @@ struct Server::Impl {
       int rc = proto::send_message(c.fd.get(), c.outbox.front().bytes, c.outbox.front().fd.get());
       if (rc == -EAGAIN) break;
       if (rc != 0) {
-        c.outbox.clear();
-        c.outbox_bytes = 0;
+        drop_outbox(c);
         c.closing = true;
         break;
       }
       c.outbox_bytes -= c.outbox.front().bytes.size();
+      c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
       c.outbox.pop_front();
     }
     update_interest(c);
@@ -482,12 +498,22 @@ struct Server::Impl {
     // unread is not read further (update_interest).
     for (int i = 0; i < 64 && !c.closing && c.outbox.size() < kReadPauseReplies; ++i) {
       int fd = -1;
-      long n = proto::recv_message(c.fd.get(), buf, &fd);
-      UniqueFd passed(fd);  // only IPC_EXPORT carries one; any other is closed unused
+      std::vector<int> extra;
+      long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
+      UniqueFd passed(fd);  // only IPC_EXPORT keeps one; the reaper closes any other, on every path
+      struct Discard {
+        FdReaper& reaper;
+        UniqueFd& fd;
+        std::vector<int>& extra;
+        ~Discard() {
+          reaper.discard(std::move(fd));
+          for (int e : extra) reaper.discard(UniqueFd(e));
+        }
+      } discard{reaper, passed, extra};
       if (n == -EAGAIN) return;
       if (n == 0) {
         c.closing = true;
-        c.outbox.clear();
+        drop_outbox(c);
         return;
       }
       if (n == -EMSGSIZE) {
@@ -497,7 +523,7 @@ struct Server::Impl {
       }
       if (n < 0) {
         c.closing = true;
-        c.outbox.clear();
+        drop_outbox(c);
         return;
       }
       auto d = proto::decode(buf);
@@ -538,7 +564,7 @@ struct Server::Impl {
             on_shim(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
-            on_ipc_export(c, rid, m, std::move(passed));
+            on_ipc_export(c, rid, m, passed);
           } else if constexpr (std::is_same_v<T, proto::IpcRevoke> || std::is_same_v<T, proto::IpcOpen> ||
                                std::is_same_v<T, proto::IpcClose>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
@@ -612,6 +638,7 @@ struct Server::Impl {
     w.slot_count = s.slot_count;
     w.restored = s.store->paused() ? 1 : 0;
     w.rank_dir = s.store->dir_path();
+    w.adopted = s.adopted ? 1 : 0;
     send(c, rid, w, s.memfd.get());
     spdlog::info("session {}: pid {} uid {} job {} rank {} ({} slots of {} MiB){}", s.id, s.cred.pid, s.cred.uid,
                  s.job, s.rank, s.slot_count, s.slot_bytes / kMiB, w.restored ? ", restored paused state" : "");
@@ -736,7 +763,10 @@ struct Server::Impl {
     const uint64_t sid = s.id;
     sessions.emplace(sid, std::move(s));
     had_session = true;
-    if (adopted) ipc.rename_session(adopted, sid);
+    if (adopted) {
+      ipc.rename_session(adopted, sid);
+      sessions.at(sid).adopted = true;
+    }
     return sid;
   }
 
@@ -764,9 +794,11 @@ struct Server::Impl {
     auto it = sessions.find(sid);
     if (it == sessions.end() || it->second.conn_id != 0 || it->second.io_in_flight != 0) return;
     Session& s = it->second;
-    if (!s.orphan && s.store->holds_unresumed_data() && rank_alive(s)) {
+    if (!s.orphan && (s.store->holds_unresumed_data() || ipc.holds(sid)) && rank_alive(s)) {
       // The connection dropped but the process lives, and these files are the only copy of memory it
-      // released (invariant 6): keep them until it reconnects with its token or exits.
+      // released (invariant 6), or it shares memory through legacy IPC (what it exported, what it
+      // maps of others': an exporter pausing it then would leave the importer on stale memory): keep
+      // the session until it reconnects with its token or exits.
       s.orphan = true;
       release_session_resources(s);
       s.memfd.reset();
@@ -937,7 +969,8 @@ struct Server::Impl {
   // ----------------------------------------------------------------------------------------------
   // Legacy IPC (ipc_exports.h)
 
-  void on_ipc_export(Connection& c, uint64_t rid, const proto::IpcExport& m, UniqueFd fd) {
+  // Takes `fd` only when the export is recorded.
+  void on_ipc_export(Connection& c, uint64_t rid, const proto::IpcExport& m, UniqueFd& fd) {
     Session& s = *session_of(c);
     if (!fd) return send_error(c, rid, EINVAL, "IPC_EXPORT without the allocation's descriptor");
     if (auto st = check_memory_fd(fd.get()); !st) return send_error(c, rid, st.error().errnum(), st.error().describe());

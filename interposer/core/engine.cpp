@@ -390,6 +390,11 @@ void Engine::serve_requests() {
         req->done = true;
       }
       cv_.notify_all();
+      if (deferred_command_) {
+        const proto::Envelope cmd = std::move(*deferred_command_);
+        deferred_command_.reset();
+        serve_command(cmd);
+      }
       continue;
     }
     OpResult result;
@@ -411,8 +416,12 @@ void Engine::serve_requests() {
 void Engine::serve_socket() {
   proto::Envelope env;
   if (receive(env, 0) <= 0) return;
+  if (!std::holds_alternative<proto::Command>(env.body)) return handle_other(env);
+  serve_command(env);
+}
+
+void Engine::serve_command(const proto::Envelope& env) {
   const auto* cmd = std::get_if<proto::Command>(&env.body);
-  if (!cmd) return handle_other(env);
   {
     std::lock_guard lock(mu_);
     if (busy_) {
@@ -1214,6 +1223,7 @@ int Engine::connect_session(std::string* why) {
   }
   connect_backoff_ms_ = 1000;
   unreachable_logged_ = false;
+  ipc_session_started(w->adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
            static_cast<unsigned long long>(w->session_id), w->slot_count, w->slot_bytes, w->rank_dir.c_str());
   send_report();
@@ -1346,6 +1356,17 @@ int Engine::await_reply(uint64_t request_id, proto::Envelope& reply, std::string
 }
 
 void Engine::handle_other(const proto::Envelope& env) {
+  if (std::holds_alternative<proto::Command>(env.body) && !deferred_command_) {
+    bool running;
+    {
+      std::lock_guard lock(mu_);
+      running = busy_;
+    }
+    if (!running) {
+      deferred_command_ = env;  // an IPC exchange is waiting for its reply: the command runs right after
+      return;
+    }
+  }
   if (std::holds_alternative<proto::Command>(env.body)) {
     proto::CommandDone done;
     done.code = EBUSY;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -125,11 +126,17 @@ class Engine {
   // After a resume (or a pause that failed): hands the daemon the new physical memory of `a`.
   void ipc_refresh(Allocation& a) noexcept;
   void on_ipc_users(const proto::IpcUsers& m);
+  // A new session: sends what waited for one, or, when the daemon kept nothing of the old session
+  // (it restarted), forgets exports it no longer knows.
+  void ipc_session_started(bool adopted);
+  // Sends `m` now, or after the next reconnect when disconnected; no answer is awaited.
+  void ipc_notify(const proto::Message& m);
 
   static void* thread_main(void* self) noexcept;
   void control_loop();
   void serve_requests();
   void serve_socket();
+  void serve_command(const proto::Envelope& env);
   OpResult execute(proto::CommandOp op, uint64_t command_request);
   OpResult pause(uint64_t command_request);
   OpResult resume(uint64_t command_request);
@@ -196,6 +203,10 @@ class Engine {
   bool unreachable_logged_ = false;
   int64_t last_progress_ms_ = 0;
   std::vector<uint8_t> rx_;
+  // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.
+  std::optional<proto::Envelope> deferred_command_;
+  // IPC messages that found no session (a close, a forget): sent once the session is back.
+  std::vector<proto::Message> ipc_pending_;
 };
 
 }  // namespace tmsdisk::shim

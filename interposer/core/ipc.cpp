@@ -158,42 +158,54 @@ int Engine::ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id
   int rc = 0;
   const int posted = post(
       [&] {
-        // Exclusive: no free of this allocation, and no pause, while its handle is exported.
-        std::unique_lock lock(op_lock_);
-        if (registry().find(a->base) != a) {
-          rc = -EINVAL;
-          *why = "the allocation was freed";
-          return;
+        UniqueFd fd;
+        {
+          // No free of this allocation while its handle is exported (pauses run on this thread).
+          std::unique_lock lock(op_lock_);
+          if (registry().find(a->base) != a) {
+            rc = -EINVAL;
+            *why = "the allocation was freed";
+            return;
+          }
+          if (a->state.load() != AllocState::Resident) {
+            rc = -EAGAIN;
+            *why = "the allocation is paused";
+            return;
+          }
+          if (a->export_id) {
+            *export_id = a->export_id;
+            return;
+          }
+          int raw = -1;
+          const CUresult r =
+              driver().api.cuMemExportToShareableHandle(&raw, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+          if (r != CUDA_SUCCESS) {
+            rc = -ENOTSUP;
+            *why = std::string("cannot export the allocation's physical memory as a file descriptor (") +
+                   cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles";
+            return;
+          }
+          fd.reset(raw);
         }
-        if (a->state.load() != AllocState::Resident) {
-          rc = -EAGAIN;
-          *why = "the allocation is paused";
-          return;
-        }
-        if (a->export_id) {
-          *export_id = a->export_id;
-          return;
-        }
-        const DriverApi& api = driver().api;
-        int fd = -1;
-        const CUresult r = api.cuMemExportToShareableHandle(&fd, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (r != CUDA_SUCCESS) {
-          rc = -ENOTSUP;
-          *why = std::string("cannot export the allocation's physical memory as a file descriptor (") +
-                 cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles";
-          return;
-        }
-        UniqueFd owned(fd);
+        // The round trip runs without the lock: frees in the meantime must not wait for the daemon.
         proto::IpcExport m;
         m.bytes = a->mapped;
         m.device = a->device;
         proto::Envelope reply;
-        rc = exchange(m, owned.get(), reply, nullptr, why);
+        rc = exchange(m, fd.get(), reply, nullptr, why);
         if (rc < 0) return;
         const auto* done = std::get_if<proto::IpcExported>(&reply.body);
         if (!done) {
           rc = -EPROTO;
           *why = "unexpected answer to IPC_EXPORT";
+          return;
+        }
+        std::unique_lock lock(op_lock_);
+        if (registry().find(a->base) != a) {
+          // Freed while the daemon was answering: its free could not name the export yet.
+          ipc_notify(proto::IpcRevoke{.export_id = done->export_id, .freed = 1});
+          rc = -EINVAL;
+          *why = "the allocation was freed";
           return;
         }
         a->export_id = done->export_id;
@@ -210,23 +222,22 @@ int Engine::ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, st
         proto::IpcOpen m;
         m.export_id = export_id;
         proto::Envelope reply;
+        reply.body = proto::OkReply{};  // an ERROR below came from the daemon, not from a lost answer
         rc = exchange(m, -1, reply, fd, why);
-        if (rc < 0) return;
-        const auto* opened = std::get_if<proto::IpcOpened>(&reply.body);
-        if (!opened || !*fd || opened->export_id != export_id) {
-          rc = -EPROTO;
-          *why = "tmsdiskd's answer to IPC_OPEN carries no memory";
-          if (opened && *fd) {
-            // Opened on the daemon's books: close it there too.
-            proto::IpcClose c;
-            c.export_id = export_id;
-            std::string ignored;
-            (void)exchange(c, -1, reply, nullptr, &ignored);
-          }
-          fd->reset();
+        const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
+        const auto* opened = rc == 0 ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
+        if (opened && *fd && opened->export_id == export_id) {
+          *out = *opened;
           return;
         }
-        *out = *opened;
+        if (rc == 0) {
+          rc = -EPROTO;
+          *why = "tmsdiskd's answer to IPC_OPEN carries no memory";
+        }
+        fd->reset();
+        // Unless the daemon said no, it may have counted the open (the answer was lost, or came
+        // without its descriptor): close it there, or the exporter could never pause it again.
+        if (!refused) ipc_notify(proto::IpcClose{.export_id = export_id});
       },
       true);
   return posted < 0 ? posted : rc;
@@ -246,19 +257,7 @@ int Engine::ipc_close(uint64_t export_id, std::string* why) noexcept {
 }
 
 void Engine::ipc_forget(uint64_t export_id) noexcept {
-  (void)post(
-      [this, export_id] {
-        // Without a session the daemon dropped the export with it already.
-        if (sock_ < 0) return;
-        proto::IpcRevoke m;
-        m.export_id = export_id;
-        m.freed = 1;
-        proto::Envelope reply;
-        std::string why;
-        if (exchange(m, -1, reply, nullptr, &why) < 0)
-          TMS_DEBUG("forgetting legacy IPC export %llu: %s", static_cast<unsigned long long>(export_id), why.c_str());
-      },
-      false);
+  (void)post([this, export_id] { ipc_notify(proto::IpcRevoke{.export_id = export_id, .freed = 1}); }, false);
 }
 
 void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
@@ -316,6 +315,7 @@ void Engine::ipc_refresh(Allocation& a) noexcept {
     // Handles given out before the pause no longer open; a new cuIpcGetMemHandle exports it anew.
     TMS_WARN("allocation %llu: cannot share its memory again through legacy IPC: %s",
              static_cast<unsigned long long>(a.id), why.c_str());
+    ipc_notify(proto::IpcRevoke{.export_id = a.export_id, .freed = 1});
     a.export_id = 0;
   } catch (...) {
     a.export_id = 0;
@@ -328,6 +328,36 @@ void Engine::on_ipc_users(const proto::IpcUsers& m) {
       registry().set_importers(*a, m.importers);
       return;
     }
+  }
+}
+
+void Engine::ipc_notify(const proto::Message& m) {
+  try {
+    if (sock_ < 0 || send(next_request_++, m) < 0) ipc_pending_.push_back(m);
+  } catch (...) {
+    TMS_WARN("out of memory: a legacy IPC close or forget is lost");
+  }
+}
+
+void Engine::ipc_session_started(bool adopted) {
+  if (adopted) {
+    // The daemon kept our session: what waited for it goes now (answers are not awaited).
+    for (const auto& m : ipc_pending_) (void)send(next_request_++, m);
+    ipc_pending_.clear();
+    return;
+  }
+  ipc_pending_.clear();  // addressed to a session the daemon no longer has
+  for (const auto& a : registry().snapshot()) {
+    if (!a->export_id) continue;
+    // Exported before the daemon restarted: whoever opened it may still map it, and the new daemon
+    // cannot say. Resident memory stays so for good; paused memory was open nowhere (a pause needs
+    // that), so it only loses its id. A new cuIpcGetMemHandle exports it anew.
+    if (a->state.load() == AllocState::Resident) {
+      registry().pin(*a, proto::Unmanaged::Exported);
+      TMS_WARN("allocation %llu stays resident for good: tmsdiskd lost its legacy IPC export (restart)",
+               static_cast<unsigned long long>(a->id));
+    }
+    a->export_id = 0;
   }
 }
 
@@ -406,13 +436,17 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsign
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
   TMSDISK_PASSTHROUGH_IF_OFF(cuIpcCloseMemHandle, (dptr));
   try {
-    Imports& t = imports();
-    std::lock_guard lock(t.mu);
-    auto it = t.by_base.find(dptr);
-    if (it == t.by_base.end()) return d.api.cuIpcCloseMemHandle(dptr);
-    if (--it->second.refs > 0) return CUDA_SUCCESS;
-    const Import imp = it->second;
-    t.by_base.erase(it);
+    Import imp;
+    {
+      Imports& t = imports();
+      std::lock_guard lock(t.mu);
+      auto it = t.by_base.find(dptr);
+      if (it == t.by_base.end()) return d.api.cuIpcCloseMemHandle(dptr);
+      if (--it->second.refs > 0) return CUDA_SUCCESS;
+      imp = it->second;
+      t.by_base.erase(it);
+    }
+    // Unmapped and closed outside the lock: other threads' opens and closes do not wait on this one.
     registry().remove_unmanaged(dptr);
     {
       // Work of this process still reading the memory finishes before it is unmapped.

@@ -321,8 +321,8 @@ bool Hello::check(std::string& why) const {
 }
 
 bool Welcome::check(std::string& why) const {
-  if (restored > 1) {
-    why = "restored must be 0 or 1";
+  if (restored > 1 || adopted > 1) {
+    why = "restored and adopted must be 0 or 1";
     return false;
   }
   if (slot_bytes != 0 && staging_bytes / slot_bytes < slot_count) {
@@ -486,8 +486,8 @@ bool IpcRevoke::check(std::string& why) const {
 }
 bool IpcOpen::check(std::string& why) const { return valid_export_id(export_id, why); }
 bool IpcOpened::check(std::string& why) const {
-  if (exporter_pid <= 0) {
-    why = "non-positive exporter pid";
+  if (exporter_pid < 0) {  // 0: the exporter is outside the daemon's pid namespace
+    why = "negative exporter pid";
     return false;
   }
   return valid_export_id(export_id, why) && valid_ipc_memory(bytes, device, why);

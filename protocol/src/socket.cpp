@@ -36,10 +36,11 @@ int send_message(int sock, std::span<const uint8_t> bytes, int fd) noexcept {
   }
 }
 
-long recv_message(int sock, std::vector<uint8_t>& buf, int* fd) noexcept {
+long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>* extra) noexcept {
   if (fd) *fd = -1;
   try {
     buf.resize(kMaxMessageSize);
+    if (extra) extra->reserve(extra->size() + kMaxPassedFds);
   } catch (...) {
     return -ENOMEM;
   }
@@ -49,7 +50,7 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd) noexcept {
   msg.msg_iovlen = 1;
   // Room for a few descriptors so that a peer sending extras cannot make us leak them silently:
   // whatever arrives beyond the first is closed below.
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
@@ -67,13 +68,16 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd) noexcept {
       std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
       if (kept < 0 && fd) {
         kept = got;
+      } else if (extra) {
+        extra->push_back(got);  // push_back cannot throw here: reserved below
       } else {
         ::close(got);
       }
     }
   }
   if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-    if (kept >= 0) ::close(kept);
+    if (kept >= 0 && extra) extra->push_back(kept);
+    else if (kept >= 0) ::close(kept);
     buf.clear();
     return -EMSGSIZE;
   }

@@ -2,6 +2,7 @@
 // tmsdiskd end to end: a real daemon on a temp socket and temp roots, driven by a client that plays
 // the shim's role. Each TEST_CASE runs as its own CTest test; one that cannot run here exits 77.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -751,7 +752,7 @@ int64_t users_told(ShimClient& c, uint64_t id) {
 
 }  // namespace
 
-TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes wait for closes, sessions clean up") {
+TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes wait for closes and for importers to exit") {
   Daemon d;
   d.start();
   auto exporter = d.shim({.job = "ipc", .rank = 0});
@@ -813,15 +814,74 @@ TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes 
     else CHECK(WEXITSTATUS(status) == 0);
   }
 
-  // The importer goes away without closing: its open ends with its session.
+  // The importer loses its connection without closing, but lives (it may still map the memory): its
+  // open stays, and the exporter cannot pause the memory under it.
   importer.close();
+  CHECK(expect_error(exporter, proto::IpcRevoke{.export_id = id, .freed = 0}) == EBUSY);
+  // An importer that exits releases what it had open.
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 4, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+    if (!c) ::_exit(11);
+    UniqueFd mine;
+    ::_exit(c->call(proto::IpcOpen{.export_id = id}, -1, &mine) ? 0 : 12);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // Two processes had it open; once the child is gone, one (the revoke, refused, fetches the notices).
   CHECK(eventually([&] {
-    auto r = exporter.call(proto::IpcRevoke{.export_id = id, .freed = 0});
-    return static_cast<bool>(r);
+    (void)exporter.call(proto::IpcRevoke{.export_id = id, .freed = 0});
+    return users_told(exporter, id) == 1;
   }));
-  CHECK(users_told(exporter, id) == 0);
+  bool told_two = false;
+  for (auto& n : exporter.notices())
+    if (auto* u = std::get_if<proto::IpcUsers>(&n.body); u && u->export_id == id && u->importers == 2) told_two = true;
+  CHECK(told_two);
   // The exporter freed the allocation: the id names nothing any more.
   REQUIRE(exporter.call(proto::IpcRevoke{.export_id = id, .freed = 1}));
   auto late = d.shim({.job = "ipc", .rank = 3});
   CHECK(expect_error(late, proto::IpcOpen{.export_id = id}) == ENOENT);
+}
+
+TEST_CASE("descriptors a client passes with messages that take none are closed, none kept") {
+  Daemon d;
+  d.start();
+  auto c = d.shim();
+  // Write ends of pipes: once every copy is closed, the read end reports a hangup.
+  std::vector<UniqueFd> readers, writers;
+  for (int i = 0; i < 3; ++i) {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    readers.emplace_back(p[0]);
+    writers.emplace_back(p[1]);
+  }
+  // Three descriptors on one message (the first taken, the others extra), on a message that takes
+  // none: a REPORT, which has no answer.
+  auto bytes = proto::encode(1, proto::Report{});
+  REQUIRE(!bytes.empty());
+  int fds[3] = {writers[0].get(), writers[1].get(), writers[2].get()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))]{};
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(fds));
+  std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+  REQUIRE(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  for (auto& w : writers) w.reset();
+  for (auto& r : readers) {
+    CHECK(eventually([&] {
+      pollfd p{r.get(), POLLIN, 0};
+      return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+    }));
+  }
+  // The session is unharmed.
+  CHECK(c.call(proto::IpcClose{.export_id = 1}).error().errnum() == ENOENT);
 }

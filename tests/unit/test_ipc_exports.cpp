@@ -34,8 +34,8 @@ bool holds_file_of(int probe, int except) {
   return false;
 }
 
-IpcExports make() {
-  return IpcExports([n = uint64_t{0}]() mutable { return ++n * 1000; });
+IpcExports make(IpcExports::Limits limits = {}) {
+  return IpcExports([n = uint64_t{0}]() mutable { return ++n * 1000; }, limits);
 }
 
 constexpr uint64_t kOwner = 1, kImporter = 2, kStranger = 3;
@@ -85,7 +85,9 @@ TEST_CASE("ipc exports - a revoke is refused while the export is open and closes
   CHECK(ipc.open(*id, kImporter, kUid).error().errnum() == EAGAIN);
   CHECK(ipc.refresh(*id, kOwner, memfd(), 8192).error().errnum() == EINVAL);  // not the same memory
   REQUIRE(ipc.refresh(*id, kOwner, memfd(), 4096));
+  CHECK(ipc.refresh(*id, kOwner, memfd(), 4096).error().errnum() == EBUSY);  // live: nobody's memory changes
   CHECK(ipc.open(*id, kImporter, kUid));
+  CHECK(ipc.close(*id, kStranger).error().errnum() == ENOENT);  // not open by it: same answer as unknown
 }
 
 TEST_CASE("ipc exports - a session's exports and opens end with it, and follow it when it reconnects") {
@@ -97,7 +99,11 @@ TEST_CASE("ipc exports - a session's exports and opens end with it, and follow i
   REQUIRE(ipc.open(*a, kImporter, kUid));
   REQUIRE(ipc.open(*b, kOwner, kUid));
 
+  CHECK(ipc.holds(kOwner));
+  CHECK(ipc.holds(kImporter));
+  CHECK_FALSE(ipc.holds(kStranger));
   ipc.rename_session(kImporter, 7);
+  CHECK_FALSE(ipc.holds(kImporter));
   auto mine = ipc.exports_of(7);
   REQUIRE(mine.size() == 1);
   CHECK(mine[0].export_id == *b);
@@ -114,13 +120,21 @@ TEST_CASE("ipc exports - a session's exports and opens end with it, and follow i
   CHECK(ipc.size() == 0);
 }
 
-TEST_CASE("ipc exports - one process holds a bounded number of exports") {
-  IpcExports ipc = make();
+TEST_CASE("ipc exports - the descriptors held are bounded per user and in all") {
+  IpcExports ipc = make({.per_uid = 3, .total = 5});
   UniqueFd fd = memfd();
-  for (std::size_t i = 0; i < IpcExports::kMaxPerSession; ++i)
-    REQUIRE(ipc.add(kOwner, kUid, 1, UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0)), 4096, 0));
-  CHECK(ipc.add(kOwner, kUid, 1, memfd(), 4096, 0).error().errnum() == EMFILE);
-  CHECK(ipc.add(kImporter, kUid, 2, memfd(), 4096, 0));
+  auto dup = [&] { return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0)); };
+  for (int i = 0; i < 3; ++i) REQUIRE(ipc.add(kOwner + i, kUid, 1, dup(), 4096, 0));  // sessions share the cap
+  auto refused = ipc.add(kOwner, kUid, 1, dup(), 4096, 0);
+  CHECK(refused.error().errnum() == EDQUOT);
+  REQUIRE(ipc.add(kStranger, kUid + 1, 2, dup(), 4096, 0));
+  auto last = ipc.add(kStranger, 0, 3, dup(), 4096, 0);  // root has no per-user cap
+  REQUIRE(last);
+  CHECK(ipc.add(kStranger, 0, 3, dup(), 4096, 0).error().errnum() == ENFILE);  // but counts toward the total
+  // What goes frees room for the user again.
+  REQUIRE(ipc.forget(*last, kStranger));
+  ipc.drop([](uint64_t s) { return s == kOwner; });
+  CHECK(ipc.add(kOwner, kUid, 1, dup(), 4096, 0));
 }
 
 TEST_CASE("ipc exports - only NVIDIA device files and memfds pass as GPU memory") {

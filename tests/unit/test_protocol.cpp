@@ -59,8 +59,10 @@ TEST_CASE("every message type round-trips with its fields") {
   w.slot_bytes = 8 << 20;
   w.slot_count = 8;
   w.restored = 1;
+  w.adopted = 1;
   w.rank_dir = "/r/0/j/rank0-1";
   CHECK(round_trip(w).rank_dir == w.rank_dir);
+  CHECK(round_trip(w).adopted == 1);
 
   Reserve r;
   r.flags = kReserveFirst | kReserveLast;
@@ -145,7 +147,7 @@ TEST_CASE("IPC messages refuse ids, sizes and devices that cannot be right") {
   CHECK(refused(IpcRevoke{.export_id = 1, .freed = 2}));
   CHECK(refused(IpcRevoke{.export_id = 0, .freed = 0}));
   CHECK(refused(IpcOpen{.export_id = 0}));
-  CHECK(refused(IpcOpened{.export_id = 1, .bytes = 4096, .device = 0, .exporter_pid = 0}));
+  CHECK(refused(IpcOpened{.export_id = 1, .bytes = 4096, .device = 0, .exporter_pid = -1}));
   CHECK(refused(IpcClose{.export_id = 0}));
   CHECK(refused(IpcUsers{.export_id = 0, .importers = 1}));
 }

@@ -220,10 +220,13 @@ struct Welcome {
   uint32_t slot_count = 0;
   uint8_t restored = 0;  // 1: a paused manifest of this rank was adopted (daemon restart)
   std::string rank_dir;
+  // 1: this session continues the one the rank lost its connection from (kept as an orphan): what
+  // the daemon held for it (files, legacy IPC exports and opens) is still there.
+  uint8_t adopted = 0;
   template <class F>
   void fields(F&& f) {
     f(session_id), f(token), f(staging_bytes), f(slot_bytes), f(slot_count), f(restored),
-        f(rank_dir, kMaxPathLength);
+        f(rank_dir, kMaxPathLength), f(adopted);
   }
   bool check(std::string& why) const;
 };

@@ -3,6 +3,7 @@
 // file descriptor passed alongside (SCM_RIGHTS). Functions return 0 or a negative errno value.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -14,11 +15,15 @@ namespace tmsdisk::proto {
 // socket whose buffer is full; -EPIPE/-ECONNRESET when the peer is gone (never raises SIGPIPE).
 int send_message(int sock, std::span<const uint8_t> bytes, int fd = -1) noexcept;
 
+// Descriptors taken from one message; the kernel closes any beyond (without a flush).
+inline constexpr std::size_t kMaxPassedFds = 8;
+
 // Receives one message into `buf` (resized to the message). Returns the message size, 0 when the
 // peer closed the connection, or a negative errno: -EMSGSIZE for a message over kMaxMessageSize (it
 // is discarded). If the message carried descriptors, the first is stored in `*fd` (when `fd` is not
-// null) and any other is closed; all arrive with O_CLOEXEC.
-long recv_message(int sock, std::vector<uint8_t>& buf, int* fd = nullptr) noexcept;
+// null); any other is appended to `*extra` when given (for a caller that must not close a client's
+// descriptor itself, see daemon/server/fd_reaper.h), else closed. All arrive with O_CLOEXEC.
+long recv_message(int sock, std::vector<uint8_t>& buf, int* fd = nullptr, std::vector<int>* extra = nullptr) noexcept;
 
 // Connects a SOCK_SEQPACKET socket (CLOEXEC) to `path`. Returns the fd or a negative errno.
 int connect_seqpacket(const std::string& path) noexcept;
