@@ -323,7 +323,11 @@ struct Sim {
   CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
   CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*cuMemcpyDtoH_v2)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemAlloc_v2)(CUdeviceptr*, size_t) = nullptr;  // native: another user of the device
+  CUresult (*cuMemFree_v2)(CUdeviceptr) = nullptr;
   int (*is_mapped)(unsigned long long, size_t) = nullptr;
+  uint64_t (*used_bytes)(int) = nullptr;
+  uint64_t (*capacity_bytes)(int) = nullptr;
   CUcontext ctx = nullptr;
 
   Sim() {
@@ -336,9 +340,15 @@ struct Sim {
     LOAD(cuCtxSetCurrent);
     LOAD(cuMemcpyHtoD_v2);
     LOAD(cuMemcpyDtoH_v2);
+    LOAD(cuMemAlloc_v2);
+    LOAD(cuMemFree_v2);
 #undef LOAD
     is_mapped = reinterpret_cast<decltype(is_mapped)>(::dlsym(lib, "simcuda_is_mapped"));
+    used_bytes = reinterpret_cast<decltype(used_bytes)>(::dlsym(lib, "simcuda_used_bytes"));
+    capacity_bytes = reinterpret_cast<decltype(capacity_bytes)>(::dlsym(lib, "simcuda_capacity_bytes"));
     REQUIRE(is_mapped);
+    REQUIRE(used_bytes);
+    REQUIRE(capacity_bytes);
     REQUIRE(cuInit(0) == CUDA_SUCCESS);
     CUdevice dev;
     REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
@@ -566,6 +576,40 @@ TEST_CASE("a checksum mismatch keeps that allocation paused and the others come 
   REQUIRE(api_resume() == 0);
   CHECK(b.intact());
   CHECK(status().state == TMSDISK_STATE_RUNNING);
+  a.free();
+  b.free();
+  c.free();
+}
+
+TEST_CASE("a resume short of device memory keeps what does not fit paused - the next resume brings it back") {
+  World& w = world();
+  // b needs more than a and c together (2 MiB granularity): whatever order the chunks come back in,
+  // room for a and c is not room for b.
+  Buffer a(kSlotBytes, 14), b(5 * kSlotBytes + 1, 15), c(kSlotBytes, 16);
+  const uint64_t room = registry().find(a.ptr)->mapped + registry().find(c.ptr)->mapped;
+  REQUIRE(registry().find(b.ptr)->mapped > room);
+  REQUIRE(api_pause() == 0);
+  // Another process took the device meanwhile, all but `room`.
+  const uint64_t free_now = w.sim.capacity_bytes(0) - w.sim.used_bytes(0);
+  REQUIRE(free_now > room);
+  CUdeviceptr filler = 0;
+  REQUIRE(w.sim.cuMemAlloc_v2(&filler, free_now - room) == CUDA_SUCCESS);
+  REQUIRE(w.sim.capacity_bytes(0) - w.sim.used_bytes(0) == room);
+
+  CHECK(api_resume() == -ENOMEM);
+  CHECK(a.intact());
+  CHECK(c.intact());
+  CHECK_FALSE(b.mapped());  // its data stays on disk
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_PARTIALLY_PAUSED);
+  CHECK(st.paused_bytes == b.size);
+  CHECK(std::string(st.last_message).find("1 of 3 allocation(s) stay paused") != std::string::npos);
+
+  REQUIRE(w.sim.cuMemFree_v2(filler) == CUDA_SUCCESS);
+  REQUIRE(api_resume() == 0);
+  CHECK(b.intact());
+  CHECK(status().state == TMSDISK_STATE_RUNNING);
+  CHECK(w.daemon.violations.load() == 0);
   a.free();
   b.free();
   c.free();
