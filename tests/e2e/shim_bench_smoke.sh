@@ -15,4 +15,4 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$work"' EXIT
 # Readiness: the daemon answers `tmsctl status` once its socket listens.
 for _ in $(seq 500); do "$tmsctl" status >/dev/null 2>&1 && break; sleep 0.02; done
 LD_LIBRARY_PATH=$simcuda SIMCUDA_STATE=$work/simcuda SIMCUDA_DEVICE_MEM_MB=3072 \
-  "$bench" --dir "$work/root" --gib 1 --shim "$shim"
+  "$bench" --dir "$work/root" --gib 1 --shim "$shim" --repeat 2
