@@ -726,6 +726,10 @@ struct Server::Impl {
       return make_error(ESRCH, "pid " + std::to_string(c.cred.pid) + " exited while connecting");
     auto store = h.token ? storage::RankStore::adopt(roots, id, static_cast<uint32_t>(slot))
                          : storage::RankStore::create(roots, id, static_cast<uint32_t>(slot));
+    // A token but nothing on disk: its earlier session ended with nothing to keep (the connection
+    // was closed on it), so it starts afresh under the same token.
+    if (!store && h.token && store.error().errnum() == ENOENT)
+      store = storage::RankStore::create(roots, id, static_cast<uint32_t>(slot));
     if (!store) return std::move(store).error();
     s.store = std::move(store.value());
 

@@ -885,3 +885,21 @@ TEST_CASE("descriptors a client passes with messages that take none are closed, 
   // The session is unharmed.
   CHECK(c.call(proto::IpcClose{.export_id = 1}).error().errnum() == ENOENT);
 }
+
+TEST_CASE("a rank whose session ended with nothing to keep reconnects with its token and starts afresh") {
+  Daemon d;
+  d.start();
+  auto first = d.shim({.job = "again", .rank = 0});
+  const uint64_t token = first.welcome().token;
+  const std::string dir = first.welcome().rank_dir;
+  first.close();  // nothing paused: the session and its directory go
+  CHECK(eventually([&] { return !fs::exists(dir); }));
+  auto again = ShimClient::connect(d.socket, {.job = "again", .rank = 0, .staging_bytes = 32 * MiB,
+                                              .slot_bytes = 4 * MiB, .token = token});
+  INFO((again ? "" : again.error().describe()));
+  REQUIRE(again);
+  CHECK(again->welcome().adopted == 0);
+  CHECK(again->welcome().rank_dir == dir);
+  CHECK(fs::exists(dir));
+  REQUIRE(again->reserve({{1, 4 * MiB}}));  // a working session
+}
