@@ -130,3 +130,43 @@ TEST_CASE("legacy IPC - an importer that dies without closing no longer holds th
   CHECK(p.exporter.wait() == 0);
   CHECK(p.start_importer() == "err open " + std::to_string(kInvalidHandle));
 }
+
+TEST_CASE("legacy IPC - after a daemon restart, memory shared before stays resident for good and intact") {
+  Node node;
+  node.start_daemon();
+  Pair p(node);
+  REQUIRE(p.start_importer() == "ready");
+  CHECK(p.importer->cmd("fill shared 5") == "ok");
+  node.daemon.kill9();
+  node.start_daemon();
+  // Both shims reconnect; the new daemon knows nothing of the export, and the importer still maps it.
+  REQUIRE(eventually([&] { return totals(node, p.exporter.pid()).state == "running" &&
+                                  totals(node, p.importer->pid()).state == "running"; },
+                     std::chrono::seconds(60)));
+  auto [prc, pj] = p.exporter_op("pause");
+  INFO(pj.dump());
+  REQUIRE(prc == 0);
+  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);  // the private buffer only
+  Totals t;
+  CHECK(eventually([&] {
+    t = totals(node, p.exporter.pid());
+    return t.paused == kBytes && t.unmanaged["exported"] == kBytes;
+  }));
+  INFO(show(t));
+  CHECK(p.importer->cmd("check shared 5") == "ok");
+  CHECK(p.importer->cmd("fill shared 6") == "ok");
+  auto [rrc, rj] = p.exporter_op("resume");
+  INFO(rj.dump());
+  REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("check shared 6") == "ok");
+  CHECK(p.exporter.cmd("check private 2") == "ok");
+  // Even with the importer gone, it stays: nobody can tell who else may still map it.
+  CHECK(p.importer->cmd("close") == "ok");
+  std::tie(prc, pj) = p.exporter_op("pause");
+  REQUIRE(prc == 0);
+  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);
+  std::tie(rrc, rj) = p.exporter_op("resume");
+  REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("exit") == "ok");
+  CHECK(p.exporter.wait() == 0);
+}
