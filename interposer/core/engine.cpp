@@ -383,13 +383,13 @@ void Engine::serve_requests() {
       }
       if (req->detached) {
         delete req;
-        continue;
+      } else {
+        {
+          std::lock_guard lock(mu_);
+          req->done = true;
+        }
+        cv_.notify_all();
       }
-      {
-        std::lock_guard lock(mu_);
-        req->done = true;
-      }
-      cv_.notify_all();
       if (deferred_command_) {
         const proto::Envelope cmd = std::move(*deferred_command_);
         deferred_command_.reset();

@@ -72,6 +72,7 @@ class FakeDaemon {
   std::atomic<int> reserve_error{0};
   std::atomic<int> fail_write_at{-1};     // 0-based index of the WRITE to answer with EIO
   std::atomic<uint64_t> corrupt_blob{0};  // READs of this blob fail with EBADMSG
+  std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
 
   std::atomic<int> writes{0};
   std::atomic<int> commits_paused{0};
@@ -95,12 +96,17 @@ class FakeDaemon {
 
   // Sends Command{op} to the shim and waits for CommandDone.
   proto::CommandDone command(proto::CommandOp op) {
+    uint64_t id;
+    {
+      std::lock_guard lock(mu_);
+      id = command_locked(op);
+    }
+    return command_done(id);
+  }
+  // The CommandDone of the last command sent (waits for it).
+  proto::CommandDone last_command_done() { return command_done(pending_command_); }
+  proto::CommandDone command_done(uint64_t id) {
     std::unique_lock lock(mu_);
-    const uint64_t id = 1000000 + ++commands_sent_;
-    proto::Command c;
-    c.op = static_cast<uint8_t>(op);
-    pending_command_ = id;
-    send_locked(id, c);
     cv_.wait_for(lock, std::chrono::seconds(60), [&] { return done_.count(id) > 0; });
     auto it = done_.find(id);
     if (it == done_.end()) {
@@ -125,6 +131,15 @@ class FakeDaemon {
     proto::ChunkRef ref;
     uint64_t read_checksum;
   };
+
+  uint64_t command_locked(proto::CommandOp op) {
+    const uint64_t id = 1000000 + ++commands_sent_;
+    proto::Command c;
+    c.op = static_cast<uint8_t>(op);
+    pending_command_ = id;
+    send_locked(id, c);
+    return id;
+  }
 
   void send_locked(uint64_t id, const proto::Message& m, int fd = -1) {
     auto bytes = proto::encode(id, m);
@@ -242,6 +257,10 @@ class FakeDaemon {
           } else if constexpr (std::is_same_v<T, proto::CommandDone>) {
             done_[id] = m;
             cv_.notify_all();
+          } else if constexpr (std::is_same_v<T, proto::IpcOpen>) {
+            // What a busy daemon may do: route a tmsctl pause to the rank before answering it.
+            if (pause_on_ipc_open.exchange(false)) command_locked(proto::CommandOp::Pause);
+            error_locked(id, ENOENT, "no such export (test)");
           } else {
             ++violations;
           }
@@ -613,6 +632,29 @@ TEST_CASE("a resume short of device memory keeps what does not fit paused - the 
   a.free();
   b.free();
   c.free();
+}
+
+TEST_CASE("a pause the daemon asks for while an IPC exchange waits for its answer runs right after it") {
+  World& w = world();
+  Buffer a(2 * kSlotBytes, 17);
+  Engine* e = Engine::instance();
+  REQUIRE(e);
+  w.daemon.pause_on_ipc_open = true;
+  proto::IpcOpened info;
+  tmsdisk::UniqueFd fd;
+  std::string why;
+  CHECK(e->ipc_open(5, &info, &fd, &why) == -ENOENT);
+  CHECK_FALSE(fd);
+  // Not refused as "another pause or resume is running": deferred, then done.
+  const proto::CommandDone done = w.daemon.last_command_done();
+  INFO(done.message);
+  CHECK(done.code == 0);
+  CHECK(done.bytes == a.size);
+  CHECK_FALSE(a.mapped());
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
 }
 
 TEST_CASE("freeing a paused allocation, and pause/resume driven by daemon commands") {
