@@ -6,6 +6,9 @@
 //                           prints "ready HANDLE" (the 64 handle bytes in hex) or "err WHAT RC".
 //   cuda_ipc import HANDLE  opens the handle with cuIpcOpenMemHandle: "ready" or "err open RC".
 //
+// Each runs on device 0, or on the device CUDA_IPC_DEVICE names (an importer on another device than
+// the exporter's maps the memory across devices, as with peer access).
+//
 // Then, on stdin (both roles; `buf` is shared or private, the importer has only shared):
 //   check BUF V   every 32-bit word of BUF is V (read with cuMemcpyDtoH)  -> "ok" | "bad WHY"
 //   fill BUF V    cuMemsetD32 BUF to V, synchronized                     -> "ok" | "err RC"
@@ -61,7 +64,8 @@ int main(int argc, char** argv) {
   const bool exporter = std::strcmp(argv[1], "export") == 0;
   CUdevice dev;
   CUcontext ctx;
-  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+  const char* ordinal = std::getenv("CUDA_IPC_DEVICE");
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, ordinal ? std::atoi(ordinal) : 0) != CUDA_SUCCESS ||
       cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
     std::printf("err setup 0\n");
     return 1;

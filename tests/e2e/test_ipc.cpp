@@ -29,10 +29,13 @@ struct Pair {
   static Env env(const Node& n, int rank) {
     Env e = n.shim_env("ipc", rank);
     e["TMSDISK_MIN_BYTES"] = std::to_string(1 * MiB);
+    e["SIMCUDA_DEVICE_COUNT"] = std::to_string(2);
     return e;
   }
-  std::string start_importer() {
-    importer = std::make_unique<Proc>(std::vector<std::string>{CUDA_IPC_PATH, "import", handle}, env(node, 1));
+  std::string start_importer(int device = 0) {
+    Env e = env(node, 1);
+    e["CUDA_IPC_DEVICE"] = std::to_string(device);
+    importer = std::make_unique<Proc>(std::vector<std::string>{CUDA_IPC_PATH, "import", handle}, e);
     return importer->line();
   }
   std::pair<int, json> exporter_op(const std::string& op) {
@@ -167,6 +170,21 @@ TEST_CASE("legacy IPC - after a daemon restart, memory shared before stays resid
   CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);
   std::tie(rrc, rj) = p.exporter_op("resume");
   REQUIRE(rrc == 0);
+  CHECK(p.exporter.cmd("exit") == "ok");
+  CHECK(p.exporter.wait() == 0);
+}
+
+TEST_CASE("legacy IPC - an importer on another device maps the memory for its own device") {
+  Node node;
+  node.start_daemon();
+  Pair p(node);
+  REQUIRE(p.start_importer(1) == "ready");
+  CHECK(p.importer->cmd("check shared 1") == "ok");
+  CHECK(p.importer->cmd("fill shared 3") == "ok");
+  CHECK(p.exporter.cmd("check shared 3") == "ok");
+  CHECK(p.importer->cmd("close") == "ok");
+  CHECK(p.importer->cmd("exit") == "ok");
+  CHECK(p.importer->wait() == 0);
   CHECK(p.exporter.cmd("exit") == "ok");
   CHECK(p.exporter.wait() == 0);
 }

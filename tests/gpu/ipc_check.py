@@ -4,19 +4,22 @@
 # (it must stay resident and correct) and again after it was closed (it must move). Both run with
 # the shim (TMSDISK_LIBRARY) and reach the daemon through TMSDISK_SOCKET; tmsctl is TMSCTL.
 # Prints one "PASS ..." or "FAIL ..." line per check.
-#   python3 ipc_check.py CUDA_IPC GIB
+#   python3 ipc_check.py CUDA_IPC GIB [IMPORTER_DEVICE]
+# The exporter runs on device 0, the importer on IMPORTER_DEVICE (default 0).
 import json
 import os
 import subprocess
 import sys
 
 prog, gib = sys.argv[1], float(sys.argv[2])
+importer_device = sys.argv[3] if len(sys.argv) > 3 else "0"
 size = int(gib * (1 << 30))
 env = dict(os.environ, LD_PRELOAD=os.environ["TMSDISK_LIBRARY"], TMSDISK_JOB="ipc-c")
 
 
-def start(*args):
-    return subprocess.Popen([prog, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+def start(*args, device="0"):
+    return subprocess.Popen([prog, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=dict(env, CUDA_IPC_DEVICE=device))
 
 
 def ask(p, cmd):
@@ -41,7 +44,7 @@ if not ready.startswith("ready "):
     sys.exit(1)
 handle = ready.split()[1]
 report("opening its own handle is refused like the driver does", ask(exporter, "selfopen") == "rc 201")
-importer = start("import", handle)
+importer = start("import", handle, device=importer_device)
 report("importer opens it", importer.stdout.readline().strip() == "ready")
 report("importer reads the exporter's data", ask(importer, "check shared 1") == "ok")
 report("importer writes", ask(importer, "fill shared 7") == "ok")
