@@ -63,6 +63,12 @@ TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, whi
   }));
   INFO("exporter: " << show(t));
   CHECK(eventually([&] { return totals(node, p.importer->pid()).unmanaged["imported"] == kBytes; }));
+  // The table says why, too.
+  auto [trc, table] = run({TMSCTL_PATH, "--socket", node.socket, "status"}, node.sim_env());
+  INFO(table);
+  CHECK(trc == 0);
+  CHECK(table.find("unmanaged: exported 4.0 MiB") != std::string::npos);
+  CHECK(table.find("unmanaged: imported 4.0 MiB") != std::string::npos);
 
   // A pause moves the private buffer only; the shared one stays mapped for the importer.
   auto [prc, pj] = p.exporter_op("pause");

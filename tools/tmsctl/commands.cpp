@@ -136,6 +136,14 @@ int cmd_status(const Common& common) {
                 proto::state_name(static_cast<proto::RankState>(s.stats.state)), human_bytes(s.stats.resident_bytes).c_str(),
                 human_bytes(s.stats.paused_bytes).c_str(), human_bytes(unmanaged_total(s.stats)).c_str(),
                 human_bytes(s.disk_bytes).c_str(), last.c_str());
+    // Why the unmanaged bytes are not paused, so that nobody has to guess what stayed on the GPU.
+    std::string why;
+    for (std::size_t i = 0; i < proto::kUnmanagedReasons; ++i) {
+      if (!s.stats.unmanaged_bytes[i]) continue;
+      why += (why.empty() ? "" : ", ") + std::string(proto::unmanaged_name(static_cast<proto::Unmanaged>(i))) + " " +
+             human_bytes(s.stats.unmanaged_bytes[i]);
+    }
+    if (!why.empty()) std::printf("%-16s %5s %8s   unmanaged: %s\n", "", "", "", why.c_str());
   }
   return 0;
 }
