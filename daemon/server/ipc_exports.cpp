@@ -30,7 +30,8 @@ Status check_memory_fd(int fd) {
 }
 
 Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device) {
-  const std::size_t mine = per_uid_[uid];
+  const auto held = per_uid_.find(uid);
+  const std::size_t mine = held == per_uid_.end() ? 0 : held->second;
   if (uid != 0 && mine >= limits_.per_uid)
     return make_error(EDQUOT, "uid " + std::to_string(uid) + " already shares " + std::to_string(mine) +
                                   " allocations through legacy IPC, the most this daemon allows (max-ipc-exports-per-uid)");
