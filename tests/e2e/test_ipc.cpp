@@ -20,15 +20,17 @@ struct Pair {
   std::string handle;
   std::unique_ptr<Proc> importer;
 
-  explicit Pair(Node& n) : node(n), exporter({CUDA_IPC_PATH, "export", std::to_string(kBytes)}, env(n, 0)) {
+  // `min_bytes`: the exporter's TMSDISK_MIN_BYTES (at or below kBytes, the shim manages the buffers).
+  explicit Pair(Node& n, uint64_t min_bytes = 1 * MiB)
+      : node(n), exporter({CUDA_IPC_PATH, "export", std::to_string(kBytes)}, env(n, 0, min_bytes)) {
     const std::string ready = exporter.line();
     INFO(ready);
     REQUIRE(ready.rfind("ready ", 0) == 0);
     handle = ready.substr(6);
   }
-  static Env env(const Node& n, int rank) {
+  static Env env(const Node& n, int rank, uint64_t min_bytes = 1 * MiB) {
     Env e = n.shim_env("ipc", rank);
-    e["TMSDISK_MIN_BYTES"] = std::to_string(1 * MiB);
+    e["TMSDISK_MIN_BYTES"] = std::to_string(min_bytes);
     e["SIMCUDA_DEVICE_COUNT"] = std::to_string(2);
     return e;
   }
@@ -188,6 +190,24 @@ TEST_CASE("legacy IPC - an importer on another device maps the memory for its ow
   CHECK(p.importer->cmd("check shared 1") == "ok");
   CHECK(p.importer->cmd("fill shared 3") == "ok");
   CHECK(p.exporter.cmd("check shared 3") == "ok");
+  CHECK(p.importer->cmd("close") == "ok");
+  CHECK(p.importer->cmd("exit") == "ok");
+  CHECK(p.importer->wait() == 0);
+  CHECK(p.exporter.cmd("exit") == "ok");
+  CHECK(p.exporter.wait() == 0);
+}
+
+TEST_CASE("legacy IPC - memory below TMSDISK_MIN_BYTES is shared by the driver itself, through both shims") {
+  Node node;
+  node.start_daemon();
+  Pair p(node, 2 * kBytes);  // native allocations: the driver shares them itself
+  REQUIRE(p.start_importer() == "ready");
+  CHECK(p.importer->cmd("check shared 1") == "ok");
+  CHECK(p.importer->cmd("fill shared 4") == "ok");
+  CHECK(p.exporter.cmd("check shared 4") == "ok");
+  // Nothing went through the daemon: with no memory of its own to manage, the exporter's shim never
+  // even opened a session.
+  CHECK(totals(node, p.exporter.pid()).state.empty());
   CHECK(p.importer->cmd("close") == "ok");
   CHECK(p.importer->cmd("exit") == "ok");
   CHECK(p.importer->wait() == 0);
