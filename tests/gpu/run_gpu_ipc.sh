@@ -21,4 +21,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
 fi
 echo "== PyTorch, torch.multiprocessing" | tee -a "$out/ipc.txt"
 "$tmsctl" run --job torch-ipc -- python3 "$here/torch_ipc.py" "$gib" >>"$out/ipc.txt" 2>"$out/ipc-torch-shim.log"
+echo "== PyTorch, torch.multiprocessing, expandable segments (shared by VMM handle)" | tee -a "$out/ipc.txt"
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$tmsctl" run --job torch-ipc-exp -- python3 "$here/torch_ipc.py" "$gib" \
+  >>"$out/ipc.txt" 2>"$out/ipc-torch-exp-shim.log"
 cat "$out/ipc.txt"
