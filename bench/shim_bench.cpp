@@ -7,16 +7,20 @@
 //   1. the raw O_DIRECT write/read ceiling of DIR (the daemon's root; TMSDISK_SOCKET names the daemon),
 //      again after 3., keeping the better figure;
 //   2. children without the shim: pinned host<->device copy bandwidth, cuMemAlloc+cuMemFree latency
-//      (64 MiB), and the kernel launch rate;
+//      (64 MiB), and the kernel launch rate; in the last one, the naive engine on the same bytes and
+//      directory (synchronous copies through a pageable buffer, buffered writes, one fsync; then
+//      reads from the disk and copies back), which is what other tools do today;
 //   3. children with the shim preloaded: the same, and in the last one tmsdisk_pause()/
 //      tmsdisk_resume() of GIB GiB of filled device memory, verified byte for byte afterwards,
 //      --repeat times, each cycle right after a raw pass of its own (the disk drifts by more than
 //      what is measured, so each side is taken close in time to the other)
 //      (2 and 3 alternate --overhead-rounds times; each keeps its best figures);
 // and prints each figure beside its ceiling: pause GB/s / raw write, resume GB/s / raw read (best
-// pass of each), alloc latency and launch rate with the shim / without.
+// pass of each), alloc latency and launch rate with the shim / without, and pause and resume beside
+// the naive engine's save and restore.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,8 +61,77 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
     }                                                                               \
   } while (0)
 
+// GIB GiB in 1 GiB allocations, each filled with its own 32-bit value; verify_pattern checks them.
+constexpr size_t kPiece = size_t{1} << 30;
+
+CUresult fill_pattern(std::vector<CUdeviceptr>& mem) {
+  for (size_t i = 0; i < mem.size(); ++i) {
+    if (CUresult r = cuMemAlloc(&mem[i], kPiece); r != CUDA_SUCCESS) return r;
+    if (CUresult r = cuMemsetD32(mem[i], 0xC0DE0000u + static_cast<unsigned>(i), kPiece / 4); r != CUDA_SUCCESS)
+      return r;
+  }
+  return cuCtxSynchronize();
+}
+
+CUresult verify_pattern(const std::vector<CUdeviceptr>& mem, bool* intact) {
+  std::vector<uint32_t> check(kPiece / 4 / 16);
+  for (size_t i = 0; i < mem.size() && *intact; ++i) {
+    for (size_t off = 0; off < kPiece && *intact; off += check.size() * 4) {
+      if (CUresult r = cuMemcpyDtoH(check.data(), mem[i] + off, check.size() * 4); r != CUDA_SUCCESS) return r;
+      for (uint32_t w : check) *intact &= w == 0xC0DE0000u + static_cast<unsigned>(i);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// The naive engine: what moving device memory to disk and back looks like without tmsdisk.
+json measure_naive(size_t count, const std::string& dir) {
+  std::vector<CUdeviceptr> mem(count);
+  CHECK_CU(fill_pattern(mem));
+  const size_t chunk = 64u << 20;
+  std::vector<uint8_t> buf(chunk);  // pageable, as a Python or C++ loop would use
+  const std::string path = dir + "/naive-bench." + std::to_string(::getpid());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return json{{"error", "cannot create " + path + ": " + std::strerror(errno)}};
+  ::unlink(path.c_str());
+  auto io_failed = [&](const char* what) {
+    const std::string why = std::string(what) + ": " + std::strerror(errno);
+    ::close(fd);
+    return json{{"error", why}};
+  };
+  auto t = Clock::now();
+  off_t pos = 0;
+  for (CUdeviceptr p : mem) {
+    for (size_t off = 0; off < kPiece; off += chunk, pos += static_cast<off_t>(chunk)) {
+      CHECK_CU(cuMemcpyDtoH(buf.data(), p + off, chunk));
+      if (::pwrite(fd, buf.data(), chunk, pos) != static_cast<ssize_t>(chunk)) return io_failed("pwrite");
+    }
+  }
+  if (::fsync(fd) != 0) return io_failed("fsync");
+  const double save_s = seconds_since(t);
+  // Restored from the disk, not from the page cache the writes left behind.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  for (CUdeviceptr p : mem) CHECK_CU(cuMemsetD32(p, 0, kPiece / 4));
+  t = Clock::now();
+  pos = 0;
+  for (CUdeviceptr p : mem) {
+    for (size_t off = 0; off < kPiece; off += chunk, pos += static_cast<off_t>(chunk)) {
+      if (::pread(fd, buf.data(), chunk, pos) != static_cast<ssize_t>(chunk)) return io_failed("pread");
+      CHECK_CU(cuMemcpyHtoD(p + off, buf.data(), chunk));
+    }
+  }
+  const double restore_s = seconds_since(t);
+  ::close(fd);
+  bool intact = true;
+  CHECK_CU(verify_pattern(mem, &intact));
+  for (CUdeviceptr p : mem) cuMemFree(p);
+  const double bytes = static_cast<double>(count * kPiece);
+  return json{{"naive_save_gb_s", bytes / save_s / 1e9}, {"naive_restore_gb_s", bytes / restore_s / 1e9},
+              {"naive_intact", intact}};
+}
+
 // Runs inside a child process: the measurements that do not involve the disk, plus the pause and
-// resume when the shim is present.
+// resume when the shim is present (the naive engine when it is not).
 json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
   json out;
   CUdevice dev;
@@ -120,28 +193,27 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     out["launches_per_s"] = reps / seconds_since(t);
   }
 
-  if (!with_pause || gib <= 0) return out;
+  if (gib <= 0) return out;
+  if (!with_pause) {
+    const json naive = measure_naive(static_cast<size_t>(gib), dir);  // named: items() does not keep it alive
+    for (auto& [k, v] : naive.items()) out[k] = v;
+    return out;
+  }
   using Api = int (*)();
   auto pause = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_pause"));
   auto resume = reinterpret_cast<Api>(dlsym(RTLD_DEFAULT, "tmsdisk_resume"));
   if (!pause || !resume) return json{{"error", "tmsdisk_pause not found: is the shim preloaded?"}};
 
-  // GIB GiB in 1 GiB allocations, each filled with its own 32-bit value.
-  const size_t piece = 1u << 30;
   const size_t count = static_cast<size_t>(gib);
   std::vector<CUdeviceptr> mem(count);
-  for (size_t i = 0; i < count; ++i) {
-    CHECK_CU(cuMemAlloc(&mem[i], piece));
-    CHECK_CU(cuMemsetD32(mem[i], 0xC0DE0000u + static_cast<unsigned>(i), piece / 4));
-  }
-  CHECK_CU(cuCtxSynchronize());
-  const double bytes = static_cast<double>(count * piece);
+  CHECK_CU(fill_pattern(mem));
+  const double bytes = static_cast<double>(count * kPiece);
   size_t free_before = 0, free_paused = 0, total = 0;
   bool intact = true;
   json passes = json::array();
   for (int r = 0; r < repeat && intact; ++r) {
     json pass;
-    auto raw = tmsdisk::bench::measure_raw_disk(dir, count * piece, 8u << 20, 32);
+    auto raw = tmsdisk::bench::measure_raw_disk(dir, count * kPiece, 8u << 20, 32);
     if (!raw) return json{{"error", "raw disk: " + raw.error().describe()}};
     pass["raw_write_gb_s"] = raw->write_bytes_per_s / 1e9;
     pass["raw_read_gb_s"] = raw->read_bytes_per_s / 1e9;
@@ -156,13 +228,7 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     pass["resume_gb_s"] = bytes / seconds_since(t) / 1e9;
     if (rc != 0) return json{{"error", "tmsdisk_resume returned " + std::to_string(rc)}};
     // Every word of every allocation must be back.
-    std::vector<uint32_t> check(piece / 4 / 16);
-    for (size_t i = 0; i < count && intact; ++i) {
-      for (size_t off = 0; off < piece && intact; off += check.size() * 4) {
-        CHECK_CU(cuMemcpyDtoH(check.data(), mem[i] + off, check.size() * 4));
-        for (uint32_t w : check) intact &= w == 0xC0DE0000u + static_cast<unsigned>(i);
-      }
-    }
+    CHECK_CU(verify_pattern(mem, &intact));
     passes.push_back(pass);
   }
   for (CUdeviceptr p : mem) cuMemFree(p);
@@ -176,7 +242,7 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
   out["resume_gb_s"] = best("resume_gb_s");
   out["raw_write_gb_s"] = best("raw_write_gb_s");
   out["raw_read_gb_s"] = best("raw_read_gb_s");
-  out["paused_bytes"] = count * piece;
+  out["paused_bytes"] = count * kPiece;
   out["freed_by_pause_bytes"] = free_paused > free_before ? free_paused - free_before : 0;
   out["intact"] = intact;
   return out;
@@ -278,7 +344,7 @@ int main(int argc, char** argv) {
       if (!best.contains(it.key())) best[it.key()] = it.value();
   };
   for (int round = 0; round < overhead_rounds; ++round) {
-    keep_best(plain, run_child(self, 0, "", dir, repeat));
+    keep_best(plain, run_child(self, round + 1 == overhead_rounds ? gib : 0, "", dir, repeat));
     keep_best(shimmed, run_child(self, round + 1 == overhead_rounds ? gib : 0, shim, dir, repeat));
   }
   // As in the session benchmark: the ceiling is the better of a raw pass before and one after.
@@ -305,6 +371,10 @@ int main(int argc, char** argv) {
                    {"alloc_free_latency_shim_over_plain", ratio(shimmed, plain, "alloc_free_us")},
                    {"launch_rate_shim_over_plain", ratio(shimmed, plain, "launches_per_s")},
                    {"d2h_shim_over_plain", ratio(shimmed, plain, "d2h_gb_s")}};
+  if (plain.contains("naive_save_gb_s")) {
+    out["ratios"]["pause_over_naive_save"] = pw / plain["naive_save_gb_s"].get<double>();
+    out["ratios"]["resume_over_naive_restore"] = rr / plain["naive_restore_gb_s"].get<double>();
+  }
   if (as_json) {
     std::printf("%s\n", out.dump(2).c_str());
     return shimmed["intact"].get<bool>() ? 0 : 1;
@@ -319,6 +389,12 @@ int main(int argc, char** argv) {
       std::printf("  pass               raw write %.3f, pause %.3f; raw read %.3f, resume %.3f GB/s\n",
                   p["raw_write_gb_s"].get<double>(), p["pause_gb_s"].get<double>(), p["raw_read_gb_s"].get<double>(),
                   p["resume_gb_s"].get<double>());
+  if (plain.contains("naive_save_gb_s"))
+    std::printf("naive engine         save %.3f GB/s, restore %.3f GB/s (data %s): pause x%.2f, resume x%.2f\n",
+                plain["naive_save_gb_s"].get<double>(), plain["naive_restore_gb_s"].get<double>(),
+                plain["naive_intact"].get<bool>() ? "intact" : "CORRUPTED",
+                out["ratios"]["pause_over_naive_save"].get<double>(),
+                out["ratios"]["resume_over_naive_restore"].get<double>());
   std::printf("pinned copies        D2H %.1f GB/s, H2D %.1f GB/s (without shim)\n", plain["d2h_gb_s"].get<double>(),
               plain["h2d_gb_s"].get<double>());
   std::printf("freed by the pause   %.2f GiB of %.2f GiB paused; data %s\n",
