@@ -827,21 +827,9 @@ OpResult Engine::pause(uint64_t command_request) {
   }
 
   // 5. The daemon syncs the data and commits its manifest.
-  proto::Commit c;
-  c.state = static_cast<uint8_t>(proto::CommitState::Paused);
-  c.generation = ++generation_;
-  const uint64_t id = next_request_++;
-  proto::Envelope reply;
-  std::string why;
-  int e = send(id, c);
-  if (e == 0)
-    e = await_reply(id, reply, &why);
-  else
-    why = format("cannot send COMMIT: %s", std::strerror(-e));
-  if (e < 0) return OpResult{-e, released_bytes, 0, "every allocation was written and released, but " + why};
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{err->code, released_bytes, 0,
-                    "every allocation was written and released, but the commit failed: " + err->message};
+  OpResult committed =
+      commit(proto::CommitState::Paused, ++generation_, released_bytes, "every allocation was written and released");
+  if (committed.code) return committed;
   committed_paused_ = true;
   res.bytes = released_bytes;
   return res;
@@ -1107,9 +1095,17 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
     return res;
   }
 
+  OpResult committed =
+      commit(proto::CommitState::Resumed, generation_, resumed_bytes, "every allocation is resident again");
+  if (committed.code) return committed;
+  committed_paused_ = false;
+  return res;
+}
+
+OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done) {
   proto::Commit c;
-  c.state = static_cast<uint8_t>(proto::CommitState::Resumed);
-  c.generation = generation_;
+  c.state = static_cast<uint8_t>(state);
+  c.generation = generation;
   const uint64_t id = next_request_++;
   proto::Envelope reply;
   std::string why;
@@ -1118,12 +1114,10 @@ OpResult Engine::resume_list(std::vector<std::shared_ptr<Allocation>> list, uint
     e = await_reply(id, reply, &why);
   else
     why = format("cannot send COMMIT: %s", std::strerror(-e));
-  if (e < 0) return OpResult{-e, resumed_bytes, 0, "every allocation is resident again, but " + why};
+  if (e < 0) return OpResult{-e, bytes, 0, std::string(done) + ", but " + why};
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{err->code, resumed_bytes, 0,
-                    "every allocation is resident again, but the commit failed: " + err->message};
-  committed_paused_ = false;
-  return res;
+    return OpResult{err->code, bytes, 0, std::string(done) + ", but the commit failed: " + err->message};
+  return OpResult{0, bytes, 0, {}};
 }
 
 // ---------------------------------------------------------------------------------------------

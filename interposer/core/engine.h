@@ -119,7 +119,8 @@ class Engine {
   // cannot be started, -ENOMEM if memory ran out (before or inside the task).
   int post(std::function<void()> task, bool wait) noexcept;
   // One request and its reply on the session, connecting first if needed; `fd` rides along and
-  // *reply_fd receives one that comes back. An ErrorReply becomes -code with its message.
+  // *reply_fd receives one that comes back. An ErrorReply becomes -code with its message; `reply`
+  // holds an ErrorReply only when the daemon sent one (not when the answer never came).
   int exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why);
   // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
   void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident, std::vector<std::shared_ptr<Allocation>>& revoked);
@@ -141,6 +142,9 @@ class Engine {
   OpResult pause(uint64_t command_request);
   OpResult resume(uint64_t command_request);
   OpResult resume_list(std::vector<std::shared_ptr<Allocation>> list, uint64_t command_request);
+  // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
+  // says what already happened (for the message of a failure); `bytes` is what moved.
+  OpResult commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done);
 
   int connect_session(std::string* why);
   void drop_session(const char* why);

@@ -222,7 +222,6 @@ int Engine::ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, st
         proto::IpcOpen m;
         m.export_id = export_id;
         proto::Envelope reply;
-        reply.body = proto::OkReply{};  // an ERROR below came from the daemon, not from a lost answer
         rc = exchange(m, -1, reply, fd, why);
         const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
         const auto* opened = rc == 0 ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
@@ -362,6 +361,7 @@ void Engine::ipc_session_started(bool adopted) {
 }
 
 int Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why) {
+  reply.body = proto::OkReply{};  // an empty Envelope would read as an ErrorReply (the first alternative)
   if (sock_ < 0) {
     if (int e = connect_session(why); e < 0) return e;
   }
