@@ -40,7 +40,6 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
   if (fd) *fd = -1;
   try {
     buf.resize(kMaxMessageSize);
-    if (extra) extra->reserve(extra->size() + kMaxPassedFds);
   } catch (...) {
     return -ENOMEM;
   }
@@ -49,7 +48,7 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   // Room for a few descriptors so that a peer sending extras cannot make us leak them silently:
-  // whatever arrives beyond the first is closed below.
+  // whatever arrives beyond the first is handed on or closed below.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
@@ -59,25 +58,32 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
   } while (n < 0 && errno == EINTR);
   if (n < 0) return -errno;
 
-  int kept = -1;
+  // Every descriptor that arrived (the control buffer holds at most kMaxPassedFds).
+  int passed[kMaxPassedFds];
+  std::size_t count = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < count; ++i) {
-      int got;
-      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (kept < 0 && fd) {
-        kept = got;
-      } else if (extra) {
-        extra->push_back(got);  // push_back cannot throw here: reserved below
-      } else {
-        ::close(got);
-      }
+    const std::size_t in = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < in && count < kMaxPassedFds; ++i)
+      std::memcpy(&passed[count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  const bool truncated = msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC);
+  // The first goes to the caller (unless the message is discarded); the others to `extra`, else closed.
+  const std::size_t first_extra = fd && !truncated && count > 0 ? 1 : 0;
+  bool to_extra = extra != nullptr && count > first_extra;
+  if (to_extra) {
+    try {
+      extra->reserve(extra->size() + count - first_extra);
+    } catch (...) {
+      to_extra = false;  // no memory: closing them here is the lesser evil
     }
   }
-  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-    if (kept >= 0 && extra) extra->push_back(kept);
-    else if (kept >= 0) ::close(kept);
+  for (std::size_t i = first_extra; i < count; ++i) {
+    if (to_extra) extra->push_back(passed[i]);  // reserved: cannot throw
+    else ::close(passed[i]);
+  }
+  const int kept = first_extra ? passed[0] : -1;
+  if (truncated) {
     buf.clear();
     return -EMSGSIZE;
   }
