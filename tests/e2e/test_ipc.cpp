@@ -40,6 +40,14 @@ struct Pair {
     importer = std::make_unique<Proc>(std::vector<std::string>{CUDA_IPC_PATH, "import", handle}, e);
     return importer->line();
   }
+  // The importer closes the handle and both exit cleanly.
+  void close_and_exit() {
+    CHECK(importer->cmd("close") == "ok");
+    CHECK(importer->cmd("exit") == "ok");
+    CHECK(importer->wait() == 0);
+    CHECK(exporter.cmd("exit") == "ok");
+    CHECK(exporter.wait() == 0);
+  }
   std::pair<int, json> exporter_op(const std::string& op) {
     return node.tmsctl({op, "--pid", std::to_string(exporter.pid())});
   }
@@ -111,11 +119,7 @@ TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, whi
   CHECK(p.importer->cmd("check shared 8") == "ok");
   CHECK(p.importer->cmd("fill shared 9") == "ok");
   CHECK(p.exporter.cmd("check shared 9") == "ok");
-  CHECK(p.importer->cmd("close") == "ok");
-  CHECK(p.importer->cmd("exit") == "ok");
-  CHECK(p.importer->wait() == 0);
-  CHECK(p.exporter.cmd("exit") == "ok");
-  CHECK(p.exporter.wait() == 0);
+  p.close_and_exit();
 }
 
 TEST_CASE("legacy IPC - an importer that dies without closing no longer holds the memory, nor does an exiting exporter") {
@@ -190,11 +194,7 @@ TEST_CASE("legacy IPC - an importer on another device maps the memory for its ow
   CHECK(p.importer->cmd("check shared 1") == "ok");
   CHECK(p.importer->cmd("fill shared 3") == "ok");
   CHECK(p.exporter.cmd("check shared 3") == "ok");
-  CHECK(p.importer->cmd("close") == "ok");
-  CHECK(p.importer->cmd("exit") == "ok");
-  CHECK(p.importer->wait() == 0);
-  CHECK(p.exporter.cmd("exit") == "ok");
-  CHECK(p.exporter.wait() == 0);
+  p.close_and_exit();
 }
 
 TEST_CASE("legacy IPC - memory below TMSDISK_MIN_BYTES is shared by the driver itself, through both shims") {
@@ -208,9 +208,5 @@ TEST_CASE("legacy IPC - memory below TMSDISK_MIN_BYTES is shared by the driver i
   // Nothing went through the daemon: with no memory of its own to manage, the exporter's shim never
   // even opened a session.
   CHECK(totals(node, p.exporter.pid()).state.empty());
-  CHECK(p.importer->cmd("close") == "ok");
-  CHECK(p.importer->cmd("exit") == "ok");
-  CHECK(p.importer->wait() == 0);
-  CHECK(p.exporter.cmd("exit") == "ok");
-  CHECK(p.exporter.wait() == 0);
+  p.close_and_exit();
 }
