@@ -12,12 +12,21 @@
 #include "engine.h"
 #include "log.h"
 #include "shim.h"
+#include "vmm.h"
 
 #ifndef TMSDISK_VERSION
 #define TMSDISK_VERSION "unknown"
 #endif
 
 namespace tmsdisk::shim {
+
+namespace {
+
+void start_engine() noexcept {
+  if (Engine* e = Engine::instance()) e->ensure_started();
+}
+
+}  // namespace
 
 void ensure_init() noexcept {
   static std::once_flag once;
@@ -27,6 +36,7 @@ void ensure_init() noexcept {
       if (int rc = ::pthread_atfork(&Engine::fork_prepare, &Engine::fork_parent, &Engine::fork_child); rc != 0)
         TMS_WARN("pthread_atfork failed: %s; fork children may inherit a broken session", std::strerror(rc));
       (void)config();
+      vmm_on_managed(&start_engine);
     });
   } catch (...) {
   }

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "gate.h"
+#include "on_touch.h"
 
 namespace tmsdisk::shim {
 

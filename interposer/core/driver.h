@@ -108,14 +108,40 @@ class ReentryGuard {
 // Marks the calling thread as the shim's own for its whole life.
 void mark_shim_thread() noexcept;
 
-// Opening of a hook: the driver's function when the shim must stay out of the way (a call from its
-// own threads, the shim disabled), CUDA_ERROR_NOT_FOUND when this libcuda lacks the entry point.
-// Leaves `guard` and `d` (the driver) in scope.
-#define TMSDISK_PASSTHROUGH_IF_OFF(real, args)  \
-  ReentryGuard guard;                           \
-  const Driver& d = driver();                   \
-  if (!d.api.real) return CUDA_ERROR_NOT_FOUND; \
-  if (guard.nested() || !d.usable) return d.api.real args
+// A hook: runs `body(driver)`, unless the shim must stay out of the way (a call from its own
+// threads, the shim disabled): then the driver's own function `Real` gets `args` unchanged. Returns
+// CUDA_ERROR_NOT_FOUND when this libcuda lacks `Real`. Example:
+//   return intercept<&DriverApi::cuMemUnmap>([&](const Driver& d) -> CUresult { ... }, ptr, size);
+template <auto Real, typename Body, typename... Args>
+CUresult intercept(Body&& body, Args... args) noexcept {
+  ReentryGuard guard;
+  const Driver& d = driver();
+  const auto real = d.api.*Real;
+  if (!real) return CUDA_ERROR_NOT_FOUND;
+  if (guard.nested() || !d.usable) return real(args...);
+  return body(d);
+}
+
+// The hook's own work, which may throw (allocation, locks): no exception leaves a hook, any becomes
+// `on_failure`.
+template <typename Fn>
+CUresult no_throw(CUresult on_failure, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (...) {
+    return on_failure;
+  }
+}
+
+// Bookkeeping after the driver call succeeded: if it fails (out of memory), the call still
+// succeeds; only what the shim tracks about it is lost.
+template <typename Fn>
+void best_effort(Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (...) {
+  }
+}
 
 // Makes `ctx` current on the calling thread for one scope (push/pop, so the caller's own current
 // context is untouched).

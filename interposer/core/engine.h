@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The pause/resume engine: one session with tmsdiskd, driven by one control thread that is the only
-// reader of the socket. Commands from the daemon and the in-process C API share it.
+// The pause/resume engine: coordinates one control thread, the only reader of the session with
+// tmsdiskd (daemon_session.h); commands from the daemon and the in-process C API share it. Bytes
+// move through the transfer pipeline (transfer.h) and the staging slots (staging_slots.h).
 //
 // A pause first closes the gate (gate.h) and waits for gated calls in flight, then synchronizes
 // every context it allocated on, then moves data; the gate opens again when nothing is paused.
@@ -21,9 +22,12 @@
 #include <vector>
 
 #include "cuda_api.h"
+#include "daemon_session.h"
 #include "registry.h"
+#include "staging_slots.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
+#include "transfer.h"
 
 namespace tmsdisk::shim {
 
@@ -42,13 +46,6 @@ struct EngineStatus {
   int last_error = 0;
   std::string last_message;
 };
-
-// The process-wide registry of allocations (never destroyed).
-Registry& registry() noexcept;
-
-// Starts (or joins) this user's private daemon when no system daemon is reachable and TMSDISK_SOCKET
-// is unset (DESIGN.md, "Embedded default"). Returns 0 once it answers, else -errno (logged).
-int start_private_daemon() noexcept;
 
 class Engine {
  public:
@@ -87,7 +84,7 @@ class Engine {
   static void fork_parent() noexcept;
   static void fork_child() noexcept;
 
-  Engine() = default;
+  Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -99,21 +96,6 @@ class Engine {
     bool done = false;
     OpResult result;
   };
-  enum class SlotState : uint8_t { Free, Copying, InDaemon, Lost };
-  struct Slot {
-    SlotState state = SlotState::Free;
-    uint64_t request = 0;  // id of the Write/Read the daemon holds this slot for
-    int job = -1;
-    uint64_t offset = 0;
-    uint32_t length = 0;
-    int ctx = -1;
-  };
-  struct CtxResources {
-    CUcontext ctx = nullptr;
-    CUstream stream = nullptr;
-    std::vector<CUevent> events;  // one per slot, created on first use
-  };
-  struct Job;
 
   // Runs `task` on the control thread; waits for it unless `wait` is false. -ESRCH if the thread
   // cannot be started, -ENOMEM if memory ran out (before or inside the task).
@@ -123,7 +105,8 @@ class Engine {
   // holds an ErrorReply only when the daemon sent one (not when the answer never came).
   int exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why);
   // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
-  void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident, std::vector<std::shared_ptr<Allocation>>& revoked);
+  void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
+                  std::vector<std::shared_ptr<Allocation>>& revoked);
   // After a resume (or a pause that failed): hands the daemon the new physical memory of `a`.
   void ipc_refresh(Allocation& a) noexcept;
   void on_ipc_users(const proto::IpcUsers& m);
@@ -139,36 +122,24 @@ class Engine {
   void serve_socket();
   void serve_command(const proto::Envelope& env);
   OpResult execute(proto::CommandOp op, uint64_t command_request);
-  OpResult pause(uint64_t command_request);
-  OpResult resume(uint64_t command_request);
-  OpResult resume_list(std::vector<std::shared_ptr<Allocation>> list, uint64_t command_request);
+  // What is paused or resident decides the work: a pause that finds allocations an earlier failed
+  // pause left paused resumes those, then pauses all.
+  OpResult pause(ProgressReporter& progress);
+  OpResult resume(ProgressReporter& progress);
+  OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress);
+  OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress);
+  // Jobs for the pipeline, one per allocation, each with its context's stream.
+  Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
+  // Asks the daemon for file extents for every byte of `jobs`; refused: nothing changed.
+  Status reserve(const std::vector<TransferJob>& jobs);
   // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
   // says what already happened (for the message of a failure); `bytes` is what moved.
   OpResult commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done);
 
-  int connect_session(std::string* why);
-  void drop_session(const char* why);
-  void release_staging() noexcept;
-  int send(uint64_t request_id, const proto::Message& body, int fd = -1);
-  // The next message within `timeout_ms` (1), none (0) or -errno; a descriptor that came with it
-  // goes to *fd when given, else is closed.
-  int receive(proto::Envelope& env, int timeout_ms, UniqueFd* fd = nullptr);
-  // The pause and resume loops' wait: the daemon's next message, or, while copies run and nothing
-  // has arrived, the oldest copy's completion (then 0, so the caller harvests it instead of spinning).
-  int next_message(proto::Envelope& env, bool copying);
-  // The slot whose request the daemon answers with `request_id`, or -1 (an answer to something else).
-  int slot_awaiting(uint64_t request_id) const noexcept;
-  int await_reply(uint64_t request_id, proto::Envelope& reply, std::string* why, UniqueFd* fd = nullptr);
+  Status connect_session();
+  void session_lost(const char* why);
   void handle_other(const proto::Envelope& env);
   void send_report();
-  void maybe_progress(uint64_t command_request, uint64_t done, uint64_t total, bool force);
-
-  int ctx_index(CUcontext ctx, std::string* why);
-  CUevent slot_event(int ctx, std::size_t slot, std::string* why);
-  void register_staging(CUcontext ctx);
-  int free_slot() const noexcept;
-  void map_job(Job& j);
-  void unmap_job(Job& j) noexcept;
   void set_state(proto::RankState s);
   proto::RankStats make_stats();
 
@@ -188,25 +159,13 @@ class Engine {
   std::shared_mutex op_lock_;
 
   // Control thread only.
-  int sock_ = -1;
-  uint64_t token_ = 0;
-  uint8_t* staging_ = nullptr;
-  std::size_t staging_bytes_ = 0;
-  uint32_t slot_bytes_ = 0;
-  std::vector<Slot> slots_;
-  bool staging_registered_ = false;
-  CUcontext registered_ctx_ = nullptr;
-  std::vector<CtxResources> ctxs_;
-  uint64_t next_request_ = 1;
+  DaemonSession session_;
+  StagingSlots staging_;
+  TransferPipeline pipeline_{session_, staging_};
   uint64_t generation_ = 0;
   bool committed_paused_ = false;  // the daemon's manifest holds a committed pause
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
-  int64_t next_connect_ms_ = 0;
-  int64_t connect_backoff_ms_ = 1000;
-  bool unreachable_logged_ = false;
-  int64_t last_progress_ms_ = 0;
-  std::vector<uint8_t> rx_;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.
   std::optional<proto::Envelope> deferred_command_;
   // IPC messages that found no session (a close, a forget): sent once the session is back.

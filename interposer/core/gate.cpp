@@ -19,7 +19,6 @@
 
 #include "config.h"
 #include "driver.h"
-#include "engine.h"
 #include "log.h"
 
 namespace tmsdisk::shim::gate {
@@ -33,6 +32,7 @@ struct alignas(64) Record {
 
 std::atomic<Record*> g_records{nullptr};
 std::atomic<uint32_t> g_closed{0};
+std::atomic<AutoResume> g_auto_resume{nullptr};
 // Calls of threads whose record could not be allocated (out of memory): counted here instead.
 std::atomic<uint32_t> g_anonymous{0};
 thread_local Record* t_record __attribute__((tls_model("initial-exec"))) = nullptr;
@@ -139,13 +139,13 @@ CUresult held(const char* what) noexcept {
   if (policy == OnTouch::Resume && !w.op_running && g_closed.load(std::memory_order_acquire)) {
     lock.unlock();
     TMS_INFO("%s while paused: resuming automatically (TMSDISK_ON_TOUCH=resume)", what);
-    Engine* e = Engine::instance();
-    OpResult res;
-    const int rc = e ? e->run(proto::CommandOp::Resume, &res) : -ENOMEM;
+    const AutoResume resume = g_auto_resume.load(std::memory_order_acquire);
+    std::string why;
+    const int rc = resume ? resume(&why) : -ENOSYS;
     if (rc == 0 || g_closed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
     if (rc != -EBUSY) {
       TMS_WARN("%s: the automatic resume failed (%s: %s); the call returns CUDA_ERROR_NOT_PERMITTED", what,
-               std::strerror(-rc), res.message.c_str());
+               std::strerror(-rc), why.c_str());
       return kGateClosedError;
     }
     lock.lock();
@@ -158,6 +158,10 @@ CUresult held(const char* what) noexcept {
 }
 
 }  // namespace
+
+void set_auto_resume(AutoResume fn) noexcept {
+  g_auto_resume.store(fn, std::memory_order_release);
+}
 
 CUresult enter(const char* what) noexcept {
   Record* r = t_record;

@@ -9,11 +9,9 @@
 #include <string>
 
 #include "cuda_api.h"
+#include "on_touch.h"
 
 namespace tmsdisk::shim {
-
-// What a gated call does while the gate is closed (TMSDISK_ON_TOUCH).
-enum class OnTouch : uint8_t { Wait = 0, Resume = 1, Fail = 2 };
 
 // The error a gated call returns under TMSDISK_ON_TOUCH=fail (documented in README.md).
 inline constexpr CUresult kGateClosedError = CUDA_ERROR_NOT_PERMITTED;
@@ -24,6 +22,11 @@ namespace gate {
 // follow), or kGateClosedError (fail policy, or an automatic resume that failed): not inside.
 CUresult enter(const char* what) noexcept;
 void leave() noexcept;
+
+// The automatic resume of TMSDISK_ON_TOUCH=resume, registered by whoever runs resumes (the engine)
+// so that the gate depends on nothing above it. Returns 0 or -errno with *why set.
+using AutoResume = int (*)(std::string* why) noexcept;
+void set_auto_resume(AutoResume fn) noexcept;
 
 // Engine side (control thread). An operation brackets close/drain/open with begin_op/end_op so that
 // threads waiting under the resume policy know when to try again.

@@ -332,7 +332,7 @@ void Engine::on_ipc_users(const proto::IpcUsers& m) {
 
 void Engine::ipc_notify(const proto::Message& m) {
   try {
-    if (sock_ < 0 || send(next_request_++, m) < 0) ipc_pending_.push_back(m);
+    if (!session_.connected() || session_.send(session_.next_id(), m) < 0) ipc_pending_.push_back(m);
   } catch (...) {
     TMS_WARN("out of memory: a legacy IPC close or forget is lost");
   }
@@ -341,7 +341,7 @@ void Engine::ipc_notify(const proto::Message& m) {
 void Engine::ipc_session_started(bool adopted) {
   if (adopted) {
     // The daemon kept our session: what waited for it goes now (answers are not awaited).
-    for (const auto& m : ipc_pending_) (void)send(next_request_++, m);
+    for (const auto& m : ipc_pending_) (void)session_.send(session_.next_id(), m);
     ipc_pending_.clear();
     return;
   }
@@ -362,15 +362,21 @@ void Engine::ipc_session_started(bool adopted) {
 
 int Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why) {
   reply.body = proto::OkReply{};  // an empty Envelope would read as an ErrorReply (the first alternative)
-  if (sock_ < 0) {
-    if (int e = connect_session(why); e < 0) return e;
+  if (!session_.connected()) {
+    if (Status st = connect_session(); !st) {
+      *why = st.error().message;
+      return -st.error().errnum();
+    }
   }
-  const uint64_t id = next_request_++;
-  if (int e = send(id, m, fd); e < 0) {
+  const uint64_t id = session_.next_id();
+  if (int e = session_.send(id, m, fd); e < 0) {
     *why = std::string("cannot send to tmsdiskd: ") + std::strerror(-e);
     return e;
   }
-  if (int e = await_reply(id, reply, why, reply_fd); e < 0) return e;
+  if (Status st = session_.await_reply(id, reply, reply_fd); !st) {
+    *why = st.error().message;
+    return -st.error().errnum();
+  }
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body)) {
     *why = "tmsdiskd: " + err->message;
     return -err->code;
@@ -384,87 +390,97 @@ int Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, Un
 namespace hook {
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcGetMemHandle, (pHandle, dptr));
-  try {
-    std::shared_ptr<Allocation> a = registry().find(dptr);
-    if (!pHandle || !a || a->app_vmm) return d.api.cuIpcGetMemHandle(pHandle, dptr);  // the driver's own IPC
-    ensure_init();
-    Engine* e = Engine::instance();
-    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int attempt = 0;; ++attempt) {
-      {
-        // Paused memory has no physical memory to share: wait, resume or fail (TMSDISK_ON_TOUCH).
-        // Not held across the export, which runs on the control thread that also runs pauses.
-        GateScope gate("cuIpcGetMemHandle");
-        if (gate.result() != CUDA_SUCCESS) return gate.result();
-      }
-      uint64_t id = 0;
-      std::string why;
-      const int rc = e->ipc_export(a, &id, &why);
-      if (rc == -EAGAIN && attempt < 100) continue;  // paused again between the gate and the export
-      if (rc < 0) {
-        TMS_WARN("cuIpcGetMemHandle: %s; legacy IPC of memory tmsdisk manages goes through tmsdiskd", why.c_str());
-        if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
-        if (rc == -EINVAL) return CUDA_ERROR_INVALID_VALUE;
-        return CUDA_ERROR_NOT_SUPPORTED;
-      }
-      BrokeredHandle h{};
-      std::memcpy(h.magic, kMagic, sizeof(kMagic));
-      h.export_id = id;
-      h.bytes = a->mapped;
-      h.exporter_pid = static_cast<int32_t>(::getpid());
-      h.device = a->device;
-      std::memset(pHandle, 0, sizeof(*pHandle));
-      std::memcpy(pHandle->reserved, &h, sizeof(h));
-      return CUDA_SUCCESS;
-    }
-  } catch (...) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  return intercept<&DriverApi::cuIpcGetMemHandle>(
+      [&](const Driver& d) -> CUresult {
+        try {
+          std::shared_ptr<Allocation> a = registry().find(dptr);
+          if (!pHandle || !a || a->app_vmm) return d.api.cuIpcGetMemHandle(pHandle, dptr);  // the driver's own IPC
+          ensure_init();
+          Engine* e = Engine::instance();
+          if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+          for (int attempt = 0;; ++attempt) {
+            {
+              // Paused memory has no physical memory to share: wait, resume or fail (TMSDISK_ON_TOUCH).
+              // Not held across the export, which runs on the control thread that also runs pauses.
+              GateScope gate("cuIpcGetMemHandle");
+              if (gate.result() != CUDA_SUCCESS) return gate.result();
+            }
+            uint64_t id = 0;
+            std::string why;
+            const int rc = e->ipc_export(a, &id, &why);
+            if (rc == -EAGAIN && attempt < 100) continue;  // paused again between the gate and the export
+            if (rc < 0) {
+              TMS_WARN("cuIpcGetMemHandle: %s; legacy IPC of memory tmsdisk manages goes through tmsdiskd",
+                       why.c_str());
+              if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
+              if (rc == -EINVAL) return CUDA_ERROR_INVALID_VALUE;
+              return CUDA_ERROR_NOT_SUPPORTED;
+            }
+            BrokeredHandle h{};
+            std::memcpy(h.magic, kMagic, sizeof(kMagic));
+            h.export_id = id;
+            h.bytes = a->mapped;
+            h.exporter_pid = static_cast<int32_t>(::getpid());
+            h.device = a->device;
+            std::memset(pHandle, 0, sizeof(*pHandle));
+            std::memcpy(pHandle->reserved, &h, sizeof(h));
+            return CUDA_SUCCESS;
+          }
+        } catch (...) {
+          return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+      },
+      pHandle, dptr);
 }
 
 CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcOpenMemHandle, (pdptr, handle, Flags));
-  return open_hook(d, d.api.cuIpcOpenMemHandle, pdptr, handle, Flags);
+  return intercept<&DriverApi::cuIpcOpenMemHandle>(
+      [&](const Driver& d) -> CUresult { return open_hook(d, d.api.cuIpcOpenMemHandle, pdptr, handle, Flags); }, pdptr,
+      handle, Flags);
 }
 
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcOpenMemHandle_v2, (pdptr, handle, Flags));
-  return open_hook(d, d.api.cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
+  return intercept<&DriverApi::cuIpcOpenMemHandle_v2>(
+      [&](const Driver& d) -> CUresult { return open_hook(d, d.api.cuIpcOpenMemHandle_v2, pdptr, handle, Flags); },
+      pdptr, handle, Flags);
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuIpcCloseMemHandle, (dptr));
-  try {
-    Import imp;
-    {
-      Imports& t = imports();
-      std::lock_guard lock(t.mu);
-      auto it = t.by_base.find(dptr);
-      if (it == t.by_base.end()) return d.api.cuIpcCloseMemHandle(dptr);
-      if (--it->second.refs > 0) return CUDA_SUCCESS;
-      imp = it->second;
-      t.by_base.erase(it);
-    }
-    // Unmapped and closed outside the lock: other threads' opens and closes do not wait on this one.
-    registry().remove_unmanaged(dptr);
-    {
-      // Work of this process still reading the memory finishes before it is unmapped.
-      CtxScope scope(d.api, imp.ctx);
-      if (scope.ok()) (void)d.api.cuCtxSynchronize();
-    }
-    d.api.cuMemUnmap(dptr, imp.bytes);
-    d.api.cuMemRelease(imp.handle);
-    d.api.cuMemAddressFree(dptr, imp.bytes);
-    if (Engine* e = Engine::instance()) {
-      std::string why;
-      if (e->ipc_close(imp.export_id, &why) < 0)
-        TMS_DEBUG("closing legacy IPC export %llu: %s", static_cast<unsigned long long>(imp.export_id), why.c_str());
-    }
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuIpcCloseMemHandle>(
+      [&](const Driver& d) -> CUresult {
+        try {
+          Import imp;
+          {
+            Imports& t = imports();
+            std::lock_guard lock(t.mu);
+            auto it = t.by_base.find(dptr);
+            if (it == t.by_base.end()) return d.api.cuIpcCloseMemHandle(dptr);
+            if (--it->second.refs > 0) return CUDA_SUCCESS;
+            imp = it->second;
+            t.by_base.erase(it);
+          }
+          // Unmapped and closed outside the lock: other threads' opens and closes do not wait on this one.
+          registry().remove_unmanaged(dptr);
+          {
+            // Work of this process still reading the memory finishes before it is unmapped.
+            CtxScope scope(d.api, imp.ctx);
+            if (scope.ok()) (void)d.api.cuCtxSynchronize();
+          }
+          d.api.cuMemUnmap(dptr, imp.bytes);
+          d.api.cuMemRelease(imp.handle);
+          d.api.cuMemAddressFree(dptr, imp.bytes);
+          if (Engine* e = Engine::instance()) {
+            std::string why;
+            if (e->ipc_close(imp.export_id, &why) < 0)
+              TMS_DEBUG("closing legacy IPC export %llu: %s", static_cast<unsigned long long>(imp.export_id),
+                        why.c_str());
+          }
+          return CUDA_SUCCESS;
+        } catch (...) {
+          return CUDA_ERROR_UNKNOWN;
+        }
+      },
+      dptr);
 }
 
 }  // namespace hook

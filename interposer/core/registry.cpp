@@ -2,6 +2,7 @@
 // Registry of managed and native device allocations (registry.h).
 #include "registry.h"
 
+#include <new>
 #include <tuple>
 
 namespace tmsdisk::shim {
@@ -104,6 +105,13 @@ RegistryTotals Registry::totals() const {
     }
   }
   return t;
+}
+
+Registry& registry() noexcept {
+  // Never destroyed: hooks can run during static destruction and from threads still alive at exit.
+  alignas(Registry) static unsigned char storage[sizeof(Registry)];
+  static Registry* r = new (storage) Registry;
+  return *r;
 }
 
 }  // namespace tmsdisk::shim

@@ -103,4 +103,7 @@ class Registry {
   std::atomic<uint64_t> version_{0};
 };
 
+// The process-wide registry of allocations (never destroyed).
+Registry& registry() noexcept;
+
 }  // namespace tmsdisk::shim

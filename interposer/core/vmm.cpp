@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "driver.h"
-#include "engine.h"
 #include "gate.h"
 #include "log.h"
 #include "registry.h"
+#include "shim.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -60,6 +60,8 @@ struct Tables {
   std::unordered_set<CUmemoryPool> pools;
   bool pool_used = false;
 };
+
+std::atomic<ManagedHook> g_on_managed{nullptr};
 
 Tables& tables() {
   static Tables* t = new Tables;  // never destroyed: hooks may run during static destruction
@@ -102,7 +104,8 @@ void account(uint64_t token, VmmHandle& v) {
     a->token = token;
     reg.remove_unmanaged(token);
     v.alloc = reg.add(std::move(a));
-    if (Engine* e = Engine::instance()) e->ensure_started();
+    ensure_init();  // registers the hook below, as the first cuMemAlloc would
+    if (ManagedHook hook = g_on_managed.load(std::memory_order_acquire)) hook();
   } else if (!pausable && v.alloc) {
     v.real = v.alloc->handle;
     v.ctx = v.alloc->ctx;
@@ -138,6 +141,13 @@ std::pair<uint64_t, VmmHandle*> mapping_at(Tables& t, CUdeviceptr ptr) {
 std::shared_ptr<Allocation> own_allocation(CUdeviceptr ptr) {
   auto a = registry().find(ptr);
   return a && !a->app_vmm ? a : nullptr;
+}
+
+// Same for pointer queries, which answer from the driver when the lookup ran out of memory.
+std::shared_ptr<Allocation> queried_allocation(CUdeviceptr ptr) noexcept {
+  std::shared_ptr<Allocation> a;
+  best_effort([&] { a = own_allocation(ptr); });
+  return a;
 }
 
 // Marks whatever memory `ptr` lies in as shared for good (export, DMA-BUF, multicast).
@@ -219,6 +229,10 @@ CUresult passthrough_gated(const char* what, Fn&& fn) noexcept {
 
 }  // namespace
 
+void vmm_on_managed(ManagedHook hook) noexcept {
+  g_on_managed.store(hook, std::memory_order_release);
+}
+
 void vmm_peer_access(CUdevice owner, std::vector<CUmemAccessDesc>& access) {
   Tables& t = tables();
   std::lock_guard lock(t.mu);
@@ -235,7 +249,7 @@ void vmm_peer_access(CUdevice owner, std::vector<CUmemAccessDesc>& access) {
 void vmm_trim_pools() noexcept {
   const DriverApi& api = driver().api;
   if (!api.cuMemPoolTrimTo) return;
-  try {
+  best_effort([&] {
     std::vector<CUmemoryPool> pools;
     {
       Tables& t = tables();
@@ -253,8 +267,7 @@ void vmm_trim_pools() noexcept {
     for (CUmemoryPool p : pools)
       if (CUresult r = api.cuMemPoolTrimTo(p, 0); r != CUDA_SUCCESS)
         TMS_DEBUG("cuMemPoolTrimTo failed: %s", cu_error_name(r));
-  } catch (...) {
-  }
+  });
 }
 
 namespace hook {
@@ -262,333 +275,374 @@ namespace hook {
 // ---- memory that stays resident, counted with its reason ----
 
 CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemAllocManaged, (dptr, bytesize, flags));
-  const CUresult r = d.api.cuMemAllocManaged(dptr, bytesize, flags);
-  if (r == CUDA_SUCCESS) registry().add_unmanaged(*dptr, bytesize, proto::Unmanaged::ManagedMemory);
-  return r;
+  return intercept<&DriverApi::cuMemAllocManaged>(
+      [&](const Driver& d) -> CUresult {
+        const CUresult r = d.api.cuMemAllocManaged(dptr, bytesize, flags);
+        if (r == CUDA_SUCCESS) registry().add_unmanaged(*dptr, bytesize, proto::Unmanaged::ManagedMemory);
+        return r;
+      },
+      dptr, bytesize, flags);
 }
 
 namespace {
 CUresult pool_alloc(CUresult r, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool) noexcept {
   if (r != CUDA_SUCCESS) return r;
   registry().add_unmanaged(*dptr, bytes, proto::Unmanaged::Pool);
-  try {
+  best_effort([&] {
     Tables& t = tables();
     std::lock_guard lock(t.mu);
     t.pool_used = true;
     if (pool) t.pools.insert(pool);
-  } catch (...) {
-  }
+  });
   return r;
 }
 }  // namespace
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemAllocAsync, (dptr, bytesize, hStream));
-  return pool_alloc(d.api.cuMemAllocAsync(dptr, bytesize, hStream), dptr, bytesize, nullptr);
+  return intercept<&DriverApi::cuMemAllocAsync>(
+      [&](const Driver& d) -> CUresult {
+        return pool_alloc(d.api.cuMemAllocAsync(dptr, bytesize, hStream), dptr, bytesize, nullptr);
+      },
+      dptr, bytesize, hStream);
 }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemAllocAsync_ptsz, (dptr, bytesize, hStream));
-  return pool_alloc(d.api.cuMemAllocAsync_ptsz(dptr, bytesize, hStream), dptr, bytesize, nullptr);
+  return intercept<&DriverApi::cuMemAllocAsync_ptsz>(
+      [&](const Driver& d) -> CUresult {
+        return pool_alloc(d.api.cuMemAllocAsync_ptsz(dptr, bytesize, hStream), dptr, bytesize, nullptr);
+      },
+      dptr, bytesize, hStream);
 }
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemAllocFromPoolAsync, (dptr, bytesize, pool, hStream));
-  return pool_alloc(d.api.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+  return intercept<&DriverApi::cuMemAllocFromPoolAsync>(
+      [&](const Driver& d) -> CUresult {
+        return pool_alloc(d.api.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+      },
+      dptr, bytesize, pool, hStream);
 }
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemAllocFromPoolAsync_ptsz, (dptr, bytesize, pool, hStream));
-  return pool_alloc(d.api.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+  return intercept<&DriverApi::cuMemAllocFromPoolAsync_ptsz>(
+      [&](const Driver& d) -> CUresult {
+        return pool_alloc(d.api.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+      },
+      dptr, bytesize, pool, hStream);
 }
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemFreeAsync, (dptr, hStream));
-  registry().remove_unmanaged(dptr);
-  return d.api.cuMemFreeAsync(dptr, hStream);
+  return intercept<&DriverApi::cuMemFreeAsync>(
+      [&](const Driver& d) -> CUresult {
+        registry().remove_unmanaged(dptr);
+        return d.api.cuMemFreeAsync(dptr, hStream);
+      },
+      dptr, hStream);
 }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemFreeAsync_ptsz, (dptr, hStream));
-  registry().remove_unmanaged(dptr);
-  return d.api.cuMemFreeAsync_ptsz(dptr, hStream);
+  return intercept<&DriverApi::cuMemFreeAsync_ptsz>(
+      [&](const Driver& d) -> CUresult {
+        registry().remove_unmanaged(dptr);
+        return d.api.cuMemFreeAsync_ptsz(dptr, hStream);
+      },
+      dptr, hStream);
 }
 
 // ---- pointer queries ----
 
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuPointerGetAttribute, (data, attribute, ptr));
-  try {
-    if (auto a = own_allocation(ptr); a && data && answer(*a, ptr, attribute, data)) return CUDA_SUCCESS;
-  } catch (...) {
-  }
-  return passthrough_gated("cuPointerGetAttribute", [&] { return d.api.cuPointerGetAttribute(data, attribute, ptr); });
+  return intercept<&DriverApi::cuPointerGetAttribute>(
+      [&](const Driver& d) -> CUresult {
+        if (auto a = queried_allocation(ptr); a && data && answer(*a, ptr, attribute, data)) return CUDA_SUCCESS;
+        return passthrough_gated("cuPointerGetAttribute",
+                                 [&] { return d.api.cuPointerGetAttribute(data, attribute, ptr); });
+      },
+      data, attribute, ptr);
 }
 
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                 CUdeviceptr ptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuPointerGetAttributes, (numAttributes, attributes, data, ptr));
-  std::shared_ptr<Allocation> a;
-  try {
-    a = own_allocation(ptr);
-  } catch (...) {
-  }
-  if (!a || !attributes || !data) {
-    return passthrough_gated("cuPointerGetAttributes",
-                             [&] { return d.api.cuPointerGetAttributes(numAttributes, attributes, data, ptr); });
-  }
-  for (unsigned i = 0; i < numAttributes; ++i) {
-    if (!data[i] || answer(*a, ptr, attributes[i], data[i])) continue;
-    const CUresult r = passthrough_gated(
-        "cuPointerGetAttributes", [&] { return d.api.cuPointerGetAttributes(1, &attributes[i], &data[i], ptr); });
-    if (r != CUDA_SUCCESS) return r;
-  }
-  return CUDA_SUCCESS;
+  return intercept<&DriverApi::cuPointerGetAttributes>(
+      [&](const Driver& d) -> CUresult {
+        const std::shared_ptr<Allocation> a = queried_allocation(ptr);
+        if (!a || !attributes || !data) {
+          return passthrough_gated("cuPointerGetAttributes",
+                                   [&] { return d.api.cuPointerGetAttributes(numAttributes, attributes, data, ptr); });
+        }
+        for (unsigned i = 0; i < numAttributes; ++i) {
+          if (!data[i] || answer(*a, ptr, attributes[i], data[i])) continue;
+          const CUresult r = passthrough_gated(
+              "cuPointerGetAttributes", [&] { return d.api.cuPointerGetAttributes(1, &attributes[i], &data[i], ptr); });
+          if (r != CUDA_SUCCESS) return r;
+        }
+        return CUDA_SUCCESS;
+      },
+      numAttributes, attributes, data, ptr);
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemGetAddressRange_v2, (pbase, psize, dptr));
-  try {
-    if (auto a = own_allocation(dptr)) {
-      if (pbase) *pbase = a->base;
-      if (psize) *psize = a->size;
-      return CUDA_SUCCESS;
-    }
-  } catch (...) {
-  }
-  return passthrough_gated("cuMemGetAddressRange", [&] { return d.api.cuMemGetAddressRange_v2(pbase, psize, dptr); });
+  return intercept<&DriverApi::cuMemGetAddressRange_v2>(
+      [&](const Driver& d) -> CUresult {
+        if (auto a = queried_allocation(dptr)) {
+          if (pbase) *pbase = a->base;
+          if (psize) *psize = a->size;
+          return CUDA_SUCCESS;
+        }
+        return passthrough_gated("cuMemGetAddressRange",
+                                 [&] { return d.api.cuMemGetAddressRange_v2(pbase, psize, dptr); });
+      },
+      pbase, psize, dptr);
 }
 
 // ---- application VMM ----
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                      unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemCreate, (handle, size, prop, flags));
-  if (!handle || !prop) return d.api.cuMemCreate(handle, size, prop, flags);
-  CUmemGenericAllocationHandle real = 0;
-  const CUresult r = d.api.cuMemCreate(&real, size, prop, flags);
-  if (r != CUDA_SUCCESS) return r;
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    const uint64_t token = kTokenTag | t.next++;
-    VmmHandle& v = t.handles[token];
-    v.real = real;
-    v.size = size;
-    v.prop = *prop;
-    account(token, v);
-    *handle = token;
-    return CUDA_SUCCESS;
-  } catch (...) {
-    d.api.cuMemRelease(real);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  return intercept<&DriverApi::cuMemCreate>(
+      [&](const Driver& d) -> CUresult {
+        if (!handle || !prop) return d.api.cuMemCreate(handle, size, prop, flags);
+        CUmemGenericAllocationHandle real = 0;
+        const CUresult r = d.api.cuMemCreate(&real, size, prop, flags);
+        if (r != CUDA_SUCCESS) return r;
+        // The handle goes back if the shim cannot track it.
+        const CUresult tracked = no_throw(CUDA_ERROR_OUT_OF_MEMORY, [&]() -> CUresult {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          const uint64_t token = kTokenTag | t.next++;
+          VmmHandle& v = t.handles[token];
+          v.real = real;
+          v.size = size;
+          v.prop = *prop;
+          account(token, v);
+          *handle = token;
+          return CUDA_SUCCESS;
+        });
+        if (tracked != CUDA_SUCCESS) d.api.cuMemRelease(real);
+        return tracked;
+      },
+      handle, size, prop, flags);
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemRelease, (handle));
-  if (!is_token(handle)) return d.api.cuMemRelease(handle);
-  GateScope gate("cuMemRelease");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.handles.find(handle);
-    if (it == t.handles.end() || it->second.refs <= 0) return CUDA_ERROR_INVALID_VALUE;
-    // Physical memory lives on while mapped, as with the driver; the real handle goes with the last
-    // mapping.
-    --it->second.refs;
-    release_if_unused(t, handle);
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuMemRelease>(
+      [&](const Driver& d) -> CUresult {
+        if (!is_token(handle)) return d.api.cuMemRelease(handle);
+        GateScope gate("cuMemRelease");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.handles.find(handle);
+          if (it == t.handles.end() || it->second.refs <= 0) return CUDA_ERROR_INVALID_VALUE;
+          // Physical memory lives on while mapped, as with the driver; the real handle goes with the last
+          // mapping.
+          --it->second.refs;
+          release_if_unused(t, handle);
+          return CUDA_SUCCESS;
+        });
+      },
+      handle);
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemMap, (ptr, size, offset, handle, flags));
-  GateScope gate("cuMemMap");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  if (!is_token(handle)) return d.api.cuMemMap(ptr, size, offset, handle, flags);
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.handles.find(handle);
-    if (it == t.handles.end() || it->second.refs <= 0) return CUDA_ERROR_INVALID_VALUE;
-    VmmHandle& v = it->second;
-    const CUresult r = d.api.cuMemMap(ptr, size, offset, real_of(v), flags);
-    if (r != CUDA_SUCCESS) return r;
-    if (!v.ctx && !v.alloc) v.ctx = context_for(d.api, v.prop.location.id);
-    v.maps.push_back({ptr, size, offset});
-    t.by_addr[ptr] = handle;
-    account(handle, v);
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuMemMap>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemMap");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        if (!is_token(handle)) return d.api.cuMemMap(ptr, size, offset, handle, flags);
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.handles.find(handle);
+          if (it == t.handles.end() || it->second.refs <= 0) return CUDA_ERROR_INVALID_VALUE;
+          VmmHandle& v = it->second;
+          const CUresult r = d.api.cuMemMap(ptr, size, offset, real_of(v), flags);
+          if (r != CUDA_SUCCESS) return r;
+          if (!v.ctx && !v.alloc) v.ctx = context_for(d.api, v.prop.location.id);
+          v.maps.push_back({ptr, size, offset});
+          t.by_addr[ptr] = handle;
+          account(handle, v);
+          return CUDA_SUCCESS;
+        });
+      },
+      ptr, size, offset, handle, flags);
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemUnmap, (ptr, size));
-  GateScope gate("cuMemUnmap");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  const CUresult r = d.api.cuMemUnmap(ptr, size);
-  if (r != CUDA_SUCCESS) return r;
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    for (auto it = t.by_addr.lower_bound(ptr); it != t.by_addr.end() && it->first < ptr + size;) {
-      const uint64_t token = it->second;
-      const CUdeviceptr addr = it->first;
-      it = t.by_addr.erase(it);
-      auto h = t.handles.find(token);
-      if (h == t.handles.end()) continue;
-      auto& maps = h->second.maps;
-      maps.erase(std::remove_if(maps.begin(), maps.end(), [&](const Mapping& m) { return m.addr == addr; }),
-                 maps.end());
-      account(token, h->second);
-      release_if_unused(t, token);
-    }
-  } catch (...) {
-  }
-  return r;
+  return intercept<&DriverApi::cuMemUnmap>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemUnmap");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        const CUresult r = d.api.cuMemUnmap(ptr, size);
+        if (r != CUDA_SUCCESS) return r;
+        best_effort([&] {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          for (auto it = t.by_addr.lower_bound(ptr); it != t.by_addr.end() && it->first < ptr + size;) {
+            const uint64_t token = it->second;
+            const CUdeviceptr addr = it->first;
+            it = t.by_addr.erase(it);
+            auto h = t.handles.find(token);
+            if (h == t.handles.end()) continue;
+            auto& maps = h->second.maps;
+            maps.erase(std::remove_if(maps.begin(), maps.end(), [&](const Mapping& m) { return m.addr == addr; }),
+                       maps.end());
+            account(token, h->second);
+            release_if_unused(t, token);
+          }
+        });
+        return r;
+      },
+      ptr, size);
 }
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemSetAccess, (ptr, size, desc, count));
-  GateScope gate("cuMemSetAccess");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  const CUresult r = d.api.cuMemSetAccess(ptr, size, desc, count);
-  if (r != CUDA_SUCCESS || !desc) return r;
-  try {
-    // Remember the rights of every mapping in the range: a resume restores them (peers included).
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.by_addr.upper_bound(ptr);
-    if (it != t.by_addr.begin()) --it;
-    for (; it != t.by_addr.end() && it->first < ptr + size; ++it) {
-      auto h = t.handles.find(it->second);
-      if (h == t.handles.end() || !h->second.alloc) continue;
-      Allocation& a = *h->second.alloc;
-      if (a.base + a.size <= ptr) continue;
-      merge_access(a.access, desc, count);
-    }
-  } catch (...) {
-  }
-  return r;
+  return intercept<&DriverApi::cuMemSetAccess>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemSetAccess");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        const CUresult r = d.api.cuMemSetAccess(ptr, size, desc, count);
+        if (r != CUDA_SUCCESS || !desc) return r;
+        best_effort([&] {
+          // Remember the rights of every mapping in the range: a resume restores them (peers included).
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.by_addr.upper_bound(ptr);
+          if (it != t.by_addr.begin()) --it;
+          for (; it != t.by_addr.end() && it->first < ptr + size; ++it) {
+            auto h = t.handles.find(it->second);
+            if (h == t.handles.end() || !h->second.alloc) continue;
+            Allocation& a = *h->second.alloc;
+            if (a.base + a.size <= ptr) continue;
+            merge_access(a.access, desc, count);
+          }
+        });
+        return r;
+      },
+      ptr, size, desc, count);
 }
 
 CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemGetAccess, (flags, location, ptr));
-  return passthrough_gated("cuMemGetAccess", [&] { return d.api.cuMemGetAccess(flags, location, ptr); });
+  return intercept<&DriverApi::cuMemGetAccess>(
+      [&](const Driver& d) -> CUresult {
+        return passthrough_gated("cuMemGetAccess", [&] { return d.api.cuMemGetAccess(flags, location, ptr); });
+      },
+      flags, location, ptr);
 }
 
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemRetainAllocationHandle, (handle, addr));
-  GateScope gate("cuMemRetainAllocationHandle");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(addr));
-  try {
-    if (handle) {
-      Tables& t = tables();
-      std::lock_guard lock(t.mu);
-      if (auto [token, v] = mapping_at(t, ptr); v) {
-        ++v->refs;
-        *handle = token;
-        return CUDA_SUCCESS;
-      }
-    }
-    // The real handle of one of the shim's allocations: whoever holds it may map or share the
-    // physical memory, so it stays resident from now on.
-    if (auto a = own_allocation(ptr)) {
-      const CUresult r = d.api.cuMemRetainAllocationHandle(handle, addr);
-      if (r == CUDA_SUCCESS) registry().pin(*a, proto::Unmanaged::Exported);
-      return r;
-    }
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-  return d.api.cuMemRetainAllocationHandle(handle, addr);
+  return intercept<&DriverApi::cuMemRetainAllocationHandle>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemRetainAllocationHandle");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(addr));
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          if (handle) {
+            Tables& t = tables();
+            std::lock_guard lock(t.mu);
+            if (auto [token, v] = mapping_at(t, ptr); v) {
+              ++v->refs;
+              *handle = token;
+              return CUDA_SUCCESS;
+            }
+          }
+          // The real handle of one of the shim's allocations: whoever holds it may map or share the
+          // physical memory, so it stays resident from now on.
+          if (auto a = own_allocation(ptr)) {
+            const CUresult r = d.api.cuMemRetainAllocationHandle(handle, addr);
+            if (r == CUDA_SUCCESS) registry().pin(*a, proto::Unmanaged::Exported);
+            return r;
+          }
+          return d.api.cuMemRetainAllocationHandle(handle, addr);
+        });
+      },
+      handle, addr);
 }
 
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                 CUmemGenericAllocationHandle handle) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemGetAllocationPropertiesFromHandle, (prop, handle));
-  if (!is_token(handle) || !prop) return d.api.cuMemGetAllocationPropertiesFromHandle(prop, handle);
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.handles.find(handle);
-    if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
-    if (it->second.imported) return d.api.cuMemGetAllocationPropertiesFromHandle(prop, it->second.real);
-    *prop = it->second.prop;
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuMemGetAllocationPropertiesFromHandle>(
+      [&](const Driver& d) -> CUresult {
+        if (!is_token(handle) || !prop) return d.api.cuMemGetAllocationPropertiesFromHandle(prop, handle);
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.handles.find(handle);
+          if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+          if (it->second.imported) return d.api.cuMemGetAllocationPropertiesFromHandle(prop, it->second.real);
+          *prop = it->second.prop;
+          return CUDA_SUCCESS;
+        });
+      },
+      prop, handle);
 }
 
 // ---- sharing: whatever another process or device may reference stays resident ----
 
 CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                       CUmemAllocationHandleType handleType, unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemExportToShareableHandle, (shareableHandle, handle, handleType, flags));
-  GateScope gate("cuMemExportToShareableHandle");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  try {
-    if (!is_token(handle)) {
-      pin_real_handle(handle, proto::Unmanaged::Exported);
-      return d.api.cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
-    }
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.handles.find(handle);
-    if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
-    VmmHandle& v = it->second;
-    const CUresult r = d.api.cuMemExportToShareableHandle(shareableHandle, real_of(v), handleType, flags);
-    if (r == CUDA_SUCCESS && v.pinned < 0 && !v.imported) {
-      v.pinned = static_cast<int>(proto::Unmanaged::Exported);
-      account(handle, v);
-    }
-    return r;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuMemExportToShareableHandle>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemExportToShareableHandle");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          if (!is_token(handle)) {
+            pin_real_handle(handle, proto::Unmanaged::Exported);
+            return d.api.cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
+          }
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.handles.find(handle);
+          if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+          VmmHandle& v = it->second;
+          const CUresult r = d.api.cuMemExportToShareableHandle(shareableHandle, real_of(v), handleType, flags);
+          if (r == CUDA_SUCCESS && v.pinned < 0 && !v.imported) {
+            v.pinned = static_cast<int>(proto::Unmanaged::Exported);
+            account(handle, v);
+          }
+          return r;
+        });
+      },
+      shareableHandle, handle, handleType, flags);
 }
 
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
                                         CUmemAllocationHandleType shHandleType) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemImportFromShareableHandle, (handle, osHandle, shHandleType));
-  if (!handle) return d.api.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
-  CUmemGenericAllocationHandle real = 0;
-  const CUresult r = d.api.cuMemImportFromShareableHandle(&real, osHandle, shHandleType);
-  if (r != CUDA_SUCCESS) return r;
-  try {
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    const uint64_t token = kTokenTag | t.next++;
-    VmmHandle& v = t.handles[token];
-    v.real = real;
-    v.imported = true;
-    *handle = token;
-    return CUDA_SUCCESS;
-  } catch (...) {
-    d.api.cuMemRelease(real);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  return intercept<&DriverApi::cuMemImportFromShareableHandle>(
+      [&](const Driver& d) -> CUresult {
+        if (!handle) return d.api.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+        CUmemGenericAllocationHandle real = 0;
+        const CUresult r = d.api.cuMemImportFromShareableHandle(&real, osHandle, shHandleType);
+        if (r != CUDA_SUCCESS) return r;
+        // The handle goes back if the shim cannot track it.
+        const CUresult tracked = no_throw(CUDA_ERROR_OUT_OF_MEMORY, [&]() -> CUresult {
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          const uint64_t token = kTokenTag | t.next++;
+          VmmHandle& v = t.handles[token];
+          v.real = real;
+          v.imported = true;
+          *handle = token;
+          return CUDA_SUCCESS;
+        });
+        if (tracked != CUDA_SUCCESS) d.api.cuMemRelease(real);
+        return tracked;
+      },
+      handle, osHandle, shHandleType);
 }
 
 CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t size, CUmemRangeHandleType handleType,
                                        unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMemGetHandleForAddressRange, (handle, dptr, size, handleType, flags));
-  GateScope gate("cuMemGetHandleForAddressRange");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  const CUresult r = d.api.cuMemGetHandleForAddressRange(handle, dptr, size, handleType, flags);
-  if (r == CUDA_SUCCESS) {
-    try {
-      pin_address(dptr, proto::Unmanaged::Exported);  // a DMA-BUF: another device may read it any time
-    } catch (...) {
-    }
-  }
-  return r;
+  return intercept<&DriverApi::cuMemGetHandleForAddressRange>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMemGetHandleForAddressRange");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        const CUresult r = d.api.cuMemGetHandleForAddressRange(handle, dptr, size, handleType, flags);
+        if (r == CUDA_SUCCESS) {
+          best_effort([&] {
+            pin_address(dptr, proto::Unmanaged::Exported);  // a DMA-BUF: another device may read it any time
+          });
+        }
+        return r;
+      },
+      handle, dptr, size, handleType, flags);
 }
 
 // cuMulticastCreate is deliberately not called anywhere (forbidden on the GPU machines); binding
@@ -596,91 +650,94 @@ CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t si
 CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
                             CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
                             unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMulticastBindMem, (mcHandle, mcOffset, memHandle, memOffset, size, flags));
-  GateScope gate("cuMulticastBindMem");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  try {
-    if (!is_token(memHandle)) {
-      pin_real_handle(memHandle, proto::Unmanaged::Multicast);
-      return d.api.cuMulticastBindMem(mcHandle, mcOffset, memHandle, memOffset, size, flags);
-    }
-    Tables& t = tables();
-    std::lock_guard lock(t.mu);
-    auto it = t.handles.find(memHandle);
-    if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
-    VmmHandle& v = it->second;
-    const CUresult r = d.api.cuMulticastBindMem(mcHandle, mcOffset, real_of(v), memOffset, size, flags);
-    if (r == CUDA_SUCCESS && v.pinned < 0 && !v.imported) {
-      v.pinned = static_cast<int>(proto::Unmanaged::Multicast);
-      account(memHandle, v);
-    }
-    return r;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
+  return intercept<&DriverApi::cuMulticastBindMem>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMulticastBindMem");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
+          if (!is_token(memHandle)) {
+            pin_real_handle(memHandle, proto::Unmanaged::Multicast);
+            return d.api.cuMulticastBindMem(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+          }
+          Tables& t = tables();
+          std::lock_guard lock(t.mu);
+          auto it = t.handles.find(memHandle);
+          if (it == t.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+          VmmHandle& v = it->second;
+          const CUresult r = d.api.cuMulticastBindMem(mcHandle, mcOffset, real_of(v), memOffset, size, flags);
+          if (r == CUDA_SUCCESS && v.pinned < 0 && !v.imported) {
+            v.pinned = static_cast<int>(proto::Unmanaged::Multicast);
+            account(memHandle, v);
+          }
+          return r;
+        });
+      },
+      mcHandle, mcOffset, memHandle, memOffset, size, flags);
 }
 
 CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr, size_t size,
                              unsigned long long flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuMulticastBindAddr, (mcHandle, mcOffset, memptr, size, flags));
-  GateScope gate("cuMulticastBindAddr");
-  if (gate.result() != CUDA_SUCCESS) return gate.result();
-  const CUresult r = d.api.cuMulticastBindAddr(mcHandle, mcOffset, memptr, size, flags);
-  if (r == CUDA_SUCCESS) {
-    try {
-      pin_address(memptr, proto::Unmanaged::Multicast);
-    } catch (...) {
-    }
-  }
-  return r;
+  return intercept<&DriverApi::cuMulticastBindAddr>(
+      [&](const Driver& d) -> CUresult {
+        GateScope gate("cuMulticastBindAddr");
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
+        const CUresult r = d.api.cuMulticastBindAddr(mcHandle, mcOffset, memptr, size, flags);
+        if (r == CUDA_SUCCESS) {
+          best_effort([&] { pin_address(memptr, proto::Unmanaged::Multicast); });
+        }
+        return r;
+      },
+      mcHandle, mcOffset, memptr, size, flags);
 }
 
 // ---- peers ----
 
 CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) noexcept {
-  TMSDISK_PASSTHROUGH_IF_OFF(cuCtxEnablePeerAccess, (peerContext, Flags));
-  const CUresult r = d.api.cuCtxEnablePeerAccess(peerContext, Flags);
-  if (r != CUDA_SUCCESS) return r;
-  // The current context's device may now use the peer's cuMemAlloc memory. The shim's allocations
-  // are VMM memory, which peer access does not open: grant it explicitly, now and on every resume,
-  // and to allocations made later.
-  CUdevice accessor = 0, owner = 0;
-  if (d.api.cuCtxGetDevice(&accessor) != CUDA_SUCCESS) return r;
-  {
-    CtxScope scope(d.api, peerContext);
-    if (!scope.ok() || d.api.cuCtxGetDevice(&owner) != CUDA_SUCCESS) return r;
-  }
-  GateScope gate("cuCtxEnablePeerAccess");
-  if (gate.result() != CUDA_SUCCESS) {
-    TMS_WARN(
-        "peer access enabled while paused under TMSDISK_ON_TOUCH=fail: managed memory of device %d is not "
-        "opened to device %d",
-        owner, accessor);
-    return r;
-  }
-  try {
-    {
-      Tables& t = tables();
-      std::lock_guard lock(t.mu);
-      if (std::find(t.peers.begin(), t.peers.end(), std::make_pair(owner, accessor)) == t.peers.end())
-        t.peers.emplace_back(owner, accessor);
-    }
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = accessor;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    for (auto& a : registry().snapshot()) {
-      if (a->app_vmm || a->device != owner || a->state.load() != AllocState::Resident) continue;
-      if (CUresult e = d.api.cuMemSetAccess(a->base, a->mapped, &desc, 1); e != CUDA_SUCCESS) {
-        TMS_WARN("opening blob %llu to device %d failed: %s", static_cast<unsigned long long>(a->id), accessor,
-                 cu_error_name(e));
-        continue;
-      }
-      merge_access(a->access, &desc, 1);
-    }
-  } catch (...) {
-  }
-  return r;
+  return intercept<&DriverApi::cuCtxEnablePeerAccess>(
+      [&](const Driver& d) -> CUresult {
+        const CUresult r = d.api.cuCtxEnablePeerAccess(peerContext, Flags);
+        if (r != CUDA_SUCCESS) return r;
+        // The current context's device may now use the peer's cuMemAlloc memory. The shim's allocations
+        // are VMM memory, which peer access does not open: grant it explicitly, now and on every resume,
+        // and to allocations made later.
+        CUdevice accessor = 0, owner = 0;
+        if (d.api.cuCtxGetDevice(&accessor) != CUDA_SUCCESS) return r;
+        {
+          CtxScope scope(d.api, peerContext);
+          if (!scope.ok() || d.api.cuCtxGetDevice(&owner) != CUDA_SUCCESS) return r;
+        }
+        GateScope gate("cuCtxEnablePeerAccess");
+        if (gate.result() != CUDA_SUCCESS) {
+          TMS_WARN(
+              "peer access enabled while paused under TMSDISK_ON_TOUCH=fail: managed memory of device %d is not "
+              "opened to device %d",
+              owner, accessor);
+          return r;
+        }
+        best_effort([&] {
+          {
+            Tables& t = tables();
+            std::lock_guard lock(t.mu);
+            if (std::find(t.peers.begin(), t.peers.end(), std::make_pair(owner, accessor)) == t.peers.end())
+              t.peers.emplace_back(owner, accessor);
+          }
+          CUmemAccessDesc desc{};
+          desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+          desc.location.id = accessor;
+          desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+          for (auto& a : registry().snapshot()) {
+            if (a->app_vmm || a->device != owner || a->state.load() != AllocState::Resident) continue;
+            if (CUresult e = d.api.cuMemSetAccess(a->base, a->mapped, &desc, 1); e != CUDA_SUCCESS) {
+              TMS_WARN("opening blob %llu to device %d failed: %s", static_cast<unsigned long long>(a->id), accessor,
+                       cu_error_name(e));
+              continue;
+            }
+            merge_access(a->access, &desc, 1);
+          }
+        });
+        return r;
+      },
+      peerContext, Flags);
 }
 
 }  // namespace hook

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// The session with tmsdiskd (daemon_session.h).
+#include "daemon_session.h"
+
+#include <dlfcn.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "config.h"
+#include "driver.h"
+#include "log.h"
+#include "tmsdisk/common/private_daemon.h"
+#include "tmsdisk/protocol/socket.h"
+
+namespace tmsdisk::shim {
+namespace {
+
+constexpr int kHandshakeTimeoutS = 10;
+constexpr int kPrivateDaemonStartMs = 10000;
+constexpr int64_t kMaxConnectBackoffMs = 30000;
+constexpr int kWaitSliceMs = 1000;  // await_reply wakes at least this often
+
+std::string errtext(int errnum) {
+  return std::strerror(errnum);
+}
+
+// tmsdiskd for the private daemon: $TMSDISK_DAEMON, else beside this library (install tree: lib/ and
+// sbin/ or bin/; build tree: interposer/ and daemon/), else on PATH.
+std::string find_daemon() {
+  if (const char* env = std::getenv("TMSDISK_DAEMON"); env && *env) return env;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&start_private_daemon), &info) && info.dli_fname) {
+    std::string dir = info.dli_fname;
+    dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+    for (const char* rel : {"/tmsdiskd", "/../sbin/tmsdiskd", "/../bin/tmsdiskd", "/../daemon/tmsdiskd"}) {
+      std::string p = dir + rel;
+      if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::string_view rest = path;
+    while (!rest.empty()) {
+      auto colon = rest.find(':');
+      std::string p = std::string(rest.substr(0, colon)) + "/tmsdiskd";
+      if (::access(p.c_str(), X_OK) == 0) return p;
+      rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+int64_t now_ms() noexcept {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+int start_private_daemon() noexcept {
+  try {
+    const std::string daemon = find_daemon();
+    if (daemon.empty()) {
+      TMS_WARN("no tmsdiskd found beside libtmsdisk.so or on PATH (set TMSDISK_DAEMON) to start a private daemon");
+      return -ENOENT;
+    }
+    int rc = spawn_private_daemon(daemon, config().private_socket, kPrivateDaemonStartMs);
+    if (rc < 0)
+      TMS_WARN("could not start a private tmsdiskd (%s): %s; its log is beside %s", daemon.c_str(), std::strerror(-rc),
+               config().private_socket.c_str());
+    else
+      TMS_INFO("using the private tmsdiskd at %s", config().private_socket.c_str());
+    return rc;
+  } catch (...) {
+    return -ENOMEM;
+  }
+}
+
+// The whole handshake lives here, in one function, until protocol/ offers a HELLO client shared with
+// tmsctl and the tests.
+Result<DaemonSession::Welcomed> DaemonSession::hello() {
+  const Config& cfg = config();
+  int fd = proto::connect_seqpacket(cfg.socket_path);
+  if (fd < 0 && !cfg.socket_explicit && start_private_daemon() == 0) fd = proto::connect_seqpacket(cfg.private_socket);
+  if (fd < 0) {
+    return make_error(-fd, cfg.socket_explicit
+                               ? "cannot reach tmsdiskd at " + cfg.socket_path + " (TMSDISK_SOCKET): " + errtext(-fd)
+                               : "cannot reach tmsdiskd at " + cfg.socket_path + ", nor start a private one at " +
+                                     cfg.private_socket + ": " + errtext(-fd));
+  }
+  Welcomed out;
+  out.sock.reset(fd);
+  timeval tv{kHandshakeTimeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+  proto::Hello h;
+  h.role = static_cast<uint8_t>(proto::Role::Shim);
+  h.rank = cfg.rank;
+  int devices = 0;
+  if (driver().api.cuDeviceGetCount && driver().api.cuDeviceGetCount(&devices) != CUDA_SUCCESS) devices = 0;
+  h.device_count = static_cast<uint32_t>(std::max(devices, 0));
+  h.job = cfg.job;
+  h.backup_dir = cfg.backup_dir.size() <= proto::kMaxPathLength ? cfg.backup_dir : std::string();
+  h.token = token_;
+  h.staging_bytes = cfg.staging_bytes;
+  auto bytes = proto::encode(next_id(), h);
+  if (bytes.empty()) return make_error(EINVAL, "cannot encode HELLO");
+  if (int e = proto::send_message(fd, bytes); e < 0)
+    return make_error(-e, "cannot send HELLO to tmsdiskd: " + errtext(-e));
+  int memfd = -1;
+  const long n = proto::recv_message(fd, rx_, &memfd);
+  out.memfd.reset(memfd);
+  if (n <= 0)
+    return make_error(n == 0 ? ECONNRESET : static_cast<int>(-n),
+                      std::string("tmsdiskd did not answer HELLO: ") +
+                          (n == 0 ? std::string("connection closed") : errtext(static_cast<int>(-n))));
+  auto decoded = proto::decode(rx_);
+  if (!decoded.envelope)
+    return make_error(decoded.code ? decoded.code : EPROTO, "bad answer to HELLO: " + decoded.error);
+  if (const auto* err = std::get_if<proto::ErrorReply>(&decoded.envelope->body))
+    return make_error(err->code, "tmsdiskd refused the session: " + err->message);
+  const auto* w = std::get_if<proto::Welcome>(&decoded.envelope->body);
+  if (!w) return make_error(EPROTO, "unexpected answer to HELLO");
+  out.welcome = *w;
+  return out;
+}
+
+void DaemonSession::attach(Welcomed& w) {
+  timeval none{0, 0};
+  ::setsockopt(w.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));  // poll() decides how long to wait
+  sock_ = w.sock.release();
+  token_ = w.welcome.token;
+  connect_backoff_ms_ = 1000;
+  unreachable_logged_ = false;
+}
+
+void DaemonSession::close_after_fork() noexcept {
+  if (sock_ >= 0) ::close(sock_);
+  sock_ = -1;
+}
+
+void DaemonSession::attempt_failed(const Error& e, int64_t now) {
+  if (!unreachable_logged_) {
+    TMS_WARN("%s; allocations keep working, pause and resume fail until it is reachable", e.message.c_str());
+    unreachable_logged_ = true;
+  } else {
+    TMS_DEBUG("%s", e.message.c_str());
+  }
+  next_connect_ms_ = now + connect_backoff_ms_;
+  connect_backoff_ms_ = std::min(connect_backoff_ms_ * 2, kMaxConnectBackoffMs);
+}
+
+void DaemonSession::drop(const char* why) {
+  if (sock_ < 0) return;
+  ::close(sock_);
+  sock_ = -1;
+  next_connect_ms_ = now_ms() + 1000;
+  if (lost_) lost_(why);
+}
+
+int DaemonSession::send(uint64_t request_id, const proto::Message& body, int fd) {
+  if (sock_ < 0) return -ENOTCONN;
+  auto bytes = proto::encode(request_id, body);
+  if (bytes.empty()) return -EMSGSIZE;
+  const int e = proto::send_message(sock_, bytes, fd);
+  if (e == -EPIPE || e == -ECONNRESET) drop(std::strerror(-e));
+  return e;
+}
+
+int DaemonSession::receive(proto::Envelope& env, int timeout_ms, UniqueFd* fd) {
+  if (sock_ < 0) return -ENOTCONN;
+  pollfd p{sock_, POLLIN, 0};
+  const int n = ::poll(&p, 1, timeout_ms);
+  if (n <= 0) return 0;
+  int passed = -1;
+  const long got = proto::recv_message(sock_, rx_, &passed);
+  UniqueFd owned(passed);
+  if (fd) *fd = std::move(owned);
+  if (got == -EMSGSIZE || got == -EINTR || got == -EAGAIN) return 0;
+  if (got <= 0) {
+    const int e = got == 0 ? ECONNRESET : static_cast<int>(-got);
+    drop(got == 0 ? "tmsdiskd closed the connection" : std::strerror(e));
+    return -e;
+  }
+  auto decoded = proto::decode(rx_);
+  if (!decoded.envelope) {
+    TMS_WARN("ignoring a bad message from tmsdiskd: %s", decoded.error.c_str());
+    return 0;
+  }
+  env = std::move(*decoded.envelope);
+  return 1;
+}
+
+Status DaemonSession::await_reply(uint64_t request_id, proto::Envelope& reply, UniqueFd* fd) {
+  const int64_t deadline = now_ms() + kReplyTimeoutMs;
+  for (;;) {
+    const int64_t left = deadline - now_ms();
+    if (left <= 0)
+      return make_error(ETIMEDOUT, "tmsdiskd did not answer within " + std::to_string(kReplyTimeoutMs / 1000) + " s");
+    UniqueFd passed;
+    const int got = receive(reply, static_cast<int>(std::min<int64_t>(left, kWaitSliceMs)), &passed);
+    if (got < 0) return make_error(-got, "lost the connection to tmsdiskd: " + errtext(-got));
+    if (got == 0) continue;
+    if (reply.request_id == request_id) {
+      if (fd) *fd = std::move(passed);
+      return {};
+    }
+    other(reply);
+  }
+}
+
+}  // namespace tmsdisk::shim

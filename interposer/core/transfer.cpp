@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transfer pipeline (transfer.h): one loop for pause and resume.
+#include "transfer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "driver.h"
+#include "log.h"
+
+namespace tmsdisk::shim {
+namespace {
+
+constexpr int kTickMs = 100;  // the pipeline's poll interval; progress messages at most this often
+
+Error cuda_error(const char* what, CUresult r) {
+  return make_error(
+      EIO, std::string(what) + " failed: " + cu_error_name(r) + " (" + std::to_string(static_cast<int>(r)) + ")");
+}
+
+const char* copy_what(Direction dir) {
+  return dir == Direction::ToStorage ? "copying device memory to the staging buffer"
+                                     : "copying the staging buffer to device memory";
+}
+
+}  // namespace
+
+void ProgressReporter::update(uint64_t done, bool force) {
+  if (request_ == 0 || !session_ || !session_->connected()) return;  // only a daemon command has someone watching
+  const int64_t now = now_ms();
+  if (!force && now - last_ms_ < kTickMs) return;
+  last_ms_ = now;
+  proto::Progress p;
+  p.done_bytes = std::min(done, total_);
+  p.total_bytes = total_;
+  (void)session_->send(request_, p);
+}
+
+Result<int> TransferPipeline::context(CUcontext ctx) {
+  for (std::size_t i = 0; i < ctxs_.size(); ++i)
+    if (ctxs_[i].ctx == ctx) return static_cast<int>(i);
+  const DriverApi& api = driver().api;
+  CtxScope scope(api, ctx);
+  if (!scope.ok()) return make_error(EIO, "cannot make an allocation's context current (was it destroyed?)");
+  CtxResources cr;
+  cr.ctx = ctx;
+  // Non-blocking: the shim's copies must not wait on, or be waited on by, the legacy default stream.
+  if (CUresult r = api.cuStreamCreate(&cr.stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS)
+    return cuda_error("cuStreamCreate", r);
+  ctxs_.push_back(std::move(cr));
+  return static_cast<int>(ctxs_.size() - 1);
+}
+
+Result<CUevent> TransferPipeline::slot_event(int ctx, std::size_t slot) {
+  CtxResources& cr = ctxs_[static_cast<std::size_t>(ctx)];
+  if (cr.events.size() < slots_.count()) cr.events.resize(slots_.count(), nullptr);
+  if (!cr.events[slot]) {
+    const DriverApi& api = driver().api;
+    CtxScope scope(api, cr.ctx);
+    if (CUresult r = api.cuEventCreate(&cr.events[slot], CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
+      cr.events[slot] = nullptr;
+      return cuda_error("cuEventCreate", r);
+    }
+  }
+  return cr.events[slot];
+}
+
+Status TransferPipeline::start_copy(Direction dir, TransferJob& j, std::size_t s) {
+  const DriverApi& api = driver().api;
+  const Slot& slot = slots_[s];
+  Result<CUevent> ev = slot_event(slot.ctx, s);
+  if (!ev) return std::move(ev).error();
+  const CtxResources& cr = ctxs_[static_cast<std::size_t>(slot.ctx)];
+  CtxScope scope(api, cr.ctx);
+  CUresult r = dir == Direction::ToStorage
+                   ? api.cuMemcpyDtoHAsync_v2(slots_.data(s), j.a->base + slot.offset, slot.length, cr.stream)
+                   : api.cuMemcpyHtoDAsync_v2(j.a->base + slot.offset, slots_.data(s), slot.length, cr.stream);
+  if (r == CUDA_SUCCESS) r = api.cuEventRecord(*ev, cr.stream);
+  if (r != CUDA_SUCCESS) return cuda_error(copy_what(dir), r);
+  return {};
+}
+
+Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJob& j, std::size_t s,
+                                                 const TransferSteps& steps) {
+  const Slot& slot = slots_[s];
+  const uint64_t id = session_.next_id();
+  int e;
+  if (dir == Direction::ToStorage) {
+    proto::Write w;
+    w.slot = static_cast<uint32_t>(s);
+    w.length = slot.length;
+    w.blob = j.a->id;
+    w.offset = slot.offset;
+    e = session_.send(id, w);
+  } else {
+    proto::Read m;
+    m.slot = static_cast<uint32_t>(s);
+    m.length = slot.length;
+    m.blob = j.a->id;
+    m.offset = slot.offset;
+    if (steps.expected_checksum) m.checksum = steps.expected_checksum(j, slot.offset);
+    e = session_.send(id, m);
+  }
+  if (e < 0)
+    return make_error(-e, std::string("cannot send ") + (dir == Direction::ToStorage ? "WRITE" : "READ") +
+                              " to tmsdiskd: " + std::strerror(-e));
+  return id;
+}
+
+int TransferPipeline::next_message(proto::Envelope& env, bool copying) {
+  if (!copying) return session_.receive(env, kTickMs);
+  const int got = session_.receive(env, 0);
+  if (got != 0) return got;
+  const DriverApi& api = driver().api;
+  for (std::size_t s = 0; s < slots_.count(); ++s) {
+    if (slots_[s].state != SlotState::Copying) continue;
+    (void)api.cuEventSynchronize(ctxs_[static_cast<std::size_t>(slots_[s].ctx)].events[s]);
+    break;
+  }
+  return 0;
+}
+
+std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
+                                           ProgressReporter& progress, uint64_t* done_bytes) {
+  const DriverApi& api = driver().api;
+  const bool out = dir == Direction::ToStorage;
+  const uint32_t slot_bytes = slots_.slot_bytes();
+  std::optional<Error> fatal;
+  // The whole transfer stops: no new copy or request starts; what is in flight is still collected.
+  auto fail_all = [&](Error e) {
+    if (!fatal) fatal = std::move(e);
+  };
+  // A failure in the path of one job stops everything, and the job carries the transfer's error.
+  auto fail = [&](TransferJob& j, Error e) {
+    fail_all(std::move(e));
+    if (!j.error) j.error = *fatal;
+  };
+  auto free_slot = [&](TransferJob& j, Slot& slot) {
+    slot = Slot{};
+    --j.in_flight;
+  };
+  // A chunk's last step is done. A job finishes once all are, unless it failed (or, to storage,
+  // anything failed: memory is released only while every step so far succeeded).
+  auto chunk_done = [&](TransferJob& j, uint32_t len) {
+    *done_bytes += len;
+    if (++j.done != j.chunks || j.error || (out && fatal)) return;
+    if (Status st = steps.finished(j); !st)
+      fail_all(std::move(st).error());
+    else
+      j.complete = true;
+  };
+
+  *done_bytes = 0;
+  std::size_t cursor = 0;
+  int64_t last_activity = now_ms();
+  for (;;) {
+    // 1. Start chunks while slots are free: to storage with the copy out of the device; from
+    // storage with the READ (reads need no device memory, so they start at once).
+    while (!fatal) {
+      while (cursor < jobs.size() && (jobs[cursor].error || jobs[cursor].next_offset >= jobs[cursor].a->size)) ++cursor;
+      if (cursor == jobs.size()) break;
+      const int s = slots_.free_slot();
+      if (s < 0) break;
+      TransferJob& j = jobs[cursor];
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(slot_bytes, j.a->size - j.next_offset));
+      Slot& slot = slots_[static_cast<std::size_t>(s)];
+      slot =
+          Slot{out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(cursor), j.next_offset, len, j.ctx};
+      Status started;
+      if (out) {
+        started = start_copy(dir, j, static_cast<std::size_t>(s));
+      } else if (Result<uint64_t> id = start_request(dir, j, static_cast<std::size_t>(s), steps)) {
+        slot.request = *id;
+      } else {
+        started = std::move(id).error();
+      }
+      if (!started) {
+        slot = Slot{};
+        fail_all(std::move(started).error());
+        break;
+      }
+      j.next_offset += len;
+      ++j.in_flight;
+    }
+
+    // 2. Harvest finished copies: to storage, the chunk goes to the daemon; from storage, it is done.
+    bool copying = false;
+    for (std::size_t s = 0; s < slots_.count(); ++s) {
+      Slot& slot = slots_[s];
+      if (slot.state != SlotState::Copying) continue;
+      TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
+      const CUresult q = api.cuEventQuery(ctxs_[static_cast<std::size_t>(slot.ctx)].events[s]);
+      if (q == CUDA_ERROR_NOT_READY) {
+        copying = true;
+        continue;
+      }
+      last_activity = now_ms();
+      if (q != CUDA_SUCCESS) {
+        fail(j, cuda_error(copy_what(dir), q));
+        free_slot(j, slot);
+        continue;
+      }
+      if (!out) {
+        const uint32_t len = slot.length;
+        free_slot(j, slot);
+        chunk_done(j, len);
+        continue;
+      }
+      if (fatal) {
+        free_slot(j, slot);
+        continue;
+      }
+      Result<uint64_t> id = start_request(dir, j, s, steps);
+      if (!id) {
+        fail_all(std::move(id).error());
+        free_slot(j, slot);
+        continue;
+      }
+      slot.state = SlotState::InDaemon;
+      slot.request = *id;
+    }
+    if (steps.abandoned)
+      for (TransferJob& j : jobs)
+        if (j.error && j.in_flight == 0) steps.abandoned(j);
+
+    if (!copying && !slots_.any(SlotState::InDaemon)) {
+      if (fatal || cursor == jobs.size()) break;
+      if (slots_.free_slot() < 0) {
+        fail_all(make_error(EBUSY, "every staging slot is still held by an earlier request the daemon never answered"));
+        break;
+      }
+      continue;
+    }
+
+    // 3. The daemon's answers.
+    proto::Envelope env;
+    const int got = next_message(env, copying);
+    if (copying && got == 0) {
+      progress.update(*done_bytes, false);
+      continue;  // a copy finished: harvest it
+    }
+    if (got < 0 || (got == 0 && now_ms() - last_activity > kReplyTimeoutMs)) {
+      // Connection gone: whatever the daemon held is gone with it. Timed out: a slot is freed only
+      // if its answer ever comes.
+      const bool lost = got < 0;
+      fail_all(lost ? make_error(
+                          -got, std::string("lost the connection to tmsdiskd during the ") + (out ? "pause" : "resume"))
+                    : make_error(ETIMEDOUT,
+                                 "tmsdiskd did not answer within " + std::to_string(kReplyTimeoutMs / 1000) + " s"));
+      for (std::size_t s = 0; s < slots_.count(); ++s) {
+        Slot& slot = slots_[s];
+        if (slot.state != SlotState::InDaemon) continue;
+        TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
+        --j.in_flight;
+        if (!j.error) j.error = *fatal;
+        if (lost)
+          slot = Slot{};
+        else
+          slot.state = SlotState::Lost;
+      }
+      if (!lost) progress.update(*done_bytes, false);
+      continue;
+    }
+    if (got == 0) {
+      progress.update(*done_bytes, false);
+      continue;
+    }
+    last_activity = now_ms();
+    const int s = slots_.awaiting(env.request_id);
+    if (s < 0) {
+      session_.other(env);
+      continue;
+    }
+    Slot& slot = slots_[static_cast<std::size_t>(s)];
+    TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
+    const auto* written = std::get_if<proto::Written>(&env.body);
+    const bool answered = out ? written != nullptr : std::holds_alternative<proto::ReadDone>(env.body);
+    if (answered && out) {
+      const uint32_t len = slot.length;
+      const uint64_t offset = slot.offset;
+      free_slot(j, slot);
+      if (steps.written) steps.written(j, offset, written->checksum);
+      chunk_done(j, len);
+      progress.update(*done_bytes, false);
+      continue;
+    }
+    if (answered && !j.error && !fatal && steps.before_copy) {
+      // From storage, a failure to get the memory affects this allocation only.
+      if (Status st = steps.before_copy(j); !st) j.error = std::move(st).error();
+    }
+    if (answered && !j.error && !fatal) {
+      Status copied = start_copy(dir, j, static_cast<std::size_t>(s));
+      if (copied) {
+        slot.state = SlotState::Copying;
+        slot.request = 0;
+        continue;
+      }
+      fail(j, std::move(copied).error());
+    } else if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
+      if (out) {
+        fail_all(make_error(err->code, "tmsdiskd: " + err->message));
+      } else if (!j.error) {
+        // Checksum mismatch (EBADMSG), read error (EIO)...: this allocation stays paused.
+        j.error = make_error(err->code, "blob " + std::to_string(j.a->id) + ": " + err->message);
+        TMS_WARN("%s", j.error->message.c_str());
+      }
+    } else if (!answered) {
+      fail_all(make_error(EPROTO, std::string("unexpected answer to ") + (out ? "WRITE" : "READ")));
+    }
+    free_slot(j, slot);
+    progress.update(*done_bytes, false);
+  }
+  progress.update(*done_bytes, true);
+  return fatal;
+}
+
+}  // namespace tmsdisk::shim

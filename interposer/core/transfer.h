@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transfer pipeline: moves allocations chunk by chunk between device memory and tmsdiskd through
+// the staging slots, with copies on the shim's own streams overlapping the daemon's I/O. It owns
+// slot scheduling, copy events, reply timeouts and connection loss; a direction says which way the
+// bytes go, and TransferSteps what the caller does per chunk and once an allocation is done.
+//
+//   to storage:   device --copy--> slot --WRITE--> daemon, chunk done when WRITTEN
+//   from storage: daemon --READ--> slot --copy--> device, chunk done when the copy completes
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cuda_api.h"
+#include "daemon_session.h"
+#include "registry.h"
+#include "staging_slots.h"
+#include "tmsdisk/common/result.h"
+
+namespace tmsdisk::shim {
+
+enum class Direction : uint8_t { ToStorage, FromStorage };
+
+// One allocation moving through the pipeline.
+struct TransferJob {
+  std::shared_ptr<Allocation> a;
+  int ctx = -1;              // TransferPipeline::context()
+  uint64_t next_offset = 0;  // first byte not yet handed to a slot
+  uint64_t chunks = 0;
+  uint64_t done = 0;  // chunks acknowledged (to storage) or copied back (from storage)
+  uint32_t in_flight = 0;
+  std::optional<Error> error;  // this allocation failed; the others may go on (from storage)
+  bool complete = false;       // every chunk done and TransferSteps::finished succeeded
+  // From storage: the new physical memory, mapped before its first chunk is copied back.
+  CUmemGenericAllocationHandle handle = 0;
+  bool mapped = false;
+};
+
+struct TransferSteps {
+  // From storage: the checksum the daemon must find for the chunk at `offset` (sent with READ).
+  std::function<uint64_t(const TransferJob&, uint64_t offset)> expected_checksum;
+  // To storage: the daemon wrote the chunk at `offset`; `checksum` is what it computed.
+  std::function<void(TransferJob&, uint64_t offset, uint64_t checksum)> written;
+  // From storage: before a chunk is copied to the device (the first one maps memory). An error
+  // fails this allocation only.
+  std::function<Status(TransferJob&)> before_copy;
+  // Every chunk of the job is done (to storage: only while nothing failed). An error stops the
+  // whole transfer.
+  std::function<Status(TransferJob&)> finished;
+  // A failed job has nothing in flight any more.
+  std::function<void(TransferJob&)> abandoned;
+};
+
+// Tells whoever asked for the operation how far it got (a daemon command has a watcher; the C API
+// has none).
+class ProgressReporter {
+ public:
+  ProgressReporter(DaemonSession* session, uint64_t command_request) : session_(session), request_(command_request) {}
+  void start(uint64_t total) {
+    total_ = total;
+    update(0, true);
+  }
+  // At most once per tick unless `force`.
+  void update(uint64_t done, bool force);
+
+ private:
+  DaemonSession* session_;
+  uint64_t request_;
+  uint64_t total_ = 0;
+  int64_t last_ms_ = 0;
+};
+
+class TransferPipeline {
+ public:
+  TransferPipeline(DaemonSession& session, StagingSlots& slots) : session_(session), slots_(slots) {}
+
+  // The index of `ctx`'s stream and events, created on first use.
+  Result<int> context(CUcontext ctx);
+
+  // Moves `jobs` (each with its ctx set); returns the first error that stopped the whole transfer,
+  // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks.
+  std::optional<Error> run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
+                           ProgressReporter& progress, uint64_t* done_bytes);
+
+ private:
+  struct CtxResources {
+    CUcontext ctx = nullptr;
+    CUstream stream = nullptr;
+    std::vector<CUevent> events;  // one per slot, created on first use
+  };
+
+  Result<CUevent> slot_event(int ctx, std::size_t slot);
+  // Starts the copy of slot `s`'s chunk (device to slot or back, by direction).
+  Status start_copy(Direction dir, TransferJob& j, std::size_t s);
+  // Sends the WRITE or READ of slot `s`'s chunk; its request id.
+  Result<uint64_t> start_request(Direction dir, const TransferJob& j, std::size_t s, const TransferSteps& steps);
+  // The daemon's next message, or, while copies run and nothing has arrived, the oldest copy's
+  // completion (then 0, so the caller harvests it instead of spinning).
+  int next_message(proto::Envelope& env, bool copying);
+
+  DaemonSession& session_;
+  StagingSlots& slots_;
+  std::vector<CtxResources> ctxs_;
+};
+
+}  // namespace tmsdisk::shim
