@@ -48,7 +48,8 @@ int run(proto::CommandOp op) noexcept {
   ensure_init();
   Engine* e = Engine::instance();
   if (!e) return -ENOMEM;
-  return e->run(op, nullptr);
+  const Status done = e->run(op);
+  return done ? 0 : -done.error().errnum();
 }
 
 }  // namespace

@@ -72,17 +72,17 @@ std::string wire_text(std::string s, std::size_t max) {
 int auto_resume(std::string* why) noexcept {
   Engine* e = Engine::instance();
   if (!e) return -ENOMEM;
-  OpResult res;
-  const int rc = e->run(proto::CommandOp::Resume, &res);
+  const Status resumed = e->run(proto::CommandOp::Resume);
+  if (resumed) return 0;
   try {
-    *why = res.message;
+    *why = resumed.error().message;
   } catch (...) {
   }
-  return rc;
+  return -resumed.error().errnum();
 }
 
-OpResult failed(const Error& e, uint64_t bytes = 0) {
-  return OpResult{e.errnum(), bytes, 0, e.message};
+OpResult failed(const Error& e) {
+  return OpResult{e};
 }
 
 }  // namespace
@@ -195,7 +195,7 @@ int Engine::post(std::function<void()> task, bool wait) noexcept {
     if (!wait) return 0;
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return r->done; });
-    const int code = r->result.code;
+    const int code = r->result.code();
     delete r;
     return code ? -code : 0;
   } catch (...) {
@@ -203,21 +203,16 @@ int Engine::post(std::function<void()> task, bool wait) noexcept {
   }
 }
 
-int Engine::run(proto::CommandOp op, OpResult* out) noexcept {
+Status Engine::run(proto::CommandOp op) noexcept {
   try {
     ensure_started();
     Request req;
     req.op = op;
     {
       std::unique_lock lock(mu_);
-      if (!thread_started_) {
-        if (out) *out = OpResult{EAGAIN, 0, 0, "the tmsdisk control thread could not be started"};
-        return -EAGAIN;
-      }
-      if (busy_ || std::any_of(queue_.begin(), queue_.end(), [](const Request* q) { return !q->task; })) {
-        if (out) *out = OpResult{EBUSY, 0, 0, "another pause or resume is running"};
-        return -EBUSY;
-      }
+      if (!thread_started_) return make_error(EAGAIN, "the tmsdisk control thread could not be started");
+      if (busy_ || std::any_of(queue_.begin(), queue_.end(), [](const Request* q) { return !q->task; }))
+        return make_error(EBUSY, "another pause or resume is running");
       queue_.push_back(&req);
     }
     const uint64_t one = 1;
@@ -227,11 +222,9 @@ int Engine::run(proto::CommandOp op, OpResult* out) noexcept {
     } while (w < 0 && errno == EINTR);
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return req.done; });
-    if (out) *out = req.result;
-    return req.result.code ? -req.result.code : 0;
+    return std::move(req.result.status);
   } catch (...) {
-    if (out) *out = OpResult{ENOMEM, 0, 0, "out of memory"};
-    return -ENOMEM;
+    return make_error(ENOMEM, {});  // no message: building one could fail again
   }
 }
 
@@ -317,7 +310,7 @@ void Engine::serve_requests() {
         req->task();
       } catch (...) {
         TMS_ERROR("control thread: an IPC request ran out of memory");
-        req->result.code = ENOMEM;  // the waiter must not read the task's results as a success
+        req->result = OpResult{make_error(ENOMEM, {})};  // the waiter must not read the task's results as a success
       }
       if (req->detached) {
         delete req;
@@ -339,7 +332,7 @@ void Engine::serve_requests() {
     try {
       result = execute(req->op, 0);
     } catch (...) {
-      result = OpResult{ENOMEM, 0, 0, "out of memory"};
+      result = OpResult{make_error(ENOMEM, "out of memory")};
     }
     {
       std::lock_guard lock(mu_);
@@ -376,17 +369,17 @@ void Engine::serve_command(const proto::Envelope& env) {
   try {
     r = execute(static_cast<proto::CommandOp>(cmd->op), env.request_id);
   } catch (...) {
-    r = OpResult{ENOMEM, 0, 0, "out of memory"};
+    r = OpResult{make_error(ENOMEM, "out of memory")};
   }
   {
     std::lock_guard lock(mu_);
     busy_ = false;
   }
   proto::CommandDone done;
-  done.code = r.code;
+  done.code = r.code();
   done.bytes = r.bytes;
   done.nanos = r.nanos;
-  done.message = wire_text(r.message, proto::kMaxTextLength);
+  done.message = wire_text(r.message(), proto::kMaxTextLength);
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
@@ -396,9 +389,9 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   bool gated = false;
   OpResult r;
   if (op != proto::CommandOp::Pause && op != proto::CommandOp::Resume) {
-    r = OpResult{EINVAL, 0, 0, "unknown operation"};
+    r = OpResult{make_error(EINVAL, "unknown operation")};
   } else if (!driver().usable) {
-    r = OpResult{ENOTSUP, 0, 0, "libcuda.so.1 is missing or lacks required entry points; tmsdisk is disabled"};
+    r = OpResult{make_error(ENOTSUP, "libcuda.so.1 is missing or lacks required entry points; tmsdisk is disabled")};
   } else {
     const Status connected = session_.connected() ? Status{} : connect_session();
     if (!connected) {
@@ -418,12 +411,12 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
         // A call inside the gate does not return (e.g. a copy queued behind a collective whose peer
         // is held at its own gate): give up rather than hold the process forever. Nothing moved;
         // the gate reopens below since nothing is paused.
-        r = OpResult{ETIMEDOUT, 0, 0,
-                     format("CUDA calls in flight did not finish within %d s; pause refused (pause ranks that "
-                            "run collectives only while no collective is in flight)",
-                            kDrainTimeoutMs / 1000)};
+        r = OpResult{make_error(
+            ETIMEDOUT, format("CUDA calls in flight did not finish within %d s; pause refused (pause ranks that "
+                              "run collectives only while no collective is in flight)",
+                              kDrainTimeoutMs / 1000))};
       } else if (pausing && gate::capture_active(&busy)) {
-        r = OpResult{EBUSY, 0, 0, busy};
+        r = OpResult{make_error(EBUSY, busy)};
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
@@ -442,29 +435,29 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   {
     std::lock_guard lock(mu_);
     last_.state = static_cast<uint8_t>(state);
-    if (r.code == 0 && pausing) {
+    if (r.code() == 0 && pausing) {
       last_.last_pause_bytes = r.bytes;
       last_.last_pause_ns = r.nanos;
-    } else if (r.code == 0) {
+    } else if (r.code() == 0) {
       last_.last_resume_bytes = r.bytes;
       last_.last_resume_ns = r.nanos;
     }
     last_.last_change_unix_ms = unix_ms();
-    last_error_ = r.code;
-    last_message_ = r.message;
+    last_error_ = r.code();
+    last_message_ = r.message();
   }
   if (gated) {
     if (t.paused_allocations == 0) gate::open();
     gate::end_op();
   }
   const char* what = pausing ? "pause" : "resume";
-  if (r.code) {
-    TMS_WARN("%s failed: %s (%s)", what, r.message.c_str(), std::strerror(r.code));
+  if (r.code()) {
+    TMS_WARN("%s failed: %s (%s)", what, r.message().c_str(), std::strerror(r.code()));
   } else {
     const double secs = static_cast<double>(r.nanos) / 1e9;
     TMS_INFO("%s: %llu bytes in %.3f s (%.2f GB/s)%s%s", what, static_cast<unsigned long long>(r.bytes), secs,
-             secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0, r.message.empty() ? "" : "; ",
-             r.message.c_str());
+             secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0, r.message().empty() ? "" : "; ",
+             r.message().c_str());
   }
   if (session_.connected()) send_report();
   return r;
@@ -479,20 +472,21 @@ OpResult Engine::pause(ProgressReporter& progress) {
     if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
     (a->state.load() == AllocState::Paused ? paused : resident).push_back(std::move(a));
   }
-  if (resident.empty()) return OpResult{0, 0, 0, paused.empty() ? "no managed allocations to pause" : "already paused"};
+  if (resident.empty())
+    return OpResult{{}, 0, 0, paused.empty() ? "no managed allocations to pause" : "already paused"};
   if (committed_paused_) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
-    return OpResult{
-        EBUSY, 0, 0,
-        format("already paused; %zu allocation(s) made since stay resident until a resume", resident.size())};
+    return OpResult{make_error(
+        EBUSY, format("already paused; %zu allocation(s) made since stay resident until a resume", resident.size()))};
   }
   if (!paused.empty()) {
     // An earlier pause stopped half-way. A new reservation would drop the checksums of what it
     // released, so resume those allocations first, then pause everything.
     TMS_INFO("restoring %zu allocation(s) left paused by an earlier failed pause", paused.size());
     OpResult back = resume_all(paused, progress);
-    if (back.code) {
-      back.message = "cannot restore allocations left paused by an earlier failed pause: " + back.message;
+    if (back.code()) {
+      back.status = make_error(back.code(),
+                               "cannot restore allocations left paused by an earlier failed pause: " + back.message());
       return back;
     }
     resident.insert(resident.end(), paused.begin(), paused.end());
@@ -504,7 +498,7 @@ OpResult Engine::resume(ProgressReporter& progress) {
   std::vector<std::shared_ptr<Allocation>> paused;
   for (auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused) paused.push_back(std::move(a));
-  if (paused.empty() && !committed_paused_) return OpResult{0, 0, 0, "nothing is paused"};
+  if (paused.empty() && !committed_paused_) return OpResult{{}, 0, 0, "nothing is paused"};
   return resume_all(std::move(paused), progress);
 }
 
@@ -553,9 +547,10 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     if (std::find(contexts.begin(), contexts.end(), a->ctx) == contexts.end()) contexts.push_back(a->ctx);
   for (CUcontext ctx : contexts) {
     CtxScope scope(api, ctx);
-    if (!scope.ok()) return OpResult{EIO, 0, 0, "cannot make an allocation's context current (was it destroyed?)"};
+    if (!scope.ok())
+      return OpResult{make_error(EIO, "cannot make an allocation's context current (was it destroyed?)")};
     if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
-      return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize", r)};
+      return OpResult{make_error(EIO, cuda_failure("cuCtxSynchronize", r))};
   }
   // Peer devices granted access (cuCtxEnablePeerAccess, application access lists) may have kernels
   // still writing this memory from their own contexts: synchronize their primary contexts too, those
@@ -583,7 +578,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
         r = scope.ok() ? api.cuCtxSynchronize() : CUDA_ERROR_INVALID_CONTEXT;
       }
       api.cuDevicePrimaryCtxRelease_v2(dev);
-      if (r != CUDA_SUCCESS) return OpResult{EIO, 0, 0, cuda_failure("cuCtxSynchronize (peer device)", r)};
+      if (r != CUDA_SUCCESS) return OpResult{make_error(EIO, cuda_failure("cuCtxSynchronize (peer device)", r))};
     }
   }
   vmm_trim_pools();  // pool memory stays resident; what the pools keep unused goes back now
@@ -602,7 +597,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   } reexport{this, revoked};
   ipc_revoke(resident, revoked);
   if (resident.empty())
-    return OpResult{0, 0, 0, "every allocation stays resident: other processes have them open through legacy IPC"};
+    return OpResult{{}, 0, 0, "every allocation stays resident: other processes have them open through legacy IPC"};
 
   uint64_t total = 0;
   auto made = make_jobs(resident, &total);
@@ -644,18 +639,19 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   progress.start(total);
   uint64_t done_bytes = 0;
   if (std::optional<Error> fail = pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes)) {
-    return OpResult{fail->errnum(), released_bytes, 0,
-                    released ? format("%s; %zu of %zu allocation(s) are paused, the others stay resident",
-                                      fail->message.c_str(), released, jobs.size())
-                             : fail->message + "; every allocation stays resident"};
+    return OpResult{make_error(fail->errnum(), released ? format("%s; %zu of %zu allocation(s) are paused, the "
+                                                                 "others stay resident",
+                                                                 fail->message.c_str(), released, jobs.size())
+                                                        : fail->message + "; every allocation stays resident"),
+                    released_bytes};
   }
 
   // 5. The daemon syncs the data and commits its manifest.
   OpResult committed =
       commit(proto::CommitState::Paused, ++generation_, released_bytes, "every allocation was written and released");
-  if (committed.code) return committed;
+  if (committed.code()) return committed;
   committed_paused_ = true;
-  return OpResult{0, released_bytes, 0, {}};
+  return OpResult{{}, released_bytes};
 }
 
 namespace {
@@ -759,16 +755,17 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
         break;
       }
     const Error* why = first ? &*first->error : fatal ? &*fatal : nullptr;
-    return OpResult{why ? why->errnum() : EIO, resumed_bytes, 0,
-                    format("%zu of %zu allocation(s) stay paused: %s", jobs.size() - resumed, jobs.size(),
-                           why ? why->message.c_str() : "")};
+    return OpResult{
+        make_error(why ? why->errnum() : EIO, format("%zu of %zu allocation(s) stay paused: %s", jobs.size() - resumed,
+                                                     jobs.size(), why ? why->message.c_str() : "")),
+        resumed_bytes};
   }
 
   OpResult committed =
       commit(proto::CommitState::Resumed, generation_, resumed_bytes, "every allocation is resident again");
-  if (committed.code) return committed;
+  if (committed.code()) return committed;
   committed_paused_ = false;
-  return OpResult{0, resumed_bytes, 0, {}};
+  return OpResult{{}, resumed_bytes};
 }
 
 OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done) {
@@ -781,10 +778,11 @@ OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t 
     if (int e = session_.send(id, c); e < 0) return make_error(-e, format("cannot send COMMIT: %s", std::strerror(-e)));
     return session_.await_reply(id, reply);
   }();
-  if (!sent) return OpResult{sent.error().errnum(), bytes, 0, std::string(done) + ", but " + sent.error().message};
+  if (!sent)
+    return OpResult{make_error(sent.error().errnum(), std::string(done) + ", but " + sent.error().message), bytes};
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{err->code, bytes, 0, std::string(done) + ", but the commit failed: " + err->message};
-  return OpResult{0, bytes, 0, {}};
+    return OpResult{make_error(err->code, std::string(done) + ", but the commit failed: " + err->message), bytes};
+  return OpResult{{}, bytes};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,17 +25,27 @@
 #include "daemon_session.h"
 #include "registry.h"
 #include "staging_slots.h"
+#include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 #include "transfer.h"
 
 namespace tmsdisk::shim {
 
+// What a pause or resume did: failed (with why) or not; the bytes that moved all the same (a failed
+// pause: what it released), and what is worth saying of a success ("already paused").
 struct OpResult {
-  int code = 0;  // 0 or a positive errno value
+  OpResult() = default;
+  OpResult(Status s, uint64_t moved = 0, uint64_t took = 0, std::string what = {})
+      : status(std::move(s)), bytes(moved), nanos(took), note(std::move(what)) {}
+
+  Status status;
   uint64_t bytes = 0;
   uint64_t nanos = 0;
-  std::string message;
+  std::string note;
+
+  int code() const noexcept { return status ? 0 : status.error().errnum(); }
+  const std::string& message() const noexcept { return status ? note : status.error().message; }
 };
 
 struct EngineStatus {
@@ -58,21 +68,25 @@ class Engine {
   // Starts the control thread (which connects to the daemon) unless it runs. Cheap once started.
   void ensure_started() noexcept;
 
-  // Runs a pause or resume on the control thread and waits for it. Returns 0 or -errno; -EBUSY
-  // when another operation is running. `out` (optional) receives the details.
-  int run(proto::CommandOp op, OpResult* out) noexcept;
+  // Runs a pause or resume on the control thread and waits for it; EBUSY when another operation
+  // is running.
+  Status run(proto::CommandOp op) noexcept;
 
   EngineStatus status() const;
 
   // Legacy CUDA IPC brokered by tmsdiskd (ipc.cpp). Called by application threads; each exchange
-  // runs on the control thread, serialized with pauses. They return 0 or -errno with *why set.
+  // runs on the control thread, serialized with pauses.
   //
   // Shares `a`'s physical memory with the daemon (once; later calls return the same id).
-  int ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id, std::string* why) noexcept;
-  // Resolves an export id: its size, device and exporter (*out), and the memory's fd (*fd).
-  int ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, std::string* why) noexcept;
+  Result<uint64_t> ipc_export(const std::shared_ptr<Allocation>& a) noexcept;
+  // Resolves an export id: its size, device and exporter, and the memory's fd.
+  struct IpcOpen {
+    proto::IpcOpened info;
+    UniqueFd fd;
+  };
+  Result<IpcOpen> ipc_open(uint64_t export_id) noexcept;
   // Ends one ipc_open of `export_id`.
-  int ipc_close(uint64_t export_id, std::string* why) noexcept;
+  Status ipc_close(uint64_t export_id) noexcept;
   // The exported allocation was freed: the daemon forgets the export. Does not wait.
   void ipc_forget(uint64_t export_id) noexcept;
 
@@ -101,9 +115,9 @@ class Engine {
   // cannot be started, -ENOMEM if memory ran out (before or inside the task).
   int post(std::function<void()> task, bool wait) noexcept;
   // One request and its reply on the session, connecting first if needed; `fd` rides along and
-  // *reply_fd receives one that comes back. An ErrorReply becomes -code with its message; `reply`
-  // holds an ErrorReply only when the daemon sent one (not when the answer never came).
-  int exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why);
+  // *reply_fd receives one that comes back. An ErrorReply becomes an error with its code and message;
+  // `reply` holds an ErrorReply only when the daemon sent one (not when the answer never came).
+  Status exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd);
   // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
   void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
                   std::vector<std::shared_ptr<Allocation>>& revoked);

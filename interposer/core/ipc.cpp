@@ -77,21 +77,21 @@ CUresult open_brokered(const DriverApi& api, const BrokeredHandle& h, CUdevicept
   }
   Engine* e = Engine::instance();
   if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-  proto::IpcOpened info;
-  UniqueFd fd;
-  std::string why;
-  if (int rc = e->ipc_open(h.export_id, &info, &fd, &why); rc < 0) {
-    TMS_WARN("cuIpcOpenMemHandle: %s", why.c_str());
+  Result<Engine::IpcOpen> opened = e->ipc_open(h.export_id);
+  if (!opened) {
+    const int rc = -opened.error().errnum();
+    TMS_WARN("cuIpcOpenMemHandle: %s", opened.error().message.c_str());
     if (rc == -EINVAL) return CUDA_ERROR_INVALID_CONTEXT;  // our own handle, refused like the driver does
     if (rc == -EAGAIN) return kGateClosedError;            // the exporter is paused
     if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  const proto::IpcOpened& info = opened->info;
+  UniqueFd& fd = opened->fd;
   auto undo = [&](const char* what, CUresult r) {
     TMS_WARN("cuIpcOpenMemHandle: %s failed (%s) for export %llu", what, cu_error_name(r),
              static_cast<unsigned long long>(h.export_id));
-    std::string ignored;
-    (void)e->ipc_close(h.export_id, &ignored);
+    (void)e->ipc_close(h.export_id);
     return r;
   };
   const std::size_t bytes = info.bytes;
@@ -154,8 +154,9 @@ CUresult open_hook(const Driver& d, Real real, CUdeviceptr* pdptr, const CUipcMe
 // ---------------------------------------------------------------------------------------------
 // Engine side: each runs on the control thread (post), serialized with pauses and resumes.
 
-int Engine::ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id, std::string* why) noexcept {
-  int rc = 0;
+Result<uint64_t> Engine::ipc_export(const std::shared_ptr<Allocation>& a) noexcept {
+  Status rc;
+  uint64_t export_id = 0;
   const int posted = post(
       [&] {
         UniqueFd fd;
@@ -163,26 +164,24 @@ int Engine::ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id
           // No free of this allocation while its handle is exported (pauses run on this thread).
           std::unique_lock lock(op_lock_);
           if (registry().find(a->base) != a) {
-            rc = -EINVAL;
-            *why = "the allocation was freed";
+            rc = make_error(EINVAL, "the allocation was freed");
             return;
           }
           if (a->state.load() != AllocState::Resident) {
-            rc = -EAGAIN;
-            *why = "the allocation is paused";
+            rc = make_error(EAGAIN, "the allocation is paused");
             return;
           }
           if (a->export_id) {
-            *export_id = a->export_id;
+            export_id = a->export_id;
             return;
           }
           int raw = -1;
           const CUresult r =
               driver().api.cuMemExportToShareableHandle(&raw, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
           if (r != CUDA_SUCCESS) {
-            rc = -ENOTSUP;
-            *why = std::string("cannot export the allocation's physical memory as a file descriptor (") +
-                   cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles";
+            rc = make_error(ENOTSUP,
+                            std::string("cannot export the allocation's physical memory as a file descriptor (") +
+                                cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles");
             return;
           }
           fd.reset(raw);
@@ -192,67 +191,68 @@ int Engine::ipc_export(const std::shared_ptr<Allocation>& a, uint64_t* export_id
         m.bytes = a->mapped;
         m.device = a->device;
         proto::Envelope reply;
-        rc = exchange(m, fd.get(), reply, nullptr, why);
-        if (rc < 0) return;
+        rc = exchange(m, fd.get(), reply, nullptr);
+        if (!rc) return;
         const auto* done = std::get_if<proto::IpcExported>(&reply.body);
         if (!done) {
-          rc = -EPROTO;
-          *why = "unexpected answer to IPC_EXPORT";
+          rc = make_error(EPROTO, "unexpected answer to IPC_EXPORT");
           return;
         }
         std::unique_lock lock(op_lock_);
         if (registry().find(a->base) != a) {
           // Freed while the daemon was answering: its free could not name the export yet.
           ipc_notify(proto::IpcRevoke{.export_id = done->export_id, .freed = 1});
-          rc = -EINVAL;
-          *why = "the allocation was freed";
+          rc = make_error(EINVAL, "the allocation was freed");
           return;
         }
         a->export_id = done->export_id;
-        *export_id = done->export_id;
+        export_id = done->export_id;
       },
       true);
-  return posted < 0 ? posted : rc;
+  if (posted < 0) return make_error(-posted, {});
+  if (!rc) return std::move(rc).error();
+  return export_id;
 }
 
-int Engine::ipc_open(uint64_t export_id, proto::IpcOpened* out, UniqueFd* fd, std::string* why) noexcept {
-  int rc = 0;
+Result<Engine::IpcOpen> Engine::ipc_open(uint64_t export_id) noexcept {
+  Status rc;
+  IpcOpen out;
   const int posted = post(
       [&] {
         proto::IpcOpen m;
         m.export_id = export_id;
         proto::Envelope reply;
-        rc = exchange(m, -1, reply, fd, why);
+        rc = exchange(m, -1, reply, &out.fd);
         const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
-        const auto* opened = rc == 0 ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
-        if (opened && *fd && opened->export_id == export_id) {
-          *out = *opened;
+        const auto* opened = rc ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
+        if (opened && out.fd && opened->export_id == export_id) {
+          out.info = *opened;
           return;
         }
-        if (rc == 0) {
-          rc = -EPROTO;
-          *why = "tmsdiskd's answer to IPC_OPEN carries no memory";
-        }
-        fd->reset();
+        if (rc) rc = make_error(EPROTO, "tmsdiskd's answer to IPC_OPEN carries no memory");
+        out.fd.reset();
         // Unless the daemon said no, it may have counted the open (the answer was lost, or came
         // without its descriptor): close it there, or the exporter could never pause it again.
         if (!refused) ipc_notify(proto::IpcClose{.export_id = export_id});
       },
       true);
-  return posted < 0 ? posted : rc;
+  if (posted < 0) return make_error(-posted, {});
+  if (!rc) return std::move(rc).error();
+  return out;
 }
 
-int Engine::ipc_close(uint64_t export_id, std::string* why) noexcept {
-  int rc = 0;
+Status Engine::ipc_close(uint64_t export_id) noexcept {
+  Status rc;
   const int posted = post(
       [&] {
         proto::IpcClose m;
         m.export_id = export_id;
         proto::Envelope reply;
-        rc = exchange(m, -1, reply, nullptr, why);
+        rc = exchange(m, -1, reply, nullptr);
       },
       true);
-  return posted < 0 ? posted : rc;
+  if (posted < 0) return make_error(-posted, {});
+  return rc;
 }
 
 void Engine::ipc_forget(uint64_t export_id) noexcept {
@@ -270,16 +270,16 @@ void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
     proto::IpcRevoke m;
     m.export_id = a.export_id;
     proto::Envelope reply;
-    std::string why;
-    const int rc = exchange(m, -1, reply, nullptr, &why);
-    if (rc == 0) {
+    const Status rc = exchange(m, -1, reply, nullptr);
+    if (rc) {
       revoked.push_back(*it);
       ++it;
       continue;
     }
-    if (rc == -EBUSY) {
+    const std::string& why = rc.error().message;
+    if (rc.error().errnum() == EBUSY) {
       TMS_INFO("allocation %llu stays resident: %s", static_cast<unsigned long long>(a.id), why.c_str());
-    } else if (rc == -ENOENT) {
+    } else if (rc.error().errnum() == ENOENT) {
       // The daemon lost the export (it restarted): whoever opened it before may still use it.
       TMS_WARN("allocation %llu stays resident for good: tmsdiskd no longer knows its legacy IPC export",
                static_cast<unsigned long long>(a.id));
@@ -296,9 +296,8 @@ void Engine::ipc_refresh(Allocation& a) noexcept {
   try {
     const DriverApi& api = driver().api;
     int fd = -1;
-    std::string why;
     CUresult r = api.cuMemExportToShareableHandle(&fd, a.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    int rc = -ENOTSUP;
+    Status rc = make_error(ENOTSUP, std::string("cuMemExportToShareableHandle: ") + cu_error_name(r));
     if (r == CUDA_SUCCESS) {
       UniqueFd owned(fd);
       proto::IpcExport m;
@@ -306,14 +305,12 @@ void Engine::ipc_refresh(Allocation& a) noexcept {
       m.bytes = a.mapped;
       m.device = a.device;
       proto::Envelope reply;
-      rc = exchange(m, owned.get(), reply, nullptr, &why);
-    } else {
-      why = std::string("cuMemExportToShareableHandle: ") + cu_error_name(r);
+      rc = exchange(m, owned.get(), reply, nullptr);
     }
-    if (rc == 0) return;
+    if (rc) return;
     // Handles given out before the pause no longer open; a new cuIpcGetMemHandle exports it anew.
     TMS_WARN("allocation %llu: cannot share its memory again through legacy IPC: %s",
-             static_cast<unsigned long long>(a.id), why.c_str());
+             static_cast<unsigned long long>(a.id), rc.error().message.c_str());
     ipc_notify(proto::IpcRevoke{.export_id = a.export_id, .freed = 1});
     a.export_id = 0;
   } catch (...) {
@@ -360,28 +357,18 @@ void Engine::ipc_session_started(bool adopted) {
   }
 }
 
-int Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd, std::string* why) {
+Status Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd) {
   reply.body = proto::OkReply{};  // an empty Envelope would read as an ErrorReply (the first alternative)
   if (!session_.connected()) {
-    if (Status st = connect_session(); !st) {
-      *why = st.error().message;
-      return -st.error().errnum();
-    }
+    if (Status st = connect_session(); !st) return st;
   }
   const uint64_t id = session_.next_id();
-  if (int e = session_.send(id, m, fd); e < 0) {
-    *why = std::string("cannot send to tmsdiskd: ") + std::strerror(-e);
-    return e;
-  }
-  if (Status st = session_.await_reply(id, reply, reply_fd); !st) {
-    *why = st.error().message;
-    return -st.error().errnum();
-  }
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body)) {
-    *why = "tmsdiskd: " + err->message;
-    return -err->code;
-  }
-  return 0;
+  if (int e = session_.send(id, m, fd); e < 0)
+    return make_error(-e, std::string("cannot send to tmsdiskd: ") + std::strerror(-e));
+  if (Status st = session_.await_reply(id, reply, reply_fd); !st) return st;
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
+    return make_error(err->code, "tmsdiskd: " + err->message);
+  return {};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -405,20 +392,19 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept {
               GateScope gate("cuIpcGetMemHandle");
               if (gate.result() != CUDA_SUCCESS) return gate.result();
             }
-            uint64_t id = 0;
-            std::string why;
-            const int rc = e->ipc_export(a, &id, &why);
+            Result<uint64_t> exported = e->ipc_export(a);
+            const int rc = exported ? 0 : -exported.error().errnum();
             if (rc == -EAGAIN && attempt < 100) continue;  // paused again between the gate and the export
             if (rc < 0) {
               TMS_WARN("cuIpcGetMemHandle: %s; legacy IPC of memory tmsdisk manages goes through tmsdiskd",
-                       why.c_str());
+                       exported.error().message.c_str());
               if (rc == -ENOMEM) return CUDA_ERROR_OUT_OF_MEMORY;
               if (rc == -EINVAL) return CUDA_ERROR_INVALID_VALUE;
               return CUDA_ERROR_NOT_SUPPORTED;
             }
             BrokeredHandle h{};
             std::memcpy(h.magic, kMagic, sizeof(kMagic));
-            h.export_id = id;
+            h.export_id = *exported;
             h.bytes = a->mapped;
             h.exporter_pid = static_cast<int32_t>(::getpid());
             h.device = a->device;
@@ -470,10 +456,9 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
           d.api.cuMemRelease(imp.handle);
           d.api.cuMemAddressFree(dptr, imp.bytes);
           if (Engine* e = Engine::instance()) {
-            std::string why;
-            if (e->ipc_close(imp.export_id, &why) < 0)
+            if (Status closed = e->ipc_close(imp.export_id); !closed)
               TMS_DEBUG("closing legacy IPC export %llu: %s", static_cast<unsigned long long>(imp.export_id),
-                        why.c_str());
+                        closed.error().message.c_str());
           }
           return CUDA_SUCCESS;
         } catch (...) {

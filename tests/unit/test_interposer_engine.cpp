@@ -70,8 +70,8 @@ class FakeDaemon {
 
   // Knobs (set between operations).
   std::atomic<int> reserve_error{0};
-  std::atomic<int> fail_write_at{-1};     // 0-based index of the WRITE to answer with EIO
-  std::atomic<uint64_t> corrupt_blob{0};  // READs of this blob fail with EBADMSG
+  std::atomic<int> fail_write_at{-1};          // 0-based index of the WRITE to answer with EIO
+  std::atomic<uint64_t> corrupt_blob{0};       // READs of this blob fail with EBADMSG
   std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
 
   std::atomic<int> writes{0};
@@ -640,11 +640,9 @@ TEST_CASE("a pause the daemon asks for while an IPC exchange waits for its answe
   Engine* e = Engine::instance();
   REQUIRE(e);
   w.daemon.pause_on_ipc_open = true;
-  proto::IpcOpened info;
-  tmsdisk::UniqueFd fd;
-  std::string why;
-  CHECK(e->ipc_open(5, &info, &fd, &why) == -ENOENT);
-  CHECK_FALSE(fd);
+  const auto opened = e->ipc_open(5);
+  REQUIRE_FALSE(opened);
+  CHECK(opened.error().errnum() == ENOENT);
   // Not refused as "another pause or resume is running": deferred, then done.
   const proto::CommandDone done = w.daemon.last_command_done();
   INFO(done.message);
