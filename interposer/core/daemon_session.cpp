@@ -3,6 +3,7 @@
 #include "daemon_session.h"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -91,10 +92,11 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   int fd = proto::connect_seqpacket(cfg.socket_path);
   if (fd < 0 && !cfg.socket_explicit && start_private_daemon() == 0) fd = proto::connect_seqpacket(cfg.private_socket);
   if (fd < 0) {
-    return make_error(-fd, cfg.socket_explicit
-                               ? "cannot reach tmsdiskd at " + cfg.socket_path + " (TMSDISK_SOCKET): " + errtext(-fd)
-                               : "cannot reach tmsdiskd at " + cfg.socket_path + ", nor start a private one at " +
-                                     cfg.private_socket + ": " + errtext(-fd));
+    return make_error(
+        -fd, cfg.socket_explicit
+                 ? fmt::format("cannot reach tmsdiskd at {} (TMSDISK_SOCKET): {}", cfg.socket_path, errtext(-fd))
+                 : fmt::format("cannot reach tmsdiskd at {}, nor start a private one at {}: {}", cfg.socket_path,
+                               cfg.private_socket, errtext(-fd)));
   }
   Welcomed out;
   out.sock.reset(fd);
@@ -115,14 +117,14 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   auto bytes = proto::encode(next_id(), h);
   if (bytes.empty()) return make_error(EINVAL, "cannot encode HELLO");
   if (int e = proto::send_message(fd, bytes); e < 0)
-    return make_error(-e, "cannot send HELLO to tmsdiskd: " + errtext(-e));
+    return make_error(-e, fmt::format("cannot send HELLO to tmsdiskd: {}", errtext(-e)));
   int memfd = -1;
   const long n = proto::recv_message(fd, rx_, &memfd);
   out.memfd.reset(memfd);
   if (n <= 0)
     return make_error(n == 0 ? ECONNRESET : static_cast<int>(-n),
-                      std::string("tmsdiskd did not answer HELLO: ") +
-                          (n == 0 ? std::string("connection closed") : errtext(static_cast<int>(-n))));
+                      fmt::format("tmsdiskd did not answer HELLO: {}",
+                                  n == 0 ? std::string("connection closed") : errtext(static_cast<int>(-n))));
   auto decoded = proto::decode(rx_);
   if (!decoded.envelope)
     return make_error(decoded.code ? decoded.code : EPROTO, "bad answer to HELLO: " + decoded.error);
@@ -205,10 +207,10 @@ Status DaemonSession::await_reply(uint64_t request_id, proto::Envelope& reply, U
   for (;;) {
     const int64_t left = deadline - now_ms();
     if (left <= 0)
-      return make_error(ETIMEDOUT, "tmsdiskd did not answer within " + std::to_string(kReplyTimeoutMs / 1000) + " s");
+      return make_error(ETIMEDOUT, fmt::format("tmsdiskd did not answer within {} s", kReplyTimeoutMs / 1000));
     UniqueFd passed;
     const int got = receive(reply, static_cast<int>(std::min<int64_t>(left, kWaitSliceMs)), &passed);
-    if (got < 0) return make_error(-got, "lost the connection to tmsdiskd: " + errtext(-got));
+    if (got < 0) return make_error(-got, fmt::format("lost the connection to tmsdiskd: {}", errtext(-got)));
     if (got == 0) continue;
     if (reply.request_id == request_id) {
       if (fd) *fd = std::move(passed);

@@ -2,6 +2,7 @@
 // Pause/resume engine and control thread (engine.h).
 #include "engine.h"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,7 +13,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -46,18 +46,8 @@ uint64_t unix_ms() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
 }
 
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
 std::string cuda_failure(const char* what, CUresult r) {
-  return format("%s failed: %s (%d)", what, cu_error_name(r), static_cast<int>(r));
+  return fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r));
 }
 
 // CommandDone and Error texts must fit the protocol and carry no control characters.
@@ -412,9 +402,9 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
         // is held at its own gate): give up rather than hold the process forever. Nothing moved;
         // the gate reopens below since nothing is paused.
         r = OpResult{make_error(
-            ETIMEDOUT, format("CUDA calls in flight did not finish within %d s; pause refused (pause ranks that "
-                              "run collectives only while no collective is in flight)",
-                              kDrainTimeoutMs / 1000))};
+            ETIMEDOUT, fmt::format("CUDA calls in flight did not finish within {} s; pause refused (pause ranks that "
+                                   "run collectives only while no collective is in flight)",
+                                   kDrainTimeoutMs / 1000))};
       } else if (pausing && gate::capture_active(&busy)) {
         r = OpResult{make_error(EBUSY, busy)};
       } else {
@@ -477,7 +467,8 @@ OpResult Engine::pause(ProgressReporter& progress) {
   if (committed_paused_) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
     return OpResult{make_error(
-        EBUSY, format("already paused; %zu allocation(s) made since stay resident until a resume", resident.size()))};
+        EBUSY,
+        fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))};
   }
   if (!paused.empty()) {
     // An earlier pause stopped half-way. A new reservation would drop the checksums of what it
@@ -528,7 +519,7 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
     const uint64_t id = session_.next_id();
     proto::Envelope reply;
     if (int e = session_.send(id, m); e < 0)
-      return make_error(-e, format("cannot send RESERVE: %s", std::strerror(-e)));
+      return make_error(-e, fmt::format("cannot send RESERVE: {}", std::strerror(-e)));
     if (Status st = session_.await_reply(id, reply); !st) return st;
     if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
       return make_error(err->code, "tmsdiskd refused the reservation: " + err->message);
@@ -639,9 +630,9 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   progress.start(total);
   uint64_t done_bytes = 0;
   if (std::optional<Error> fail = pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes)) {
-    return OpResult{make_error(fail->errnum(), released ? format("%s; %zu of %zu allocation(s) are paused, the "
-                                                                 "others stay resident",
-                                                                 fail->message.c_str(), released, jobs.size())
+    return OpResult{make_error(fail->errnum(), released ? fmt::format("{}; {} of {} allocation(s) are paused, the "
+                                                                      "others stay resident",
+                                                                      fail->message, released, jobs.size())
                                                         : fail->message + "; every allocation stays resident"),
                     released_bytes};
   }
@@ -663,8 +654,7 @@ Status map_job(TransferJob& j) {
   Allocation& a = *j.a;
   CtxScope scope(api, a.ctx);
   auto fail = [&](int code, const char* what, CUresult r) {
-    return make_error(code,
-                      format("blob %llu: %s", static_cast<unsigned long long>(a.id), cuda_failure(what, r).c_str()));
+    return make_error(code, fmt::format("blob {}: {}", a.id, cuda_failure(what, r)));
   };
   CUmemGenericAllocationHandle h = 0;
   CUresult r = api.cuMemCreate(&h, a.mapped, &a.prop, 0);
@@ -755,10 +745,10 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
         break;
       }
     const Error* why = first ? &*first->error : fatal ? &*fatal : nullptr;
-    return OpResult{
-        make_error(why ? why->errnum() : EIO, format("%zu of %zu allocation(s) stay paused: %s", jobs.size() - resumed,
-                                                     jobs.size(), why ? why->message.c_str() : "")),
-        resumed_bytes};
+    return OpResult{make_error(why ? why->errnum() : EIO,
+                               fmt::format("{} of {} allocation(s) stay paused: {}", jobs.size() - resumed, jobs.size(),
+                                           why ? why->message : std::string())),
+                    resumed_bytes};
   }
 
   OpResult committed =
@@ -775,13 +765,14 @@ OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t 
   const uint64_t id = session_.next_id();
   proto::Envelope reply;
   const Status sent = [&]() -> Status {
-    if (int e = session_.send(id, c); e < 0) return make_error(-e, format("cannot send COMMIT: %s", std::strerror(-e)));
+    if (int e = session_.send(id, c); e < 0)
+      return make_error(-e, fmt::format("cannot send COMMIT: {}", std::strerror(-e)));
     return session_.await_reply(id, reply);
   }();
   if (!sent)
-    return OpResult{make_error(sent.error().errnum(), std::string(done) + ", but " + sent.error().message), bytes};
+    return OpResult{make_error(sent.error().errnum(), fmt::format("{}, but {}", done, sent.error().message)), bytes};
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{make_error(err->code, std::string(done) + ", but the commit failed: " + err->message), bytes};
+    return OpResult{make_error(err->code, fmt::format("{}, but the commit failed: {}", done, err->message)), bytes};
   return OpResult{{}, bytes};
 }
 

@@ -2,6 +2,7 @@
 // The staging buffer and its slots (staging_slots.h).
 #include "staging_slots.h"
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -23,7 +24,7 @@ Status StagingSlots::map(int memfd, const proto::Welcome& w) {
   void* p = ::mmap(nullptr, w.staging_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (p == MAP_FAILED) {
     const int e = errno;
-    return make_error(e, std::string("cannot map the staging buffer: ") + std::strerror(e));
+    return make_error(e, fmt::format("cannot map the staging buffer: {}", std::strerror(e)));
   }
   data_ = static_cast<uint8_t*>(p);
   bytes_ = w.staging_bytes;

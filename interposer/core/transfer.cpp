@@ -2,6 +2,8 @@
 // The transfer pipeline (transfer.h): one loop for pause and resume.
 #include "transfer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -16,8 +18,7 @@ namespace {
 constexpr int kTickMs = 100;  // the pipeline's poll interval; progress messages at most this often
 
 Error cuda_error(const char* what, CUresult r) {
-  return make_error(
-      EIO, std::string(what) + " failed: " + cu_error_name(r) + " (" + std::to_string(static_cast<int>(r)) + ")");
+  return make_error(EIO, fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
 }
 
 const char* copy_what(Direction dir) {
@@ -104,8 +105,8 @@ Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJo
     e = session_.send(id, m);
   }
   if (e < 0)
-    return make_error(-e, std::string("cannot send ") + (dir == Direction::ToStorage ? "WRITE" : "READ") +
-                              " to tmsdiskd: " + std::strerror(-e));
+    return make_error(-e, fmt::format("cannot send {} to tmsdiskd: {}", dir == Direction::ToStorage ? "WRITE" : "READ",
+                                      std::strerror(-e)));
   return id;
 }
 
@@ -245,10 +246,10 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       // Connection gone: whatever the daemon held is gone with it. Timed out: a slot is freed only
       // if its answer ever comes.
       const bool lost = got < 0;
-      fail_all(lost ? make_error(
-                          -got, std::string("lost the connection to tmsdiskd during the ") + (out ? "pause" : "resume"))
-                    : make_error(ETIMEDOUT,
-                                 "tmsdiskd did not answer within " + std::to_string(kReplyTimeoutMs / 1000) + " s"));
+      fail_all(
+          lost
+              ? make_error(-got, fmt::format("lost the connection to tmsdiskd during the {}", out ? "pause" : "resume"))
+              : make_error(ETIMEDOUT, fmt::format("tmsdiskd did not answer within {} s", kReplyTimeoutMs / 1000)));
       for (std::size_t s = 0; s < slots_.count(); ++s) {
         Slot& slot = slots_[s];
         if (slot.state != SlotState::InDaemon) continue;
@@ -300,14 +301,14 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       fail(j, std::move(copied).error());
     } else if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
       if (out) {
-        fail_all(make_error(err->code, "tmsdiskd: " + err->message));
+        fail_all(make_error(err->code, fmt::format("tmsdiskd: {}", err->message)));
       } else if (!j.error) {
         // Checksum mismatch (EBADMSG), read error (EIO)...: this allocation stays paused.
-        j.error = make_error(err->code, "blob " + std::to_string(j.a->id) + ": " + err->message);
+        j.error = make_error(err->code, fmt::format("blob {}: {}", j.a->id, err->message));
         TMS_WARN("%s", j.error->message.c_str());
       }
     } else if (!answered) {
-      fail_all(make_error(EPROTO, std::string("unexpected answer to ") + (out ? "WRITE" : "READ")));
+      fail_all(make_error(EPROTO, fmt::format("unexpected answer to {}", out ? "WRITE" : "READ")));
     }
     free_slot(j, slot);
     progress.update(*done_bytes, false);
