@@ -92,7 +92,8 @@ RegistryTotals Registry::totals() const {
       t.unmanaged_bytes[static_cast<std::size_t>(reason)] += a->size;
       continue;
     }
-    if (a->importers.load(std::memory_order_relaxed) > 0 && a->state.load(std::memory_order_relaxed) == AllocState::Resident) {
+    if (a->importers.load(std::memory_order_relaxed) > 0 &&
+        a->state.load(std::memory_order_relaxed) == AllocState::Resident) {
       t.unmanaged_bytes[static_cast<std::size_t>(proto::Unmanaged::Exported)] += a->size;
       continue;
     }
