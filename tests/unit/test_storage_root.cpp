@@ -14,12 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "storage.h"
-#include "storage_test_util.h"
+#include "storage_fixtures.h"
 
 extern char** environ;
 

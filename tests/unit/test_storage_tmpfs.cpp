@@ -13,7 +13,7 @@
 #include <string>
 
 #include "storage.h"
-#include "storage_test_util.h"
+#include "storage_fixtures.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
