@@ -20,6 +20,7 @@
 #include "e2e.h"
 #include "in_process_daemon.h"
 #include "server.h"
+#include "small_filesystem.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 
@@ -168,19 +169,11 @@ TEST_CASE("without a daemon the shim starts a private one, which leaves when the
 // later pause succeeds.
 
 TEST_CASE("ENOSPC at pause leaves every allocation resident and intact - a smaller pause then succeeds") {
-  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
+  std::string why_not;
+  auto small = SmallFilesystem::mount(64, &why_not);
+  if (!small) skip(why_not);
   Node node;
-  const std::string image = node.dir / "fs.img";
-  const std::string mnt = node.dir / "mnt";
-  fs::create_directories(mnt);
-  if (std::system(("truncate -s 64M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
-    skip("mkfs.ext4 unavailable");
-  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0) skip("cannot loop-mount here");
-  struct Unmount {
-    std::string m;
-    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
-  } unmount{mnt};
-  node.root = mnt;
+  node.root = small->path();
   node.start_daemon();
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("full", 0));
   REQUIRE(prog.line() == "ready");

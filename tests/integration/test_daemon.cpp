@@ -22,6 +22,7 @@
 #include "in_process_daemon.h"
 #include "other_user.h"
 #include "server.h"
+#include "small_filesystem.h"
 #include "test_support.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -444,21 +445,11 @@ TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones
 }
 
 TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem") {
-  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
-  TempDir base(test_tmp_root(), "enospc");
-  const std::string image = base / "fs.img";
-  const std::string mnt = base / "mnt";
-  fs::create_directories(mnt);
-  if (std::system(("truncate -s 96M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
-    skip("mkfs.ext4 unavailable");
-  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0)
-    skip("cannot loop-mount here (no loop devices or no privilege)");
-  struct Unmount {
-    std::string m;
-    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
-  } unmount{mnt};
+  std::string why_not;
+  auto small = SmallFilesystem::mount(96, &why_not);
+  if (!small) skip(why_not);
   Daemon d;
-  d.roots = {mnt};
+  d.roots = {small->path()};
   d.start();
   auto c = d.shim({.job = "full"});
   const std::vector<BlobSize> fits = {{1, 40 * MiB}};
