@@ -40,6 +40,7 @@ int DaemonProcess::start(const std::string& binary, const std::vector<std::strin
   if (::bind(notify.get(), reinterpret_cast<sockaddr*>(&addr), addr_len) != 0)
     throw std::runtime_error(std::string("bind notify socket: ") + std::strerror(errno));
 
+  if (!log_path_.empty()) ::unlink(log_path_.c_str());  // a restart: the earlier run's log goes
   log_path_ = test_tmp_root() + "/" + name + ".log";
   pid_ = ::fork();
   if (pid_ == 0) {
