@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "skip.h"
 #include "small_filesystem.h"
 #include "storage.h"
 #include "storage_fixtures.h"
@@ -176,16 +177,11 @@ std::unique_ptr<tmsdisk::testing::SmallFilesystem> g_fs;
 }  // namespace
 
 int storage_test_setup() {
-  if (::geteuid() != 0) {
-    std::printf("SKIPPED: needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories\n");
-    return 77;
-  }
+  if (::geteuid() != 0)
+    tmsdisk::testing::skip("needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories");
   std::string why_not;
   g_fs = tmsdisk::testing::SmallFilesystem::mount(64, &why_not);
-  if (!g_fs) {
-    std::printf("SKIPPED: %s\n", why_not.c_str());
-    return 77;
-  }
+  if (!g_fs) tmsdisk::testing::skip(why_not);
   g_mnt = g_fs->path();
   return 0;
 }
