@@ -4,7 +4,7 @@
 // native allocation.
 #include <sstream>
 
-#include "e2e_support.h"
+#include "e2e.h"
 
 using namespace tmsdisk::e2e;
 
@@ -57,10 +57,10 @@ TEST_CASE("status adds up - resident + paused + unmanaged by reason is what the 
   // The pool keeps what cuMemFreeAsync gave back: the device is short of it until a trim.
   CHECK_FALSE(node.probe(30));
 
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "acct"});
-  INFO(pj.dump());
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == managed);
+  auto pj = node.pause("acct");
+  INFO(pj.text);
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == managed);
   want.state = "paused";
   want.resident = 0;
   want.paused = managed;
@@ -72,9 +72,9 @@ TEST_CASE("status adds up - resident + paused + unmanaged by reason is what the 
   // Paused memory and the pool's idle memory (trimmed) went back to the device.
   CHECK(node.probe(30));
 
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "acct"});
-  INFO(rj.dump());
-  REQUIRE(rrc == 0);
+  auto rj = node.resume("acct");
+  INFO(rj.text);
+  REQUIRE(rj.ok());
   want.state = "running";
   want.resident = managed;
   want.paused = 0;
@@ -108,10 +108,10 @@ TEST_CASE(
   INFO(show(t));
   for (int cycle = 0; cycle < 3; ++cycle) {
     INFO("cycle " << cycle);
-    auto [prc, pj] = node.tmsctl({"pause", "--job", "retained"});
-    INFO(pj.dump());
-    REQUIRE(prc == 0);
-    CHECK(pj[0]["bytes"].get<uint64_t>() == managed);  // the retained allocation is not moved
+    auto pj = node.pause("retained");
+    INFO(pj.text);
+    REQUIRE(pj.ok());
+    CHECK(pj[0].bytes == managed);  // the retained allocation is not moved
     CHECK(eventually([&] {
       t = totals(node);
       return t.state == "paused" && t.paused == managed && t.unmanaged["exported"] == exported;
@@ -119,9 +119,9 @@ TEST_CASE(
     INFO(show(t));
     // Still mapped, with its data: a host read of paused memory would fault on simcuda.
     CHECK(prog.cmd("peek") == "ok");
-    auto [rrc, rj] = node.tmsctl({"resume", "--job", "retained"});
-    INFO(rj.dump());
-    REQUIRE(rrc == 0);
+    auto rj = node.resume("retained");
+    INFO(rj.text);
+    REQUIRE(rj.ok());
     CHECK(eventually([&] {
       t = totals(node);
       return t.state == "running" && t.resident == managed && t.unmanaged["exported"] == exported;

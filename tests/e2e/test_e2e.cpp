@@ -8,19 +8,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
-#include <atomic>
 #include <thread>
 
 #include "client.h"
-#include "e2e_support.h"
+#include "e2e.h"
 #include "in_process_daemon.h"
 #include "server.h"
+#include "small_filesystem.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 
@@ -33,7 +33,7 @@ uint64_t disk_usage(const std::string& dir) {
   uint64_t total = 0;
   std::error_code ec;
   for (auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    struct stat st{};
+    struct stat st {};
     if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return total;
@@ -48,10 +48,10 @@ TEST_CASE("tmsctl pause frees device memory for another process - resume restore
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("e2e", 0));
   REQUIRE(prog.line() == "ready");
   std::map<int, std::string> addr;
-  addr[1] = ok_addr(prog.cmd("alloc 1 67108864 direct"));        // 64 MiB
-  addr[2] = ok_addr(prog.cmd("alloc 2 50331648 procaddr"));      // 48 MiB
-  addr[3] = ok_addr(prog.cmd("alloc 3 33558528 dlsym"));         // 32 MiB + 4 KiB
-  addr[4] = ok_addr(prog.cmd("alloc 4 65536 direct"));           // small: stays native
+  addr[1] = ok_addr(prog.cmd("alloc 1 67108864 direct"));    // 64 MiB
+  addr[2] = ok_addr(prog.cmd("alloc 2 50331648 procaddr"));  // 48 MiB
+  addr[3] = ok_addr(prog.cmd("alloc 3 33558528 dlsym"));     // 32 MiB + 4 KiB
+  addr[4] = ok_addr(prog.cmd("alloc 4 65536 direct"));       // small: stays native
   for (auto& [id, a] : addr) REQUIRE_FALSE(a.empty());
   REQUIRE(prog.cmd("check") == "ok 4");
   CHECK_FALSE(node.probe(200));  // the device is too full for a second user
@@ -59,17 +59,17 @@ TEST_CASE("tmsctl pause frees device memory for another process - resume restore
   const std::string dir = node.rank_dir("e2e", 0, prog.pid());
   uint64_t usage = 0;
   for (int cycle = 0; cycle < 5; ++cycle) {
-    auto [prc, pj] = node.tmsctl({"pause", "--job", "e2e"});
-    INFO(pj.dump());
-    REQUIRE(prc == 0);
+    auto pj = node.pause("e2e");
+    INFO(pj.text);
+    REQUIRE(pj.ok());
     REQUIRE(pj.size() == 1);
-    CHECK(pj[0]["ok"] == true);
-    CHECK(pj[0]["bytes"].get<uint64_t>() >= 64 * MiB + 48 * MiB + 32 * MiB);
+    CHECK(pj[0].ok);
+    CHECK(pj[0].bytes >= 64 * MiB + 48 * MiB + 32 * MiB);
 
-    auto [src, sj] = node.tmsctl({"status"});
-    REQUIRE(src == 0);
-    CHECK(sj[0]["state"] == "paused");
-    CHECK(sj[0]["resident_bytes"].get<uint64_t>() == 0);
+    auto ranks = node.status();
+    REQUIRE(ranks.size() == 1);
+    CHECK(ranks[0].totals.state == "paused");
+    CHECK(ranks[0].totals.resident == 0);
 
     CHECK(node.probe(200));  // the freed memory is usable by another process now
     CHECK(fs::exists(dir + "/data"));
@@ -77,10 +77,10 @@ TEST_CASE("tmsctl pause frees device memory for another process - resume restore
     if (cycle == 0) usage = now;
     CHECK(now == usage);
 
-    auto [rrc, rj] = node.tmsctl({"resume", "--job", "e2e"});
-    INFO(rj.dump());
-    REQUIRE(rrc == 0);
-    CHECK(rj[0]["ok"] == true);
+    auto rj = node.resume("e2e");
+    INFO(rj.text);
+    REQUIRE(rj.ok());
+    CHECK(rj[0].ok);
     REQUIRE(prog.cmd("check") == "ok 4");
     for (auto& [id, a] : addr) CHECK(prog.cmd("addr " + std::to_string(id)) == "ok " + a);
     CHECK_FALSE(node.probe(200));
@@ -119,18 +119,19 @@ TEST_CASE("tmsctl run starts two ranks of one job and tmsctl pause --job pauses 
     Env env = node.sim_env();
     env["RANK"] = std::to_string(r);
     ranks.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "duo", "--", CUDA_PATTERN_PATH}, env));
+        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "duo", "--", CUDA_PATTERN_PATH},
+        env));
     REQUIRE(ranks.back()->line() == "ready");
     REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 1 33554432 direct")).empty());
   }
-  auto [rc, j] = node.tmsctl({"pause", "--job", "duo"});
-  INFO(j.dump());
-  REQUIRE(rc == 0);
+  auto j = node.pause("duo");
+  INFO(j.text);
+  REQUIRE(j.ok());
   REQUIRE(j.size() == 2);
-  CHECK(j[0]["rank"] == 0);
-  CHECK(j[1]["rank"] == 1);
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "duo"});
-  REQUIRE(rrc == 0);
+  CHECK(j[0].rank == 0);
+  CHECK(j[1].rank == 1);
+  auto rj = node.resume("duo");
+  REQUIRE(rj.ok());
   for (auto& p : ranks) CHECK(p->cmd("check") == "ok 1");
 }
 
@@ -168,39 +169,30 @@ TEST_CASE("without a daemon the shim starts a private one, which leaves when the
 // later pause succeeds.
 
 TEST_CASE("ENOSPC at pause leaves every allocation resident and intact - a smaller pause then succeeds") {
-  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
+  std::string why_not;
+  auto small = SmallFilesystem::mount(64, &why_not);
+  if (!small) skip(why_not);
   Node node;
-  const std::string image = node.dir / "fs.img";
-  const std::string mnt = node.dir / "mnt";
-  fs::create_directories(mnt);
-  if (std::system(("truncate -s 64M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
-    skip("mkfs.ext4 unavailable");
-  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0)
-    skip("cannot loop-mount here");
-  struct Unmount {
-    std::string m;
-    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
-  } unmount{mnt};
-  node.root = mnt;
+  node.root = small->path();
   node.start_daemon();
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("full", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 50331648 direct")).empty());  // 48 MiB
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 33554432 direct")).empty());  // 32 MiB: 80 MiB > the disk
-  auto [rc, j] = node.tmsctl({"pause", "--job", "full"});
-  INFO(j.dump());
-  CHECK(rc != 0);
+  auto j = node.pause("full");
+  INFO(j.text);
+  CHECK_FALSE(j.ok());
   REQUIRE(j.size() == 1);
-  CHECK(j[0]["ok"] == false);
-  CHECK(j[0]["errno"] == ENOSPC);
-  CHECK(j[0]["message"].get<std::string>().find("space") != std::string::npos);
+  CHECK_FALSE(j[0].ok);
+  CHECK(j[0].error == ENOSPC);
+  CHECK(j[0].message.find("space") != std::string::npos);
   CHECK(prog.cmd("check") == "ok 2");  // nothing was released
   REQUIRE(prog.cmd("free 2") == "ok");
-  auto [rc2, j2] = node.tmsctl({"pause", "--job", "full"});
-  INFO(j2.dump());
-  CHECK(rc2 == 0);
-  auto [rc3, j3] = node.tmsctl({"resume", "--job", "full"});
-  CHECK(rc3 == 0);
+  auto j2 = node.pause("full");
+  INFO(j2.text);
+  CHECK(j2.ok());
+  auto j3 = node.resume("full");
+  CHECK(j3.ok());
   CHECK(prog.cmd("check") == "ok 1");
 }
 
@@ -267,20 +259,22 @@ TEST_CASE("a daemon killed mid-pause: the program keeps its data and resumes thr
   REQUIRE_FALSE(r);  // the daemon vanished under tmsctl
   node.start_daemon();
   // The shim reconnects with its session token; then resume brings back what the pause released.
-  REQUIRE(eventually([&] {
-    auto c = ctl::Client::connect(node.socket);
-    if (!c) return false;
-    auto s = c->list_sessions();
-    return s && s->size() == 1;
-  }, std::chrono::seconds(60)));
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "crash"});
-  INFO(rj.dump());
-  CHECK(rrc == 0);
+  REQUIRE(eventually(
+      [&] {
+        auto c = ctl::Client::connect(node.socket);
+        if (!c) return false;
+        auto s = c->list_sessions();
+        return s && s->size() == 1;
+      },
+      std::chrono::seconds(60)));
+  auto rj = node.resume("crash");
+  INFO(rj.text);
+  CHECK(rj.ok());
   CHECK(prog.cmd("check") == "ok 6");
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "crash"});
-  INFO(pj.dump());
-  CHECK(prc == 0);
-  auto [rrc2, rj2] = node.tmsctl({"resume", "--job", "crash"});
-  CHECK(rrc2 == 0);
+  auto pj = node.pause("crash");
+  INFO(pj.text);
+  CHECK(pj.ok());
+  auto rj2 = node.resume("crash");
+  CHECK(rj2.ok());
   CHECK(prog.cmd("check") == "ok 6");
 }

@@ -2,7 +2,7 @@
 // End to end on simcuda (issue 4): legacy CUDA IPC of memory the shim manages, brokered by tmsdiskd.
 // One process exports a cuMemAlloc allocation with cuIpcGetMemHandle, another opens and reads it;
 // a pause keeps it resident and correct while it is open, and pauses it normally once closed.
-#include "e2e_support.h"
+#include "e2e.h"
 
 using namespace tmsdisk::e2e;
 
@@ -48,9 +48,6 @@ struct Pair {
     CHECK(exporter.cmd("exit") == "ok");
     CHECK(exporter.wait() == 0);
   }
-  std::pair<int, json> exporter_op(const std::string& op) {
-    return node.tmsctl({op, "--pid", std::to_string(exporter.pid())});
-  }
 };
 
 }  // namespace
@@ -81,10 +78,10 @@ TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, whi
   CHECK(table.find("unmanaged: imported 4.0 MiB") != std::string::npos);
 
   // A pause moves the private buffer only; the shared one stays mapped for the importer.
-  auto [prc, pj] = p.exporter_op("pause");
-  INFO(pj.dump());
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);
+  auto pj = node.pause(p.exporter.pid());
+  INFO(pj.text);
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == kBytes);
   CHECK(eventually([&] {
     t = totals(node, p.exporter.pid());
     return t.paused == kBytes && t.resident == 0 && t.unmanaged["exported"] == kBytes;
@@ -96,22 +93,22 @@ TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, whi
   // Closed: nobody else holds it, so the next pause takes it too.
   CHECK(p.importer->cmd("close") == "ok");
   CHECK(eventually([&] { return totals(node, p.exporter.pid()).unmanaged.count("exported") == 0; }));
-  auto [rrc, rj] = p.exporter_op("resume");
-  INFO(rj.dump());
-  REQUIRE(rrc == 0);
+  auto rj = node.resume(p.exporter.pid());
+  INFO(rj.text);
+  REQUIRE(rj.ok());
   CHECK(p.exporter.cmd("check shared 8") == "ok");
   CHECK(p.exporter.cmd("check private 2") == "ok");
-  std::tie(prc, pj) = p.exporter_op("pause");
-  INFO(pj.dump());
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == 2 * kBytes);
+  pj = node.pause(p.exporter.pid());
+  INFO(pj.text);
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == 2 * kBytes);
   CHECK(eventually([&] { return totals(node, p.exporter.pid()).paused == 2 * kBytes; }));
   // Its memory is on disk now: the handle does not open until the exporter resumes.
   CHECK(p.importer->cmd("open") == "err " + std::to_string(kNotPermitted));
 
-  std::tie(rrc, rj) = p.exporter_op("resume");
-  INFO(rj.dump());
-  REQUIRE(rrc == 0);
+  rj = node.resume(p.exporter.pid());
+  INFO(rj.text);
+  REQUIRE(rj.ok());
   CHECK(p.exporter.cmd("check shared 8") == "ok");
   CHECK(p.exporter.cmd("check private 2") == "ok");
   // The same handle opens the resumed memory.
@@ -122,7 +119,8 @@ TEST_CASE("legacy IPC - the importer reads and writes the exporter's memory, whi
   p.close_and_exit();
 }
 
-TEST_CASE("legacy IPC - an importer that dies without closing no longer holds the memory, nor does an exiting exporter") {
+TEST_CASE(
+    "legacy IPC - an importer that dies without closing no longer holds the memory, nor does an exiting exporter") {
   Node node;
   node.start_daemon();
   Pair p(node);
@@ -131,13 +129,13 @@ TEST_CASE("legacy IPC - an importer that dies without closing no longer holds th
   ::kill(p.importer->pid(), SIGKILL);
   p.importer->wait();
   CHECK(eventually([&] { return totals(node, p.exporter.pid()).unmanaged.count("exported") == 0; }));
-  auto [prc, pj] = p.exporter_op("pause");
-  INFO(pj.dump());
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == 2 * kBytes);
-  auto [rrc, rj] = p.exporter_op("resume");
-  INFO(rj.dump());
-  REQUIRE(rrc == 0);
+  auto pj = node.pause(p.exporter.pid());
+  INFO(pj.text);
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == 2 * kBytes);
+  auto rj = node.resume(p.exporter.pid());
+  INFO(rj.text);
+  REQUIRE(rj.ok());
   CHECK(p.exporter.cmd("check shared 1") == "ok");
 
   // Once the exporter exits, its handle names nothing.
@@ -155,13 +153,15 @@ TEST_CASE("legacy IPC - after a daemon restart, memory shared before stays resid
   node.daemon.kill9();
   node.start_daemon();
   // Both shims reconnect; the new daemon knows nothing of the export, and the importer still maps it.
-  REQUIRE(eventually([&] { return totals(node, p.exporter.pid()).state == "running" &&
-                                  totals(node, p.importer->pid()).state == "running"; },
-                     std::chrono::seconds(60)));
-  auto [prc, pj] = p.exporter_op("pause");
-  INFO(pj.dump());
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);  // the private buffer only
+  REQUIRE(eventually(
+      [&] {
+        return totals(node, p.exporter.pid()).state == "running" && totals(node, p.importer->pid()).state == "running";
+      },
+      std::chrono::seconds(60)));
+  auto pj = node.pause(p.exporter.pid());
+  INFO(pj.text);
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == kBytes);  // the private buffer only
   Totals t;
   CHECK(eventually([&] {
     t = totals(node, p.exporter.pid());
@@ -170,18 +170,18 @@ TEST_CASE("legacy IPC - after a daemon restart, memory shared before stays resid
   INFO(show(t));
   CHECK(p.importer->cmd("check shared 5") == "ok");
   CHECK(p.importer->cmd("fill shared 6") == "ok");
-  auto [rrc, rj] = p.exporter_op("resume");
-  INFO(rj.dump());
-  REQUIRE(rrc == 0);
+  auto rj = node.resume(p.exporter.pid());
+  INFO(rj.text);
+  REQUIRE(rj.ok());
   CHECK(p.exporter.cmd("check shared 6") == "ok");
   CHECK(p.exporter.cmd("check private 2") == "ok");
   // Even with the importer gone, it stays: nobody can tell who else may still map it.
   CHECK(p.importer->cmd("close") == "ok");
-  std::tie(prc, pj) = p.exporter_op("pause");
-  REQUIRE(prc == 0);
-  CHECK(pj[0]["bytes"].get<uint64_t>() == kBytes);
-  std::tie(rrc, rj) = p.exporter_op("resume");
-  REQUIRE(rrc == 0);
+  pj = node.pause(p.exporter.pid());
+  REQUIRE(pj.ok());
+  CHECK(pj[0].bytes == kBytes);
+  rj = node.resume(p.exporter.pid());
+  REQUIRE(rj.ok());
   CHECK(p.exporter.cmd("exit") == "ok");
   CHECK(p.exporter.wait() == 0);
 }

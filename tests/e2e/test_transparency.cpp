@@ -1,17 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // End to end on simcuda: a pause that may arrive at any moment (the gate and TMSDISK_ON_TOUCH),
 // application-managed VMM, and peer access replayed on resume (issue 4).
-#include "e2e_support.h"
+#include "e2e.h"
 
 using namespace tmsdisk::e2e;
 
 namespace {
 
-// The state tmsctl status reports for the only rank of `job`.
+// The state tmsctl status reports for the first rank (each case runs one).
 std::string rank_state(const Node& node) {
-  auto [rc, j] = node.tmsctl({"status"});
-  if (rc != 0 || !j.is_array() || j.empty()) return "?";
-  return j[0].value("state", "?");
+  auto ranks = node.status();
+  return ranks.empty() ? "?" : ranks[0].totals.state;
 }
 
 }  // namespace
@@ -24,12 +23,12 @@ TEST_CASE("threads launching and copying on several streams while tmsctl pauses 
   REQUIRE(prog.cmd("start") == "ok");
   for (int cycle = 0; cycle < 100; ++cycle) {
     INFO("cycle " << cycle);
-    auto [prc, pj] = node.tmsctl({"pause", "--job", "busy"});
-    INFO(pj.dump());
-    REQUIRE(prc == 0);
-    auto [rrc, rj] = node.tmsctl({"resume", "--job", "busy"});
-    INFO(rj.dump());
-    REQUIRE(rrc == 0);
+    auto pj = node.pause("busy");
+    INFO(pj.text);
+    REQUIRE(pj.ok());
+    auto rj = node.resume("busy");
+    INFO(rj.text);
+    REQUIRE(rj.ok());
   }
   // Every worker's data is what its adds made, and no queued work ever met unmapped memory (simcuda
   // would have poisoned the context with CUDA_ERROR_ILLEGAL_ADDRESS).
@@ -48,13 +47,13 @@ TEST_CASE("TMSDISK_ON_TOUCH=wait - a launch during a pause returns only after th
   env["TMSDISK_ON_TOUCH"] = "wait";
   Proc prog({CUDA_TOUCH_PATH, "1"}, env);
   REQUIRE(prog.line() == "ready");
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "wait"});
-  REQUIRE(prc == 0);
+  auto pj = node.pause("wait");
+  REQUIRE(pj.ok());
   prog.send("launch");
   CHECK(prog.line(300).empty());  // held at the gate
   CHECK(rank_state(node) == "paused");
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "wait"});
-  REQUIRE(rrc == 0);
+  auto rj = node.resume("wait");
+  REQUIRE(rj.ok());
   CHECK(prog.line() == "ok 0");  // it returned with the process running again
   CHECK(prog.cmd("probe 1") == "ok");
 }
@@ -66,8 +65,8 @@ TEST_CASE("TMSDISK_ON_TOUCH=resume - a launch during a pause resumes the process
   env["TMSDISK_ON_TOUCH"] = "resume";
   Proc prog({CUDA_TOUCH_PATH, "1"}, env);
   REQUIRE(prog.line() == "ready");
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "autoresume"});
-  REQUIRE(prc == 0);
+  auto pj = node.pause("autoresume");
+  REQUIRE(pj.ok());
   CHECK(rank_state(node) == "paused");
   CHECK(prog.cmd("launch") == "ok 0");
   CHECK(rank_state(node) == "running");
@@ -83,13 +82,13 @@ TEST_CASE("TMSDISK_ON_TOUCH=fail - a launch or stream write during a pause fails
   REQUIRE(prog.line() == "ready");
   CHECK(prog.cmd("memop 7") == "ok 7");  // a stream memory operation writes while nothing is paused
   CHECK(prog.cmd("memop 0") == "ok 0");
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "failfast"});
-  REQUIRE(prc == 0);
-  CHECK(prog.cmd("launch") == "err 800");  // CUDA_ERROR_NOT_PERMITTED
+  auto pj = node.pause("failfast");
+  REQUIRE(pj.ok());
+  CHECK(prog.cmd("launch") == "err 800");   // CUDA_ERROR_NOT_PERMITTED
   CHECK(prog.cmd("memop 5") == "err 800");  // stream memory operations pass the gate too
   CHECK(rank_state(node) == "paused");
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "failfast"});
-  REQUIRE(rrc == 0);
+  auto rj = node.resume("failfast");
+  REQUIRE(rj.ok());
   CHECK(prog.cmd("probe 0") == "ok");  // neither the failed launch nor the failed write ran
   CHECK(prog.cmd("launch") == "ok 0");
   CHECK(prog.cmd("probe 1") == "ok");
@@ -101,20 +100,20 @@ TEST_CASE("a pause requested during a stream capture is refused with EBUSY - aft
   Proc prog({CUDA_TOUCH_PATH, "1"}, node.shim_env("capture", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE(prog.cmd("capture begin") == "ok");
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "capture"});
-  INFO(pj.dump());
-  CHECK(prc != 0);
+  auto pj = node.pause("capture");
+  INFO(pj.text);
+  CHECK_FALSE(pj.ok());
   REQUIRE(pj.size() == 1);
-  CHECK(pj[0]["errno"] == EBUSY);
-  CHECK(pj[0]["message"].get<std::string>().find("capture") != std::string::npos);
+  CHECK(pj[0].error == EBUSY);
+  CHECK(pj[0].message.find("capture") != std::string::npos);
   CHECK(rank_state(node) == "running");
   CHECK(prog.cmd("launch") == "ok 0");  // the refused pause left the gate open
   REQUIRE(prog.cmd("capture end") == "ok");
-  auto [prc2, pj2] = node.tmsctl({"pause", "--job", "capture"});
-  INFO(pj2.dump());
-  CHECK(prc2 == 0);
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "capture"});
-  CHECK(rrc == 0);
+  auto pj2 = node.pause("capture");
+  INFO(pj2.text);
+  CHECK(pj2.ok());
+  auto rj = node.resume("capture");
+  CHECK(rj.ok());
   CHECK(prog.cmd("probe 1") == "ok");
 }
 
@@ -131,14 +130,14 @@ TEST_CASE("an expandable-segments style allocator is paused and resumed mid-life
   CHECK_FALSE(node.probe(40));
   for (int cycle = 0; cycle < 3; ++cycle) {
     INFO("cycle " << cycle);
-    auto [prc, pj] = node.tmsctl({"pause", "--job", "segments"});
-    INFO(pj.dump());
-    REQUIRE(prc == 0);
-    CHECK(pj[0]["bytes"].get<uint64_t>() == 18 * 2 * MiB);
+    auto pj = node.pause("segments");
+    INFO(pj.text);
+    REQUIRE(pj.ok());
+    CHECK(pj[0].bytes == 18 * 2 * MiB);
     CHECK(node.probe(40));  // the application's own physical memory was handed back
-    auto [rrc, rj] = node.tmsctl({"resume", "--job", "segments"});
-    INFO(rj.dump());
-    REQUIRE(rrc == 0);
+    auto rj = node.resume("segments");
+    INFO(rj.text);
+    REQUIRE(rj.ok());
     REQUIRE(prog.cmd("check") == "ok 18");
     // Its handles (tokens) still work: shrink releases them, grow maps new ones.
     REQUIRE(prog.cmd("shrink 4") == "ok 14");
@@ -147,12 +146,12 @@ TEST_CASE("an expandable-segments style allocator is paused and resumed mid-life
     REQUIRE(prog.cmd("check") == "ok 18");
   }
   // A pause with TMSDISK_ON_TOUCH=wait holds the allocator's next map until the resume.
-  auto [prc, pj] = node.tmsctl({"pause", "--job", "segments"});
-  REQUIRE(prc == 0);
+  auto pj = node.pause("segments");
+  REQUIRE(pj.ok());
   prog.send("grow 1");
   CHECK(prog.line(300).empty());
-  auto [rrc, rj] = node.tmsctl({"resume", "--job", "segments"});
-  REQUIRE(rrc == 0);
+  auto rj = node.resume("segments");
+  REQUIRE(rj.ok());
   CHECK(prog.line() == "ok 19");
   CHECK(prog.cmd("check") == "ok 19");
 }
@@ -171,13 +170,13 @@ TEST_CASE("peer access enabled with cuCtxEnablePeerAccess opens managed memory t
   CHECK(prog.cmd("copy") == "ok");
   for (int cycle = 0; cycle < 2; ++cycle) {
     INFO("cycle " << cycle);
-    auto [prc, pj] = node.tmsctl({"pause", "--job", "peer"});
-    INFO(pj.dump());
-    REQUIRE(prc == 0);
-    CHECK(pj[0]["bytes"].get<uint64_t>() >= 8 * MiB);
-    auto [rrc, rj] = node.tmsctl({"resume", "--job", "peer"});
-    INFO(rj.dump());
-    REQUIRE(rrc == 0);
+    auto pj = node.pause("peer");
+    INFO(pj.text);
+    REQUIRE(pj.ok());
+    CHECK(pj[0].bytes >= 8 * MiB);
+    auto rj = node.resume("peer");
+    INFO(rj.text);
+    REQUIRE(rj.ok());
     // New physical memory, the same rights for the peer.
     CHECK(prog.cmd("access") == "ok 3 3");
     CHECK(prog.cmd("copy") == "ok");

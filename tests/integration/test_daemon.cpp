@@ -3,9 +3,9 @@
 // the shim's role. Each TEST_CASE runs as its own CTest test; one that cannot run here exits 77.
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,8 +19,10 @@
 #include <thread>
 
 #include "client.h"
-#include "server.h"
 #include "in_process_daemon.h"
+#include "other_user.h"
+#include "server.h"
+#include "small_filesystem.h"
 #include "test_support.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -303,25 +305,18 @@ TEST_CASE("a client of another uid cannot see or pause someone else's ranks") {
   Daemon d;
   d.start();
   auto c = d.shim({.job = "owned"});
-  pid_t child = ::fork();
-  if (child == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
-    auto ctl = ctl::Client::connect(d.socket);
-    if (!ctl) ::_exit(ctl.error().errnum() == EACCES ? 77 : 11);
-    auto list = ctl->list_sessions();
-    if (!list || !list->empty()) ::_exit(12);
-    proto::Control req;
-    req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
-    req.match = proto::kMatchJob;
-    req.job = "owned";
-    auto r = ctl->control(req);
-    ::_exit(!r && r.error().errnum() == EPERM ? 0 : 13);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  REQUIRE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) skip("uid 65534 cannot reach the test socket (parent directory permissions)");
-  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(as_other_user([&] {
+          auto ctl = ctl::Client::connect(d.socket);
+          if (!ctl) return ctl.error().errnum() == EACCES ? kUnreachable : 11;
+          auto list = ctl->list_sessions();
+          if (!list || !list->empty()) return 12;
+          proto::Control req;
+          req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+          req.match = proto::kMatchJob;
+          req.job = "owned";
+          auto r = ctl->control(req);
+          return !r && r.error().errnum() == EPERM ? 0 : 13;
+        }) == 0);
 }
 
 TEST_CASE("a client that vanishes mid-transfer leaves no files and does not disturb others") {
@@ -450,21 +445,11 @@ TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones
 }
 
 TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem") {
-  if (::geteuid() != 0) skip("needs root to loop-mount a small filesystem");
-  TempDir base(test_tmp_root(), "enospc");
-  const std::string image = base / "fs.img";
-  const std::string mnt = base / "mnt";
-  fs::create_directories(mnt);
-  if (std::system(("truncate -s 96M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1").c_str()) != 0)
-    skip("mkfs.ext4 unavailable");
-  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0)
-    skip("cannot loop-mount here (no loop devices or no privilege)");
-  struct Unmount {
-    std::string m;
-    ~Unmount() { (void)!std::system(("umount -l " + m).c_str()); }
-  } unmount{mnt};
+  std::string why_not;
+  auto small = SmallFilesystem::mount(96, &why_not);
+  if (!small) skip(why_not);
   Daemon d;
-  d.roots = {mnt};
+  d.roots = {small->path()};
   d.start();
   auto c = d.shim({.job = "full"});
   const std::vector<BlobSize> fits = {{1, 40 * MiB}};
@@ -656,24 +641,21 @@ TEST_CASE("per-user limits on sessions and pinned staging are enforced with a cl
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
   d.start({"--max-sessions-per-uid", "2", "--max-staging-per-uid-mb", "48"});
-  pid_t child = ::fork();
-  if (child == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
-    auto a = ShimClient::connect(d.socket, {.job = "lim", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
-    if (!a) ::_exit(a.error().errnum() == EACCES ? 77 : 11);
-    auto b = ShimClient::connect(d.socket, {.job = "lim", .rank = 1, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
-    if (b || b.error().errnum() != EDQUOT) ::_exit(12);  // 64 MiB > 48 MiB of staging
-    auto c = ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
-    if (!c) ::_exit(13);
-    auto e = ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
-    if (e || e.error().errnum() != EDQUOT) ::_exit(14);  // a third session
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  REQUIRE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) skip("uid 65534 cannot reach the test socket");
-  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(as_other_user([&] {
+          auto a = ShimClient::connect(d.socket,
+                                       {.job = "lim", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+          if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
+          auto b = ShimClient::connect(d.socket,
+                                       {.job = "lim", .rank = 1, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+          if (b || b.error().errnum() != EDQUOT) return 12;  // 64 MiB > 48 MiB of staging
+          auto c =
+              ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+          if (!c) return 13;
+          auto e =
+              ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+          if (e || e.error().errnum() != EDQUOT) return 14;  // a third session
+          return 0;
+        }) == 0);
 }
 
 TEST_CASE("a connection that never says HELLO is closed after the deadline") {
@@ -797,23 +779,6 @@ TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes 
   REQUIRE(importer.call(proto::IpcOpen{.export_id = id}, -1, &got));
   CHECK(read_text(got.get(), 9) == "new bytes");
 
-  if (::geteuid() == 0) {
-    // Another user cannot open it, even knowing the id.
-    pid_t child = ::fork();
-    if (child == 0) {
-      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
-      auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
-      if (!c) ::_exit(c.error().errnum() == EACCES ? 77 : 11);
-      auto r = c->call(proto::IpcOpen{.export_id = id});
-      ::_exit(!r && r.error().errnum() == ENOENT ? 0 : 12);
-    }
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) WARN("uid 65534 cannot reach the test socket: the other-uid open is not checked");
-    else CHECK(WEXITSTATUS(status) == 0);
-  }
-
   // The importer loses its connection without closing, but lives (it may still map the memory): its
   // open stays, and the exporter cannot pause the memory under it.
   importer.close();
@@ -843,6 +808,24 @@ TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes 
   REQUIRE(exporter.call(proto::IpcRevoke{.export_id = id, .freed = 1}));
   auto late = d.shim({.job = "ipc", .rank = 3});
   CHECK(expect_error(late, proto::IpcOpen{.export_id = id}) == ENOENT);
+}
+
+TEST_CASE("legacy IPC through the daemon - a user of another uid cannot open an export, even knowing its id") {
+  if (::geteuid() != 0) skip("needs root to switch to another uid");
+  Daemon d;
+  d.start();
+  auto exporter = d.shim({.job = "ipc", .rank = 0});
+  UniqueFd mem = memory_fd("device bytes");
+  auto exported = exporter.call(proto::IpcExport{.export_id = 0, .bytes = 4096, .device = 0}, mem.get());
+  REQUIRE(exported);
+  const uint64_t id = std::get<proto::IpcExported>(*exported).export_id;
+  CHECK(as_other_user([&] {
+          auto c =
+              ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+          if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
+          auto r = c->call(proto::IpcOpen{.export_id = id});
+          return !r && r.error().errnum() == ENOENT ? 0 : 12;
+        }) == 0);
 }
 
 TEST_CASE("descriptors a client passes with messages that take none are closed, none kept") {

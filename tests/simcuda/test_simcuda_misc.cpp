@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
-#include "test_simcuda_common.h"
+#include "simcuda_fixture.h"
 
 using namespace simtest;
 

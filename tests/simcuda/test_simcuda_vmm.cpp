@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "test_simcuda_common.h"
+#include "simcuda_fixture.h"
 
 using namespace simtest;
 

@@ -3,10 +3,8 @@
 #pragma once
 
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <poll.h>
 #include <sys/mman.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +12,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -22,6 +19,7 @@
 #include <vector>
 
 #include "io_engine.h"
+#include "temp_dir.h"
 
 namespace io_test {
 
@@ -32,32 +30,9 @@ using tmsdisk::io::Request;
 
 constexpr std::size_t kAlign = 4096;
 
-// A scratch directory on a real filesystem (O_DIRECT needs one; tmpfs would also hide short reads).
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string base;
-    if (const char* env = std::getenv("TMSDISK_TEST_DIR")) base = env;
-#ifdef TMSDISK_IO_TEST_DIR
-    if (base.empty()) base = TMSDISK_IO_TEST_DIR;
-#endif
-    struct statfs sf {};
-    if (base.empty() || ::statfs(base.c_str(), &sf) != 0 || sf.f_type == TMPFS_MAGIC) base = "/var/tmp";
-    std::string tmpl = base + "/tmsdisk-io-test.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const {
-    return path_;
-  }
-
- private:
-  std::string path_;
-};
+// A scratch directory on a real filesystem (O_DIRECT needs one; tmpfs would also hide short reads):
+// the shared TempDir, under $TMSDISK_TEST_TMP or the build tree.
+using ScratchDir = tmsdisk::testing::TempDir;
 
 // An unlinked file in the scratch directory, opened with O_DIRECT where the filesystem allows it.
 struct TestFile {

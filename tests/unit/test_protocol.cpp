@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Protocol: every message round-trips, and malformed input is rejected with the right code.
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
 
+#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/messages.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -305,4 +307,129 @@ TEST_CASE("text fields with control characters are refused: no terminal escapes,
   utf8.message = "caf\xc3\xa9 ok";
   auto d = decode(encode(1, utf8));
   CHECK(d.envelope);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The HELLO client (client.h), against a scripted daemon on the other end of a socket pair.
+
+namespace {
+
+struct Pair {
+  int client = -1, daemon = -1;
+  Pair() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+    client = sv[0];
+    daemon = sv[1];
+  }
+  ~Pair() {
+    if (client >= 0) ::close(client);
+    if (daemon >= 0) ::close(daemon);
+  }
+  // Receives the HELLO the client sent (it is sent before the client waits: the buffer holds it).
+  Hello hello_received() {
+    std::vector<uint8_t> buf;
+    REQUIRE(recv_message(daemon, buf) > 0);
+    auto d = decode(buf);
+    REQUIRE(d.envelope);
+    CHECK(d.envelope->request_id == 5);
+    auto* h = std::get_if<Hello>(&d.envelope->body);
+    REQUIRE(h);
+    return *h;
+  }
+  void answer(const Message& m, int fd = -1) { REQUIRE(send_message(daemon, encode(5, m), fd) == 0); }
+};
+
+Hello shim_hello() {
+  Hello h;
+  h.role = static_cast<uint8_t>(Role::Shim);
+  h.job = "job";
+  h.rank = 3;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("say_hello returns the WELCOME with the descriptor that came along") {
+  Pair p;
+  Welcome w;
+  w.session_id = 9;
+  w.slot_bytes = 4096;
+  w.slot_count = 2;
+  w.staging_bytes = 8192;
+  int pipe_fds[2];
+  REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+  // The answer is queued before the client asks: say_hello sends, then reads it.
+  p.answer(w, pipe_fds[1]);
+  ::close(pipe_fds[1]);
+  HelloReply r = say_hello(p.client, shim_hello(), 1000, 5);
+  INFO(r.message);
+  REQUIRE(r);
+  CHECK_FALSE(r.refused);
+  CHECK(r.welcome.session_id == 9);
+  CHECK(r.welcome.slot_count == 2);
+  REQUIRE(r.fd >= 0);
+  CHECK(r.sock == -1);  // the caller's socket stays the caller's
+  const Hello h = p.hello_received();
+  CHECK(h.job == "job");
+  CHECK(h.rank == 3);
+  // The reply owns the descriptor: once it goes, the pipe's last writer is closed.
+  { HelloReply gone = std::move(r); }
+  char c;
+  CHECK(::read(pipe_fds[0], &c, 1) == 0);
+  ::close(pipe_fds[0]);
+}
+
+TEST_CASE("say_hello reports a refusal with the daemon's own code and words") {
+  Pair p;
+  ErrorReply e;
+  e.code = EDQUOT;
+  e.message = "uid 1000 has 2 sessions, the limit";
+  p.answer(e);
+  HelloReply r = say_hello(p.client, shim_hello(), 1000, 5);
+  CHECK_FALSE(r);
+  CHECK(r.refused);
+  CHECK(r.error == EDQUOT);
+  CHECK(r.message == e.message);
+  CHECK(r.fd == -1);
+}
+
+TEST_CASE("say_hello tells a closed connection, silence, garbage and a wrong answer apart") {
+  SECTION("closed") {
+    Pair p;
+    ::shutdown(p.daemon, SHUT_WR);
+    HelloReply r = say_hello(p.client, shim_hello(), 1000, 5);
+    CHECK(r.error == ECONNRESET);
+    CHECK_FALSE(r.refused);
+  }
+  SECTION("silent past the timeout") {
+    Pair p;
+    HelloReply r = say_hello(p.client, shim_hello(), 50, 5);
+    CHECK(r.error == ETIMEDOUT);
+    CHECK(r.message.find("50 ms") != std::string::npos);
+  }
+  SECTION("garbage") {
+    Pair p;
+    std::vector<uint8_t> junk(kHeaderSize, 0xAB);
+    REQUIRE(send_message(p.daemon, junk) == 0);
+    HelloReply r = say_hello(p.client, shim_hello(), 1000, 5);
+    CHECK_FALSE(r);
+    CHECK_FALSE(r.refused);
+    CHECK(r.message.find("bad answer to HELLO") != std::string::npos);
+  }
+  SECTION("an answer other than WELCOME") {
+    Pair p;
+    p.answer(OkReply{});
+    HelloReply r = say_hello(p.client, shim_hello(), 1000, 5);
+    CHECK(r.error == EPROTO);
+    CHECK(r.message.find("instead of WELCOME") != std::string::npos);
+  }
+}
+
+TEST_CASE("connect_and_hello names the path it could not reach") {
+  HelloReply r = connect_and_hello("/nonexistent/tmsdisk-unit-test.sock", shim_hello(), 1000);
+  CHECK(r.error == ENOENT);
+  CHECK_FALSE(r.refused);
+  CHECK(r.message.find("/nonexistent/tmsdisk-unit-test.sock") != std::string::npos);
+  CHECK(r.sock == -1);
 }

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -17,7 +18,7 @@
 
 #include "extent_allocator.h"
 #include "storage.h"
-#include "storage_test_util.h"
+#include "storage_fixtures.h"
 #include "storage_testing.h"
 #include "tmsdisk/common/proc.h"
 
@@ -594,9 +595,9 @@ TEST_CASE("reserve is all or nothing when a preallocation fails") {
   g_fail_calls = 0;
   g_fail_at = at;
   g_fail_errno = err;
-  auto prev = testing::set_fallocate_hook(&fail_nth);
+  auto prev = storage::testing::set_fallocate_hook(&fail_nth);
   auto st = store->reserve(next);
-  testing::set_fallocate_hook(prev);
+  storage::testing::set_fallocate_hook(prev);
   REQUIRE_FALSE(st);
   CHECK(st.error().errnum() == err);
   if (err == ENOSPC) {

@@ -5,8 +5,8 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-// Defined by each test program: 0 to run its tests, else the exit status (77: skipped, after
-// printing the reason).
+// Defined by each test program: 0 to run its tests, else the exit status; a program that cannot
+// run here ends in skip() (exit 77, with the reason).
 int storage_test_setup();
 // Undoes what setup did (unmounts, removes temp files).
 void storage_test_teardown();

@@ -2,11 +2,7 @@
 // Storage tests that need root: real ENOSPC on a small loop-mounted ext4, and planted foreign owners.
 // Exits 77 (skipped, with the reason) when not root or when the loop mount is not possible here.
 // main() is in test_storage_catch_impl.cpp; it calls storage_test_setup() first.
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,14 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "skip.h"
+#include "small_filesystem.h"
 #include "storage.h"
-#include "storage_test_util.h"
-
-extern char** environ;
+#include "storage_fixtures.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
@@ -33,32 +30,6 @@ namespace {
 
 constexpr uint32_t kChunk = 1 << 20;
 std::string g_mnt;  // the mounted 64 MiB ext4
-
-// Runs argv quietly; returns the exit status, or -1 if it could not run.
-int run(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  int rc = -1;
-  // mkfs.ext4 lives in sbin, which a non-login PATH may lack.
-  for (std::string dir : {"", "/usr/sbin/", "/sbin/"}) {
-    std::string prog = dir + argv[0];
-    args[0] = prog.data();
-    if (posix_spawnp(&pid, prog.c_str(), &fa, nullptr, args.data(), environ) == 0) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-      break;
-    }
-  }
-  posix_spawn_file_actions_destroy(&fa);
-  return rc;
-}
 
 Roots open_roots(const std::vector<std::string>& paths) {
   auto r = Roots::open(paths, false);
@@ -202,44 +173,19 @@ TEST_CASE("a job or uid directory planted by another user is refused") {
 }
 
 namespace {
-std::unique_ptr<TempDir> g_base;
-bool g_mounted = false;
+std::unique_ptr<tmsdisk::testing::SmallFilesystem> g_fs;
 }  // namespace
 
 int storage_test_setup() {
-  if (::geteuid() != 0) {
-    std::printf("SKIPPED: needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories\n");
-    return 77;
-  }
-  try {
-    g_base = std::make_unique<TempDir>();
-  } catch (const std::exception& e) {
-    std::printf("SKIPPED: %s\n", e.what());
-    return 77;
-  }
-  const std::string image = *g_base / "fs.img";
-  g_mnt = *g_base / "mnt";
-  std::filesystem::create_directory(g_mnt);
-  int fd = ::open(image.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-  bool sized = fd >= 0 && ::ftruncate(fd, 64 << 20) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!sized || run({"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image}) != 0) {
-    std::printf("SKIPPED: cannot make an ext4 image with mkfs.ext4 (is e2fsprogs installed?)\n");
-    g_base.reset();
-    return 77;
-  }
-  if (run({"mount", "-o", "loop", image, g_mnt}) != 0) {
-    std::printf("SKIPPED: cannot loop-mount %s (no loop devices in this container?)\n", image.c_str());
-    g_base.reset();
-    return 77;
-  }
-  g_mounted = true;
+  if (::geteuid() != 0)
+    tmsdisk::testing::skip("needs root to loop-mount a small ext4 (real ENOSPC) and to chown directories");
+  std::string why_not;
+  g_fs = tmsdisk::testing::SmallFilesystem::mount(64, &why_not);
+  if (!g_fs) tmsdisk::testing::skip(why_not);
+  g_mnt = g_fs->path();
   return 0;
 }
 
 void storage_test_teardown() {
-  // A lazy unmount as the fallback: the loop device is released once the last user goes.
-  if (g_mounted && ::umount2(g_mnt.c_str(), 0) != 0) ::umount2(g_mnt.c_str(), MNT_DETACH);
-  g_mounted = false;
-  g_base.reset();
+  g_fs.reset();
 }

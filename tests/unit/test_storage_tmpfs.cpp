@@ -12,8 +12,9 @@
 #include <sstream>
 #include <string>
 
+#include "skip.h"
 #include "storage.h"
-#include "storage_test_util.h"
+#include "storage_fixtures.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
@@ -68,15 +69,12 @@ std::unique_ptr<storage_test::TempDir> g_dir;
 
 int storage_test_setup() {
   std::string mount = find_tmpfs();
-  if (mount.empty()) {
-    std::printf("SKIPPED: no writable tmpfs on this machine (looked at /dev/shm and /proc/self/mounts)\n");
-    return 77;
-  }
+  if (mount.empty())
+    tmsdisk::testing::skip("no writable tmpfs on this machine (looked at /dev/shm and /proc/self/mounts)");
   try {
     g_dir = std::make_unique<storage_test::TempDir>(mount);
   } catch (const std::exception& e) {
-    std::printf("SKIPPED: %s\n", e.what());
-    return 77;
+    tmsdisk::testing::skip(e.what());
   }
   g_tmpfs = g_dir->path();
   return 0;

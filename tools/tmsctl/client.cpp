@@ -2,6 +2,7 @@
 // tmsctl's connection to tmsdiskd: HELLO, then one request at a time.
 #include "client.h"
 
+#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace tmsdisk::ctl {
@@ -18,12 +19,12 @@ Result<Client> Client::connect(const std::string& socket_path) {
   Client c(UniqueFd(fd), socket_path);
   proto::Hello hello;
   hello.role = static_cast<uint8_t>(proto::Role::Control);
-  if (auto st = c.send(hello); !st) return std::move(st).error();
-  auto reply = c.receive();
-  if (!reply) return std::move(reply).error();
-  auto* w = std::get_if<proto::Welcome>(&*reply);
-  if (!w) return make_error(EPROTO, "tmsdiskd did not answer HELLO with WELCOME");
-  c.first_root_ = w->rank_dir;
+  // No time limit, as for every other answer tmsctl waits for: a pause may legitimately take long.
+  auto welcome = proto::say_hello(fd, hello, -1, c.next_request_);
+  if (!welcome)
+    return make_error(welcome.error,
+                      welcome.refused ? welcome.message : "tmsdiskd at " + socket_path + ": " + welcome.message);
+  c.first_root_ = welcome.welcome.rank_dir;
   return c;
 }
 

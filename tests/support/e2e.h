@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers of the end-to-end tests: child processes driven line by line, and a node with its own
-// tmsdiskd, simcuda ledger and tmsctl. Header-only, included by one test file each.
+// tmsdiskd, simcuda ledger and tmsctl, so that a case reads `node.pause("job")`, `node.status()`.
+// Header-only (it uses Catch2 and nlohmann_json, which the e2e suites link), included by one test
+// file each; the paths of the binaries come from the suite's compile definitions.
 #pragma once
 
 #include <fcntl.h>
@@ -15,10 +17,11 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "test_support.h"
@@ -136,6 +139,44 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& argv, con
   return {p.wait(), out};
 }
 
+// One rank's accounting as `tmsctl status` shows it.
+struct Totals {
+  uint64_t resident = 0, paused = 0;
+  std::map<std::string, uint64_t> unmanaged;  // by reason, as named in the JSON
+  std::string state;
+  bool operator==(const Totals&) const = default;
+};
+
+// One rank as `tmsctl status` lists it.
+struct RankStatus {
+  std::string job;
+  int64_t rank = -1;
+  pid_t pid = 0;
+  Totals totals;
+};
+
+// One rank's part in a `tmsctl pause` or `resume`.
+struct RankOutcome {
+  std::string job;
+  int64_t rank = -1;
+  pid_t pid = 0;
+  bool ok = false;
+  int error = 0;  // errno, 0 when ok
+  uint64_t bytes = 0;
+  std::string message;
+};
+
+// What a `tmsctl pause` or `resume` did: tmsctl's exit status and each rank's part, in rank order.
+// `text` is what tmsctl printed, for INFO(), so a failure shows the whole answer.
+struct Outcome {
+  int rc = -1;
+  std::vector<RankOutcome> ranks;
+  std::string text;
+  bool ok() const { return rc == 0; }  // tmsctl succeeded: every rank did
+  std::size_t size() const { return ranks.size(); }
+  const RankOutcome& operator[](std::size_t i) const { return ranks.at(i); }
+};
+
 struct Node {
   TempDir dir{test_tmp_root(), "e2e"};
   std::string socket = dir / "d.sock";
@@ -168,41 +209,69 @@ struct Node {
   }
   // A second process (without the shim) asking for `mib` MiB of device memory.
   bool probe(uint64_t mib) const { return run({CUDA_PROBE_PATH, std::to_string(mib)}, sim_env()).first == 0; }
-  std::pair<int, json> tmsctl(const std::vector<std::string>& args) const {
+
+  // `tmsctl pause|resume` of every rank of `job`, or of one process; see Outcome.
+  Outcome pause(const std::string& job) const { return control("pause", {"--job", job}); }
+  Outcome resume(const std::string& job) const { return control("resume", {"--job", job}); }
+  Outcome pause(pid_t pid) const { return control("pause", {"--pid", std::to_string(pid)}); }
+  Outcome resume(pid_t pid) const { return control("resume", {"--pid", std::to_string(pid)}); }
+  // Every rank `tmsctl status` lists; empty if tmsctl failed.
+  std::vector<RankStatus> status() const;
+  // `tmsctl --json args...`: its exit status and what it printed.
+  std::pair<int, std::string> tmsctl(const std::vector<std::string>& args) const {
     std::vector<std::string> argv{TMSCTL_PATH, "--socket", socket, "--json"};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto [rc, out] = run(argv, sim_env());
-    INFO(out);
-    json j = json::parse(out, nullptr, false);
-    return {rc, j};
+    return run(argv, sim_env());
   }
+  // `tmsctl --json <verb> <selector...>` for pause and resume, its answer parsed.
+  Outcome control(const std::string& verb, const std::vector<std::string>& selector) const;
   std::string rank_dir(const std::string& job, int rank, pid_t pid) const {
     return root + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" +
            std::to_string(pid);
   }
 };
 
-// One rank's accounting as `tmsctl status` shows it.
-struct Totals {
-  uint64_t resident = 0, paused = 0;
-  std::map<std::string, uint64_t> unmanaged;  // by reason, as named in the JSON
-  std::string state;
-  bool operator==(const Totals&) const = default;
-};
+inline Outcome Node::control(const std::string& verb, const std::vector<std::string>& selector) const {
+  std::vector<std::string> args{verb};
+  args.insert(args.end(), selector.begin(), selector.end());
+  Outcome o;
+  std::tie(o.rc, o.text) = tmsctl(args);
+  json j = json::parse(o.text, nullptr, false);
+  if (!j.is_array()) return o;
+  for (auto& r : j)
+    o.ranks.push_back({.job = r.value("job", ""),
+                       .rank = r.value("rank", int64_t{-1}),
+                       .pid = r.value("pid", pid_t{0}),
+                       .ok = r.value("ok", false),
+                       .error = r.value("errno", 0),
+                       .bytes = r.value("bytes", uint64_t{0}),
+                       .message = r.value("message", "")});
+  return o;
+}
+
+inline std::vector<RankStatus> Node::status() const {
+  auto [rc, out] = tmsctl({"status"});
+  json j = json::parse(out, nullptr, false);
+  if (rc != 0 || !j.is_array()) return {};
+  std::vector<RankStatus> ranks;
+  for (auto& s : j) {
+    RankStatus r{.job = s.value("job", ""), .rank = s.value("rank", int64_t{-1}), .pid = s.value("pid", pid_t{0})};
+    r.totals.resident = s.value("resident_bytes", uint64_t{0});
+    r.totals.paused = s.value("paused_bytes", uint64_t{0});
+    r.totals.state = s.value("state", "");
+    for (auto& [k, v] : s["unmanaged_bytes"].items()) r.totals.unmanaged[k] = v.get<uint64_t>();
+    ranks.push_back(std::move(r));
+  }
+  return ranks;
+}
 
 // The status of the rank with `pid`, or of the only rank when pid is 0; empty if there is none.
 inline Totals totals(const Node& node, pid_t pid = 0) {
-  Totals t;
-  auto [rc, j] = node.tmsctl({"status"});
-  if (rc != 0 || !j.is_array() || (pid == 0 && j.size() != 1)) return t;
-  for (auto& s : j) {
-    if (pid != 0 && s.value("pid", 0) != pid) continue;
-    t.resident = s.value("resident_bytes", uint64_t{0});
-    t.paused = s.value("paused_bytes", uint64_t{0});
-    t.state = s.value("state", "");
-    for (auto& [k, v] : s["unmanaged_bytes"].items()) t.unmanaged[k] = v.get<uint64_t>();
-  }
-  return t;
+  auto ranks = node.status();
+  if (pid == 0) return ranks.size() == 1 ? ranks[0].totals : Totals{};
+  for (auto& r : ranks)
+    if (r.pid == pid) return r.totals;
+  return {};
 }
 
 inline uint64_t accounted(const Totals& t) {
