@@ -38,7 +38,7 @@ std::string errno_text(int errnum) {
   return std::strerror(errnum);
 }
 
-// io_uring_setup failures, spelled out with the usual causes so `tmsctl doctor` output is actionable.
+// io_uring_setup failures, spelled out with the usual causes so the daemon's startup warning is actionable.
 std::string describe_setup_error(int rc) {
   std::string out = "io_uring_setup: " + errno_text(-rc);
   if (rc == -ENOSYS) out += " (kernel built without io_uring, or a seccomp filter blocks it)";

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "driver.h"
 #include "log.h"
+#include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -33,18 +34,15 @@ std::string errtext(int errnum) {
   return std::strerror(errnum);
 }
 
-// tmsdiskd for the private daemon: $TMSDISK_DAEMON, else beside this library (install tree: lib/ and
-// sbin/ or bin/; build tree: interposer/ and daemon/), else on PATH.
+// tmsdiskd for the private daemon: $TMSDISK_DAEMON, else beside this library (paths.h: install tree,
+// then build tree), else on PATH.
 std::string find_daemon() {
   if (const char* env = std::getenv("TMSDISK_DAEMON"); env && *env) return env;
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&start_private_daemon), &info) && info.dli_fname) {
     std::string dir = info.dli_fname;
     dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
-    for (const char* rel : {"/tmsdiskd", "/../sbin/tmsdiskd", "/../bin/tmsdiskd", "/../daemon/tmsdiskd"}) {
-      std::string p = dir + rel;
-      if (::access(p.c_str(), X_OK) == 0) return p;
-    }
+    if (std::string p = find_daemon_beside_shim(dir); !p.empty()) return p;
   }
   if (const char* path = std::getenv("PATH")) {
     std::string_view rest = path;

@@ -11,8 +11,8 @@
 // next entry with the same base and variant). variant: Any (one function for both stream modes),
 // Legacy or PerThread (the _ptsz/_ptds twin picked by CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).
 // need: Required (the shim disables itself without it) or Optional.
-// Adding a line here also needs its name in interposer/libtmsdisk.map and a definition in the core
-// (namespace tmsdisk::shim::hook); the export check test compares all three.
+// Adding a line here also needs a definition in the core (namespace tmsdisk::shim::hook); the
+// version script is generated from this list (interposer/version_script.cpp).
 #define TMSDISK_HOOKS(X)                                                                                              \
   X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize), "cuMemAlloc", 3020, Any, Required)        \
   X(cuMemAllocPitch_v2, (CUdeviceptr * dptr, size_t * pitch, size_t width, size_t height, unsigned int element_size), \

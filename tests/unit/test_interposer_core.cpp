@@ -7,10 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -40,22 +37,6 @@ int index_of(const char* name) {
   return -1;
 }
 
-std::set<std::string> map_globals() {
-  std::ifstream in(TMSDISK_SHIM_MAP_PATH);
-  REQUIRE(in);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = std::regex_replace(ss.str(), std::regex(R"(/\*[\s\S]*?\*/)"), "");
-  std::smatch m;
-  REQUIRE(std::regex_search(text, m, std::regex(R"(global:([\s\S]*)local:)")));
-  std::set<std::string> names;
-  const std::string block = m[1];
-  std::regex ident(R"([A-Za-z_][A-Za-z0-9_]*)");
-  for (auto it = std::sregex_iterator(block.begin(), block.end(), ident); it != std::sregex_iterator(); ++it)
-    names.insert(it->str());
-  return names;
-}
-
 }  // namespace
 
 TEST_CASE("hook table: the lookup map covers every entry") {
@@ -77,18 +58,6 @@ TEST_CASE("hook table: the lookup map covers every entry") {
   CHECK(find_hook("malloc") == -1);
   CHECK(find_hook("") == -1);
   CHECK(find_hook("c") == -1);
-}
-
-TEST_CASE("hook table: names agree with the version script") {
-  const auto globals = map_globals();
-  std::set<std::string> cu_in_map;
-  for (const auto& n : globals)
-    if (n.rfind("cu", 0) == 0) cu_in_map.insert(n);
-  std::set<std::string> in_table;
-  for (const auto& h : kHooks) in_table.insert(h.name);
-  CHECK(cu_in_map == in_table);
-  for (const char* n : {"dlsym", "tmsdisk_pause", "tmsdisk_resume", "tmsdisk_status", "tmsdisk_version"})
-    CHECK(globals.count(n) == 1);
 }
 
 TEST_CASE("versioned names: cuGetProcAddress base names resolve to the right variant") {

@@ -69,27 +69,25 @@ fs::path self_dir() {
   return fs::path(buf).parent_path();
 }
 
-// First existing file among candidates relative to this executable (install tree, then build tree).
-std::string find_next_to_self(const char* env, std::initializer_list<const char*> relatives) {
+// $`env`, else what `find` sees beside this executable (paths.h: install tree, then build tree),
+// made canonical: it goes into LD_PRELOAD and messages.
+std::string find_next_to_self(const char* env, std::string (*find)(const std::string&)) {
   if (const char* e = std::getenv(env); e && *e) return e;
-  const fs::path dir = self_dir();
-  for (const char* rel : relatives) {
-    std::error_code ec;
-    fs::path p = fs::weakly_canonical(dir / rel, ec);
-    if (!ec && fs::is_regular_file(p, ec)) return p.string();
-  }
-  return {};
+  const std::string found = find(self_dir().string());
+  if (found.empty()) return {};
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(found, ec);
+  return ec ? found : p.string();
 }
 
 std::string find_daemon() {
-  return find_next_to_self("TMSDISK_DAEMON", {"tmsdiskd", "../sbin/tmsdiskd", "../../daemon/tmsdiskd"});
+  return find_next_to_self("TMSDISK_DAEMON", find_daemon_beside_tmsctl);
 }
 
 }  // namespace
 
 std::string find_shim_library() {
-  return find_next_to_self("TMSDISK_LIBRARY",
-                           {"../lib/tmsdisk/libtmsdisk.so", "../lib/libtmsdisk.so", "../../interposer/libtmsdisk.so"});
+  return find_next_to_self("TMSDISK_LIBRARY", find_shim_beside_tmsctl);
 }
 
 int cmd_status(const Common& common) {

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Where the daemon's socket is: one rule shared by tmsctl, the shim and the docs.
+// Where the daemon's socket is, and where tmsdiskd and libtmsdisk.so are: one rule shared by tmsctl,
+// the shim and the docs.
 #pragma once
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+
+#include "tmsdisk/common/layout.h"
 
 namespace tmsdisk {
 
@@ -43,6 +47,33 @@ inline std::string default_socket_path() {
   const std::string priv = private_socket_path();
   if (::stat(priv.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && private_dir_trusted(priv)) return priv;
   return kSystemSocket;
+}
+
+// `file` in the first of `dirs` (each relative to `from`, the directory of the running tmsctl or
+// shim) where it is accessible with `mode`, as "from/dir/file"; empty if none. Callers try the
+// installed layout, then `from` itself (a flat bundle, tests/gpu/bundle.sh), then the build tree.
+inline std::string find_beside(const std::string& from, std::initializer_list<const char*> dirs, const char* file,
+                               int mode) {
+  for (const char* dir : dirs) {
+    std::string path = from + "/" + dir + "/" + file;
+    if (::access(path.c_str(), mode) == 0) return path;
+  }
+  return {};
+}
+
+// tmsdiskd beside tmsctl, whose directory is `tmsctl_dir`.
+inline std::string find_daemon_beside_tmsctl(const std::string& tmsctl_dir) {
+  return find_beside(tmsctl_dir, {layout::kBinToSbin, ".", layout::kBuiltCtlToDaemon}, "tmsdiskd", X_OK);
+}
+
+// libtmsdisk.so beside tmsctl, whose directory is `tmsctl_dir`.
+inline std::string find_shim_beside_tmsctl(const std::string& tmsctl_dir) {
+  return find_beside(tmsctl_dir, {layout::kBinToLib, ".", layout::kBuiltCtlToShim}, "libtmsdisk.so", R_OK);
+}
+
+// tmsdiskd beside libtmsdisk.so, whose directory is `shim_dir`.
+inline std::string find_daemon_beside_shim(const std::string& shim_dir) {
+  return find_beside(shim_dir, {layout::kLibToSbin, ".", layout::kBuiltShimToDaemon}, "tmsdiskd", X_OK);
 }
 
 }  // namespace tmsdisk
