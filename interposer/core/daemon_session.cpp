@@ -14,12 +14,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "config.h"
 #include "driver.h"
 #include "log.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
+#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace tmsdisk::shim {
@@ -83,8 +85,8 @@ int start_private_daemon() noexcept {
   }
 }
 
-// The whole handshake lives here, in one function, until protocol/ offers a HELLO client shared with
-// tmsctl and the tests.
+// Connects (starting the private daemon when no system daemon answers) and runs the HELLO
+// handshake through protocol/'s client, the one tmsctl and the tests use.
 Result<DaemonSession::Welcomed> DaemonSession::hello() {
   const Config& cfg = config();
   int fd = proto::connect_seqpacket(cfg.socket_path);
@@ -98,8 +100,8 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   }
   Welcomed out;
   out.sock.reset(fd);
+  // A daemon that accepts but never answers must not hold the control thread past the handshake.
   timeval tv{kHandshakeTimeoutS, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
   proto::Hello h;
@@ -112,31 +114,17 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   h.backup_dir = cfg.backup_dir.size() <= proto::kMaxPathLength ? cfg.backup_dir : std::string();
   h.token = token_;
   h.staging_bytes = cfg.staging_bytes;
-  auto bytes = proto::encode(next_id(), h);
-  if (bytes.empty()) return make_error(EINVAL, "cannot encode HELLO");
-  if (int e = proto::send_message(fd, bytes); e < 0)
-    return make_error(-e, fmt::format("cannot send HELLO to tmsdiskd: {}", errtext(-e)));
-  int memfd = -1;
-  const long n = proto::recv_message(fd, rx_, &memfd);
-  out.memfd.reset(memfd);
-  if (n <= 0)
-    return make_error(n == 0 ? ECONNRESET : static_cast<int>(-n),
-                      fmt::format("tmsdiskd did not answer HELLO: {}",
-                                  n == 0 ? std::string("connection closed") : errtext(static_cast<int>(-n))));
-  auto decoded = proto::decode(rx_);
-  if (!decoded.envelope)
-    return make_error(decoded.code ? decoded.code : EPROTO, "bad answer to HELLO: " + decoded.error);
-  if (const auto* err = std::get_if<proto::ErrorReply>(&decoded.envelope->body))
-    return make_error(err->code, "tmsdiskd refused the session: " + err->message);
-  const auto* w = std::get_if<proto::Welcome>(&decoded.envelope->body);
-  if (!w) return make_error(EPROTO, "unexpected answer to HELLO");
-  out.welcome = *w;
+  proto::HelloReply reply = proto::say_hello(fd, h, kHandshakeTimeoutS * 1000, next_id());
+  if (!reply) {
+    return make_error(reply.error, reply.refused ? "tmsdiskd refused the session: " + reply.message
+                                                 : "no session with tmsdiskd: " + reply.message);
+  }
+  out.memfd.reset(std::exchange(reply.fd, -1));
+  out.welcome = std::move(reply.welcome);
   return out;
 }
 
 void DaemonSession::attach(Welcomed& w) {
-  timeval none{0, 0};
-  ::setsockopt(w.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));  // poll() decides how long to wait
   sock_ = w.sock.release();
   token_ = w.welcome.token;
   connect_backoff_ms_ = 1000;
