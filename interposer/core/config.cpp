@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include "log.h"
 #include "tmsdisk/common/paths.h"
@@ -17,9 +18,22 @@ const char* env(const char* name) noexcept {
   return v && *v ? v : nullptr;
 }
 
+// A size from the environment in units of 2^`shift` bytes, as bytes; `fallback` when unset. A value
+// that is not a plain integer, or does not fit in 64 bits as bytes, is refused: said once, and the
+// fallback is used, so a typo never sizes anything.
+uint64_t env_size(const char* name, unsigned shift, const char* unit, uint64_t fallback) {
+  const char* text = env(name);
+  if (!text) return fallback;
+  const std::optional<uint64_t> v = parse_plain_integer(text);
+  if (v && *v <= (UINT64_MAX >> shift)) return *v << shift;
+  TMS_ERROR("%s=%s is refused: it must be a plain integer number of %s (no sign, suffix or spaces); using %s", name,
+            text, unit, fallback ? std::to_string(fallback >> shift).c_str() : "the daemon's default");
+  return fallback;
+}
+
 Config* load() {
   auto* c = new Config;  // never freed: hooks may run during static destruction
-  c->min_bytes = parse_bytes(env("TMSDISK_MIN_BYTES"), kDefaultMinBytes);
+  c->min_bytes = env_size("TMSDISK_MIN_BYTES", 0, "bytes", kDefaultMinBytes);
   const char* sock = env("TMSDISK_SOCKET");
   c->socket_path = sock ? sock : kSystemSocket;
   c->socket_explicit = sock != nullptr;
@@ -32,8 +46,7 @@ Config* load() {
   c->rank = parse_rank(env("RANK"));
   if (c->rank < 0) c->rank = parse_rank(env("SLURM_PROCID"));
   if (const char* dir = env("TMS_DISK_BACKUP_DIR")) c->backup_dir = dir;
-  const uint64_t mb = parse_bytes(env("TMS_DISK_BACKUP_CHUNK_MB"), 0);
-  c->staging_bytes = mb > (UINT64_MAX >> 20) ? 0 : mb << 20;
+  c->staging_bytes = env_size("TMS_DISK_BACKUP_CHUNK_MB", 20, "MiB", 0);
   bool valid = true;
   const char* touch = env("TMSDISK_ON_TOUCH");
   c->on_touch = parse_on_touch(touch, &valid);
@@ -61,37 +74,16 @@ const Config& config() noexcept {
   return *cfg;
 }
 
-uint64_t parse_bytes(const char* text, uint64_t fallback) noexcept {
-  if (!text || !*text) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *text == '-') return fallback;
-  unsigned shift = 0;
-  switch (*end) {
-    case '\0': break;
-    case 'k':
-    case 'K':
-      shift = 10;
-      ++end;
-      break;
-    case 'm':
-    case 'M':
-      shift = 20;
-      ++end;
-      break;
-    case 'g':
-    case 'G':
-      shift = 30;
-      ++end;
-      break;
-    default: return fallback;
+std::optional<uint64_t> parse_plain_integer(const char* text) noexcept {
+  if (!text || !*text) return std::nullopt;
+  uint64_t v = 0;
+  for (const char* p = text; *p; ++p) {
+    if (*p < '0' || *p > '9') return std::nullopt;
+    const uint64_t digit = static_cast<uint64_t>(*p - '0');
+    if (v > (UINT64_MAX - digit) / 10) return std::nullopt;
+    v = v * 10 + digit;
   }
-  if (shift && (*end == 'i' || *end == 'I')) ++end;
-  if (shift && (*end == 'b' || *end == 'B')) ++end;
-  if (*end != '\0') return fallback;
-  if (shift && v > (UINT64_MAX >> shift)) return fallback;
-  return static_cast<uint64_t>(v) << shift;
+  return v;
 }
 
 OnTouch parse_on_touch(const char* text, bool* valid) noexcept {

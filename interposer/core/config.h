@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,8 +30,10 @@ struct Config {
 const Config& config() noexcept;
 
 // Pure parsers, exposed for tests.
-// A byte count with an optional K/M/G suffix (powers of 1024); `fallback` when empty or invalid.
-uint64_t parse_bytes(const char* text, uint64_t fallback) noexcept;
+// A plain decimal integer (digits only: no sign, suffix or space) that fits in 64 bits; nothing
+// otherwise. Sizes in the environment are read with it: "2M" could mean bytes or MiB, and a suffix
+// once turned TMS_DISK_BACKUP_CHUNK_MB=1G into 2^50 bytes.
+std::optional<uint64_t> parse_plain_integer(const char* text) noexcept;
 // wait | resume | fail (empty: wait); anything else gives wait and *valid = false.
 OnTouch parse_on_touch(const char* text, bool* valid) noexcept;
 // A non-negative rank, or -1 when empty or invalid.

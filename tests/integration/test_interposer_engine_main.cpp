@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   g_test_dir = dir;
   // Read once by the shim and by simcuda: set before either looks.
   ::setenv("TMSDISK_SOCKET", (g_test_dir + "/d.sock").c_str(), 1);
-  ::setenv("TMSDISK_MIN_BYTES", "1M", 1);
+  ::setenv("TMSDISK_MIN_BYTES", "1048576", 1);
   ::setenv("TMSDISK_LOG", "error", 0);
   ::setenv("SIMCUDA_STATE", (g_test_dir + "/simcuda.state").c_str(), 1);
   ::setenv("SIMCUDA_DEVICE_MEM_MB", "512", 1);

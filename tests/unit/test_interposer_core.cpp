@@ -253,19 +253,15 @@ TEST_CASE("settings: TMSDISK_ON_TOUCH") {
 }
 
 TEST_CASE("settings: parsers") {
-  CHECK(parse_bytes(nullptr, 7) == 7);
-  CHECK(parse_bytes("", 7) == 7);
-  CHECK(parse_bytes("1048576", 7) == 1048576);
-  CHECK(parse_bytes("2M", 7) == (2u << 20));
-  CHECK(parse_bytes("2MiB", 7) == (2u << 20));
-  CHECK(parse_bytes("4k", 7) == 4096);
-  CHECK(parse_bytes("1G", 7) == (1ull << 30));
-  CHECK(parse_bytes("0", 7) == 0);
-  CHECK(parse_bytes("-1", 7) == 7);
-  CHECK(parse_bytes("12X", 7) == 7);
-  CHECK(parse_bytes("abc", 7) == 7);
-  CHECK(parse_bytes("99999999999999999999", 7) == 7);
-  CHECK(parse_bytes("17179869184G", 7) == 7);  // overflows 64 bits
+  CHECK_FALSE(parse_plain_integer(nullptr));
+  CHECK_FALSE(parse_plain_integer(""));
+  CHECK(parse_plain_integer("1048576") == 1048576u);
+  CHECK(parse_plain_integer("0") == 0u);
+  CHECK(parse_plain_integer("18446744073709551615") == UINT64_MAX);
+  // Sizes are plain integers: a suffix, a sign, spaces or an overflow are refused, never guessed.
+  for (const char* bad : {"2M", "2MiB", "4k", "1G", "-1", "+1", " 1", "1 ", "12X", "abc", "0x10",
+                          "18446744073709551616", "99999999999999999999"})
+    CHECK_FALSE(parse_plain_integer(bad));
 
   CHECK(parse_rank("3") == 3);
   CHECK(parse_rank("0") == 0);
