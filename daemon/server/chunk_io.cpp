@@ -46,23 +46,16 @@ proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
 }
 
 std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::Write& m) {
-  return start(s, request_id, m, io::Op::Write);
+  return start(s, request_id, m, io::Op::Write, 0);
 }
 
 std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, const proto::Read& m) {
-  // The store verifies every chunk read against its own record. The shim still sends the checksum
-  // WRITTEN gave it; where it does, a disagreement is refused too, but nothing depends on it.
-  auto expected = s.store->expected_checksum(m.blob, m.offset);
-  if (!expected) return error_reply(expected.error().errnum(), expected.error().describe());
-  if (m.checksum != 0 && m.checksum != *expected)
-    return error_reply(EBADMSG, fmt::format("the checksum the rank holds for blob {} at offset {} differs from the "
-                                            "daemon's",
-                                            m.blob, m.offset));
-  return start(s, request_id, m, io::Op::Read);
+  return start(s, request_id, m, io::Op::Read, m.checksum);
 }
 
 // Shared validation of WRITE and READ; on success the slot is marked busy and the I/O queued.
-std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op) {
+std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
+                                             uint64_t client_checksum) {
   StagingBuffer& buf = *s.staging;
   if (m.slot >= buf.slot_count())
     return error_reply(ERANGE, fmt::format("slot {} out of range (session has {})", m.slot, buf.slot_count()));
@@ -70,6 +63,16 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   if (m.length > buf.slot_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
   auto loc = s.store->locate(m.blob, m.offset, m.length);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
+  if (op == io::Op::Read) {
+    // A chunk never sealed is refused before any I/O. The store verifies the data once read; the
+    // checksum the shim still sends (WRITTEN gave it) is only compared: nothing depends on it.
+    auto expected = s.store->expected_checksum(m.blob, m.offset);
+    if (!expected) return error_reply(expected.error().errnum(), expected.error().describe());
+    if (client_checksum != 0 && client_checksum != *expected)
+      return error_reply(EBADMSG, fmt::format("the checksum the rank holds for blob {} at offset {} differs from the "
+                                              "daemon's",
+                                              m.blob, m.offset));
+  }
   io::Request req;
   req.op = op;
   req.fd = loc->fd;

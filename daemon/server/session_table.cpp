@@ -56,11 +56,10 @@ Session* SessionTable::find(uint64_t id) {
 Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
   uint64_t uid_sessions = 0, uid_staging = 0, all_staging = 0;
   for (auto& [sid, other] : sessions_) {
-    const uint64_t bytes = other.staging ? other.staging->bytes() : 0;
-    all_staging += bytes;
+    all_staging += other.staging_charge;
     if (other.cred.uid != cred.uid) continue;
     ++uid_sessions;
-    uid_staging += bytes;
+    uid_staging += other.staging_charge;
   }
   if (cred.uid != 0 && uid_sessions >= config_.max_sessions_per_uid)
     return make_error(EDQUOT, fmt::format("uid {} already has {} sessions, the most this daemon allows "
@@ -135,6 +134,7 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
       StagingBuffer::create(engine_, static_cast<uint32_t>(slot), static_cast<uint32_t>(staging / slot), s.id);
   if (!buffer) return std::move(buffer).error();
   s.staging = std::move(buffer).value();
+  s.staging_charge = s.staging->bytes();
 
   // The orphan this rank reconnects to: its files are adopted below, from disk, by a fresh store.
   uint64_t adopted = 0;

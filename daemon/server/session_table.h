@@ -35,6 +35,8 @@ struct Session {
   int64_t rank = -1;
   std::string relative_dir;                // "<uid>/<job>/rank<R>-<pid>", what the sweep must not touch
   std::unique_ptr<StagingBuffer> staging;  // null for an orphan
+  // Staging counted against the quotas; an orphan keeps its charge (its rank may reconnect).
+  uint64_t staging_charge = 0;
   std::size_t io_in_flight = 0;
   std::unique_ptr<storage::RankStore> store;
   uint64_t start_time = 0;  // of the rank's process, with cred.pid its identity

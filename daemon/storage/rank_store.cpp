@@ -188,8 +188,7 @@ Status check_identity(const Roots& roots, const RankIdentity& id, uint32_t chunk
   }
   if (id.pid <= 0) return make_error(EINVAL, fmt::format("invalid pid {}", id.pid));
   if (chunk_bytes == 0 || chunk_bytes % kIoAlignment != 0) {
-    return make_error(EINVAL,
-                      fmt::format("chunk size {} is not a non-zero multiple of {}", chunk_bytes, kIoAlignment));
+    return make_error(EINVAL, fmt::format("chunk size {} is not a non-zero multiple of {}", chunk_bytes, kIoAlignment));
   }
   return {};
 }
@@ -412,8 +411,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
       return make_error(EINVAL, fmt::format("blob {} appears twice in the reserved set", b.id));
     }
     if (b.size > kMaxBlobSize) {
-      return make_error(EFBIG, fmt::format("blob {} of {} bytes is larger than tmsdisk supports ({})", b.id, b.size,
-                                           kMaxBlobSize));
+      return make_error(
+          EFBIG, fmt::format("blob {} of {} bytes is larger than tmsdisk supports ({})", b.id, b.size, kMaxBlobSize));
     }
   }
 

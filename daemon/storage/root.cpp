@@ -2,6 +2,7 @@
 // Storage roots: opening and checking them (tmpfs, symlinks, duplicates), placing a client's
 // TMS_DISK_BACKUP_DIR under one, free space (storage.h).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -144,7 +145,7 @@ Result<std::size_t> Roots::root_for(std::string_view client_path) const {
 }
 
 Result<uint64_t> Roots::free_bytes(std::size_t i) const {
-  if (i >= roots_.size()) return make_error(EINVAL, "no storage root #" + std::to_string(i));
+  if (i >= roots_.size()) return make_error(EINVAL, fmt::format("no storage root #{}", i));
   struct statvfs vfs {};
   if (::fstatvfs(roots_[i].dir.get(), &vfs) != 0) return errno_error("cannot stat storage root " + roots_[i].path);
   return static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -93,7 +94,7 @@ Result<std::string> read_small_file(int dirfd, const char* name, std::size_t lim
   if (::fstat(fd.get(), &st) != 0) return errno_error("cannot stat " + path);
   if (!S_ISREG(st.st_mode)) return make_error(EINVAL, path + " is not a regular file");
   if (static_cast<uint64_t>(st.st_size) > limit) {
-    return make_error(EFBIG, path + " is larger than " + std::to_string(limit) + " bytes: not a file tmsdiskd wrote");
+    return make_error(EFBIG, fmt::format("{} is larger than {} bytes: not a file tmsdiskd wrote", path, limit));
   }
   std::string out(static_cast<std::size_t>(st.st_size), '\0');
   std::size_t got = 0;
