@@ -33,11 +33,14 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
 
 inline constexpr std::size_t kMaxNameLength = 64;     // job names
-inline constexpr std::size_t kMaxTextLength = 1024;   // human-readable messages
+// Human-readable messages. Room for a refusal that quotes a full path (kMaxPathLength) with its
+// advice, so none reaches the user cut; every message stays far below kMaxMessageSize.
+inline constexpr std::size_t kMaxTextLength = 8192;
 // Per-rank message inside ControlResult: as long as any message, so a rank's answer arrives whole
 // (ControlResult pages by size, see encoded_size).
 inline constexpr std::size_t kMaxResultText = kMaxTextLength;
 inline constexpr std::size_t kMaxPathLength = 4095;
+static_assert(kMaxTextLength > kMaxPathLength + 1024 && kMaxTextLength + 1024 < kMaxPayload);
 
 enum class MsgType : uint16_t {
   // Replies, any direction.
