@@ -3,6 +3,7 @@
 #include "io_engine.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -46,7 +47,7 @@ std::string describe_setup_error(int rc) {
     out += " (kernel.io_uring_disabled, kernel.io_uring_group, or a seccomp filter";
     if (FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "re")) {
       int v = 0;
-      if (std::fscanf(f, "%d", &v) == 1 && v != 0) out += "; kernel.io_uring_disabled=" + std::to_string(v);
+      if (std::fscanf(f, "%d", &v) == 1 && v != 0) out += fmt::format("; kernel.io_uring_disabled={}", v);
       std::fclose(f);
     }
     out += ")";
@@ -55,13 +56,12 @@ std::string describe_setup_error(int rc) {
 }
 
 std::string describe_register_error(int rc, std::size_t len) {
-  std::string out = "registering " + std::to_string(len) + " bytes with io_uring: " + errno_text(-rc);
+  std::string out = fmt::format("registering {} bytes with io_uring: {}", len, errno_text(-rc));
   if (rc == -ENOMEM) {
     // Fixed buffers are pinned and charged to RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
     rlimit lim{};
     if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
-      out +=
-          " (RLIMIT_MEMLOCK is " + std::to_string(lim.rlim_cur) + " bytes; raise LimitMEMLOCK= or grant CAP_IPC_LOCK)";
+      out += fmt::format(" (RLIMIT_MEMLOCK is {} bytes; raise LimitMEMLOCK= or grant CAP_IPC_LOCK)", lim.rlim_cur);
   } else if (rc == -EOPNOTSUPP) {
     out += " (this kernel cannot pin file-backed memory such as a memfd)";
   }
@@ -348,8 +348,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const Options& options) {
         if (options.buffer_slots > 0) {
           rc = io_uring_register_buffers_sparse(&impl->ring, options.buffer_slots);
           if (rc < 0)
-            impl->no_fixed = "sparse registered-buffer table of " + std::to_string(options.buffer_slots) +
-                             " slots: " + errno_text(-rc) + " (needs Linux 5.19+)";
+            impl->no_fixed = fmt::format("sparse registered-buffer table of {} slots: {} (needs Linux 5.19+)",
+                                         options.buffer_slots, errno_text(-rc));
           else
             impl->fixed.resize(options.buffer_slots);
         } else {
@@ -381,7 +381,7 @@ int Engine::register_buffer(void* base, std::size_t len, std::string* why) noexc
     return -1;
   }
   if (!base || len == 0 || len > kMaxFixedBuffer) {
-    set_why(why, [&] { return "registered buffers must be 1 byte to 1 GiB (got " + std::to_string(len) + ")"; });
+    set_why(why, [&] { return fmt::format("registered buffers must be 1 byte to 1 GiB (got {})", len); });
     return -1;
   }
   int idx = -1;
@@ -392,7 +392,7 @@ int Engine::register_buffer(void* base, std::size_t len, std::string* why) noexc
     }
   }
   if (idx < 0) {
-    set_why(why, [&] { return "all " + std::to_string(m.fixed.size()) + " registered-buffer slots are in use"; });
+    set_why(why, [&] { return fmt::format("all {} registered-buffer slots are in use", m.fixed.size()); });
     return -1;
   }
   iovec iov{base, len};

@@ -2,6 +2,7 @@
 #include "ipc_exports.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
@@ -23,21 +24,24 @@ Status check_memory_fd(int fd) {
   // F_GET_SEALS answers only for shmem files (memfd, tmpfs), whose close never blocks.
   if (S_ISREG(st.st_mode) && ::fcntl(fd, F_GET_SEALS) >= 0) return {};
   char what[64];
-  std::snprintf(what, sizeof(what), "mode 0%o, device %u:%u", static_cast<unsigned>(st.st_mode),
-                ::major(st.st_rdev), ::minor(st.st_rdev));
+  std::snprintf(what, sizeof(what), "mode 0%o, device %u:%u", static_cast<unsigned>(st.st_mode), ::major(st.st_rdev),
+                ::minor(st.st_rdev));
   return make_error(EINVAL, std::string("the descriptor passed with IPC_EXPORT is not GPU memory (neither an NVIDIA "
-                                        "device file nor a memfd: ") + what + ")");
+                                        "device file nor a memfd: ") +
+                                what + ")");
 }
 
 Result<uint64_t> IpcExports::add(uint64_t owner, uid_t uid, pid_t pid, UniqueFd fd, uint64_t bytes, int32_t device) {
   const auto held = per_uid_.find(uid);
   const std::size_t mine = held == per_uid_.end() ? 0 : held->second;
   if (uid != 0 && mine >= limits_.per_uid)
-    return make_error(EDQUOT, "uid " + std::to_string(uid) + " already shares " + std::to_string(mine) +
-                                  " allocations through legacy IPC, the most this daemon allows (max-ipc-exports-per-uid)");
+    return make_error(EDQUOT, fmt::format("uid {} already shares {} allocations through legacy IPC, the most this "
+                                          "daemon allows (max-ipc-exports-per-uid)",
+                                          uid, mine));
   if (exports_.size() >= limits_.total)
-    return make_error(ENFILE, "tmsdiskd already holds " + std::to_string(exports_.size()) +
-                                  " legacy IPC exports, the most it allows for all users");
+    return make_error(ENFILE, fmt::format("tmsdiskd already holds {} legacy IPC exports, the most it allows for all "
+                                          "users",
+                                          exports_.size()));
   uint64_t id = 0;
   do id = random_();
   while (id == 0 || exports_.count(id));
@@ -63,7 +67,7 @@ Result<IpcExports::Export*> IpcExports::owned(uint64_t id, uint64_t owner) {
   auto it = exports_.find(id);
   // Another session's id is answered as unknown: ids are not to be probed.
   if (it == exports_.end() || it->second.owner != owner)
-    return make_error(ENOENT, "no legacy IPC export " + std::to_string(id) + " of this process");
+    return make_error(ENOENT, fmt::format("no legacy IPC export {} of this process", id));
   return &it->second;
 }
 
@@ -71,10 +75,9 @@ Status IpcExports::refresh(uint64_t id, uint64_t owner, UniqueFd fd, uint64_t by
   auto e = owned(id, owner);
   if (!e) return std::move(e).error();
   if ((*e)->fd || !(*e)->opens.empty())
-    return make_error(EBUSY, "export " + std::to_string(id) + " is live; only a revoked export takes new memory");
+    return make_error(EBUSY, fmt::format("export {} is live; only a revoked export takes new memory", id));
   if ((*e)->bytes != bytes)
-    return make_error(EINVAL, "export " + std::to_string(id) + " cannot change size from " +
-                                  std::to_string((*e)->bytes) + " to " + std::to_string(bytes) + " bytes");
+    return make_error(EINVAL, fmt::format("export {} cannot change size from {} to {} bytes", id, (*e)->bytes, bytes));
   (*e)->fd = std::move(fd);
   return {};
 }
@@ -83,7 +86,7 @@ Status IpcExports::revoke(uint64_t id, uint64_t owner) {
   auto e = owned(id, owner);
   if (!e) return std::move(e).error();
   if (!(*e)->opens.empty())
-    return make_error(EBUSY, std::to_string(importers(**e)) + " process(es) have export " + std::to_string(id) + " open");
+    return make_error(EBUSY, fmt::format("{} process(es) have export {} open", importers(**e), id));
   (*e)->fd.reset();
   return {};
 }
@@ -99,14 +102,15 @@ Result<IpcExports::Opened> IpcExports::open(uint64_t id, uint64_t importer, uid_
   auto it = exports_.find(id);
   // Another user's export is answered as unknown too: ids are not to be probed.
   if (it == exports_.end() || it->second.uid != uid)
-    return make_error(ENOENT, "no legacy IPC export " + std::to_string(id) +
-                                  " of this user (the exporter freed it or exited, or it belongs to another uid)");
+    return make_error(ENOENT, fmt::format("no legacy IPC export {} of this user (the exporter freed it or exited, or "
+                                          "it belongs to another uid)",
+                                          id));
   Export& e = it->second;
   if (e.owner == importer)
     return make_error(EINVAL, "a process cannot open its own legacy IPC handle (the driver refuses it as well)");
   if (!e.fd)
-    return make_error(EAGAIN, "the exporting process (pid " + std::to_string(e.pid) +
-                                  ") is paused; open the handle after it resumes");
+    return make_error(EAGAIN,
+                      fmt::format("the exporting process (pid {}) is paused; open the handle after it resumes", e.pid));
   ++e.opens[importer];
   Opened o;
   o.fd = e.fd.get();
@@ -121,7 +125,7 @@ Result<IpcExports::Users> IpcExports::close(uint64_t id, uint64_t importer) {
   auto it = exports_.find(id);
   // One answer for "no such export" and "not open by you": ids are not to be probed.
   if (it == exports_.end() || it->second.opens.count(importer) == 0)
-    return make_error(ENOENT, "this process has no legacy IPC export " + std::to_string(id) + " open");
+    return make_error(ENOENT, fmt::format("this process has no legacy IPC export {} open", id));
   Export& e = it->second;
   auto open = e.opens.find(importer);
   if (--open->second == 0) e.opens.erase(open);

@@ -2,6 +2,7 @@
 // Manifest encoding and decoding (see manifest.h).
 #include "manifest.h"
 
+#include <fmt/format.h>
 #include <xxhash.h>
 
 namespace tmsdisk::storage {
@@ -94,8 +95,7 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
   uint64_t v = 0, version = 0, state = 0, chunk = 0, nroots = 0, nblobs = 0;
   r.get(v, 8);
   if (!r.get(version, 4) || version != kManifestVersion) {
-    why = "unsupported format version " + std::to_string(version) + " (this daemon reads " +
-          std::to_string(kManifestVersion) + ")";
+    why = fmt::format("unsupported format version {} (this daemon reads {})", version, kManifestVersion);
     return std::nullopt;
   }
   if (!r.get(state, 4) || (state != kManifestPaused && state != kManifestResumed && state != kManifestWriting)) {
@@ -145,7 +145,7 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
     uint64_t chunks = chunk_count(b.size, m.chunk_bytes);
     uint64_t bitmap = (chunks + 7) / 8;
     if (chunks > r.left() / 8 || chunks * 8 + bitmap > r.left()) {
-      why = "truncated checksums of blob " + std::to_string(b.id);
+      why = fmt::format("truncated checksums of blob {}", b.id);
       return std::nullopt;
     }
     b.sums.resize(chunks);

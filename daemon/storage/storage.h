@@ -3,7 +3,8 @@
 //
 // Layout: <root>/<uid>/<job>/rank<R>-<pid>/ on every root (mode 0700; the uid and job directories
 // are 0711, owned by the daemon), each holding `owner` (pid, start time, token, uid, job, rank),
-// `data` (preallocated, overwritten in place every pause) and, on the first root only, `manifest`.
+// `data` (preallocated, overwritten in place every pause) and, on the first root only, `manifest` and
+// `sums` (the checksum journal of a pause in progress, checksum_journal.h).
 // R is the declared rank, or the pid when the rank declared none (rank < 0), so an undeclared rank
 // of pid 4242 lives in rank4242-4242/. A blob is striped over the roots chunk by chunk: chunk i of a blob lives on
 // root (i % roots) in one contiguous extent of that root's data file.
@@ -84,7 +85,13 @@ std::string rank_dir_name(const RankIdentity& id);
 std::string rank_relative_dir(const RankIdentity& id);
 
 // One rank's files on all roots: directories, data files, blob extents, checksums, manifest.
-// Methods serialise on an internal mutex, so I/O completion threads may record checksums.
+// Not thread-safe: the daemon's one event-loop thread makes every call (I/O completions are reaped
+// on that thread too).
+//
+// The store owns every chunk's checksum ("seal on write, verify on read"): seal() records it when
+// the chunk has been written, in memory and in the checksum journal beside the manifest, so a daemon
+// restarted mid-pause still knows it; verify() checks a chunk read back against that record. No
+// checksum from the client is needed for either.
 class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
@@ -95,7 +102,8 @@ class RankStore {
 
   // Re-adopts an existing rank directory after a daemon restart: the owner file on every root must
   // name the same pid, start time and token. Loads the manifest (blobs, extents, checksums, paused
-  // or resumed); a corrupt manifest is refused. Without a manifest the rank starts empty.
+  // or resumed) and, for a pause in progress, the checksums journaled since its reservation; a
+  // corrupt manifest is refused. Without a manifest the rank starts empty.
   static Result<std::unique_ptr<RankStore>> adopt(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
   ~RankStore();
@@ -113,8 +121,9 @@ class RankStore {
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
   // Space is preallocated with fallocate(2). All or nothing: on ENOSPC (or any error) the previous
   // set and files are unchanged and the error says how much was needed and available. Clears every
-  // recorded checksum (a new generation is being written) and records the new extents in the manifest
-  // (state "writing"), so a daemon restarted mid-pause can still locate chunks already written. Duplicate blob ids are refused (EINVAL),
+  // recorded checksum and the journal (a new generation is being written) and records the new
+  // extents in the manifest (state "writing"), so a daemon restarted mid-pause can still locate and
+  // verify chunks already written. Duplicate blob ids are refused (EINVAL),
   // and so is a new set while a committed pause has not been resumed (EBUSY): its data is still
   // the only copy.
   Status reserve(std::span<const proto::BlobSize> blobs);
@@ -131,9 +140,18 @@ class RankStore {
   Result<Location> locate(uint64_t blob, uint64_t offset, uint32_t length) const;
 
   // Location::fd stays valid until remove() or destruction.
-  //
-  // Checksum bookkeeping for the chunk at (blob, offset), as located above. Returns false (and
-  // records nothing) when (blob, offset) names no chunk of the reserved set.
+
+  // Seals the chunk at (blob, offset) whose bytes `chunk` were just written: records their XXH3-64
+  // (in memory and in the journal) and returns it. Validates as locate() does (chunk.size() is the
+  // length); fails without recording when the journal cannot be written, so the chunk is never
+  // acknowledged without a record that outlives the daemon.
+  Result<uint64_t> seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+  // Checks `chunk`, just read from (blob, offset), against the checksum sealed for it: its checksum,
+  // or EBADMSG on a mismatch, ENODATA if it was never written in this generation.
+  Result<uint64_t> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk) const;
+
+  // seal() with a given checksum (tests). Returns false (and records nothing) when (blob, offset)
+  // names no chunk of the reserved set or the journal cannot be written.
   bool record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
   // The checksum written for that chunk in the current generation, or ENODATA if it was never written.
   Result<uint64_t> expected_checksum(uint64_t blob, uint64_t offset) const;

@@ -223,6 +223,13 @@ std::vector<uint8_t> encode(uint64_t request_id, const Message& body) {
   }
 }
 
+std::size_t encoded_size(const RankResult& r) {
+  std::vector<uint8_t> out;
+  Writer w(out);
+  w(r);
+  return out.size();
+}
+
 std::optional<Header> peek_header(std::span<const uint8_t> bytes) noexcept {
   if (bytes.size() < kHeaderSize) return std::nullopt;
   return read_header(bytes);

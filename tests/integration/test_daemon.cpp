@@ -109,7 +109,7 @@ int raw_exchange(const std::string& socket, const std::vector<uint8_t>& bytes) {
 uint64_t dir_bytes(const std::string& dir) {
   uint64_t total = 0;
   for (auto& e : fs::recursive_directory_iterator(dir)) {
-    struct stat st{};
+    struct stat st {};
     if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return total;
@@ -138,7 +138,7 @@ TEST_CASE("round trip of a few hundred MiB striped over two roots, repeated paus
     CHECK(fs::exists(dir0 + "/data"));
     CHECK(fs::exists(dir1 + "/data"));
     CHECK(fs::exists(dir0 + "/manifest"));
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat(dir0.c_str(), &st) == 0);
     CHECK((st.st_mode & 0777) == 0700);
     const uint64_t now = dir_bytes(dir0) + dir_bytes(dir1);
@@ -237,7 +237,7 @@ TEST_CASE("out-of-range slots and extents are answered with errors - the session
   r.slot = 0;
   r.length = 4 * MiB;
   r.blob = 1;
-  CHECK(expect_error(c, r) == ENODATA);  // reserved but never written
+  CHECK(expect_error(c, r) == ENODATA);                                          // reserved but never written
   CHECK(expect_error(c, proto::Commit{.state = 1, .generation = 1}) == EINVAL);  // chunks missing
   REQUIRE(c.write_all({{1, 10 * MiB}}, fill_pattern));
   REQUIRE(c.read_all({{1, 10 * MiB}}, check_pattern));
@@ -246,7 +246,8 @@ TEST_CASE("out-of-range slots and extents are answered with errors - the session
 TEST_CASE("job names with path traversal, backup dirs outside the roots and oversized staging are refused") {
   Daemon d;
   d.start();
-  for (std::string bad : {std::string("../../etc"), std::string("a/b"), std::string(".."), std::string(".hidden"), std::string(65, 'x')}) {
+  for (std::string bad : {std::string("../../etc"), std::string("a/b"), std::string(".."), std::string(".hidden"),
+                          std::string(65, 'x')}) {
     auto c = ShimClient::connect(d.socket, {.job = bad});
     REQUIRE_FALSE(c);
     CHECK(c.error().errnum() == EINVAL);
@@ -255,7 +256,8 @@ TEST_CASE("job names with path traversal, backup dirs outside the roots and over
   REQUIRE_FALSE(outside);
   auto traversal = ShimClient::connect(d.socket, {.backup_dir = d.roots[0] + "/../../etc"});
   REQUIRE_FALSE(traversal);
-  auto inside = ShimClient::connect(d.socket, {.staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB, .backup_dir = d.roots[0]});
+  auto inside =
+      ShimClient::connect(d.socket, {.staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB, .backup_dir = d.roots[0]});
   CHECK(inside);
   auto huge = ShimClient::connect(d.socket, {.staging_bytes = 1ull << 40});
   REQUIRE_FALSE(huge);
@@ -275,7 +277,7 @@ TEST_CASE("a symlink planted inside a root is never followed") {
 TEST_CASE("a tmpfs root is refused with the reason, unless allowed") {
   struct statfs_probe {
     static bool is_tmpfs(const char* p) {
-      struct stat st{};
+      struct stat st {};
       return ::stat(p, &st) == 0 && std::system((std::string("stat -f -c %T ") + p + " | grep -q tmpfs").c_str()) == 0;
     }
   };
@@ -413,7 +415,8 @@ TEST_CASE("files of a live rank survive a daemon restart and the rank resumes fr
   CHECK(fs::exists(dir + "/data"));
   d.start();  // the startup sweep must keep a live owner's files
   CHECK(fs::exists(dir + "/manifest"));
-  auto wrong = ShimClient::connect(d.socket, {.job = "restart", .rank = 2, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token + 1});
+  auto wrong = ShimClient::connect(
+      d.socket, {.job = "restart", .rank = 2, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token + 1});
   REQUIRE_FALSE(wrong);
   auto again = d.shim({.job = "restart", .rank = 2, .token = token});
   CHECK(again.welcome().restored == 1);
@@ -433,7 +436,8 @@ TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones
   const std::string dead = d.rank_dir(0, "gc", 9, child);
   fs::create_directories(dead);
   {
-    std::ofstream(dead + "/owner") << "tmsdisk-owner 1\npid " << child << "\nstart_time 1\ntoken 1\nuid " << ::getuid() << "\njob gc\nrank 9\n";
+    std::ofstream(dead + "/owner") << "tmsdisk-owner 1\npid " << child << "\nstart_time 1\ntoken 1\nuid " << ::getuid()
+                                   << "\njob gc\nrank 9\n";
     std::ofstream(dead + "/data") << std::string(8192, 'x');
   }
   auto ctl = d.control();
@@ -459,6 +463,11 @@ TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem")
   REQUIRE_FALSE(too_big);
   CHECK(too_big.error().errnum() == ENOSPC);
   INFO(too_big.error().describe());
+  // Said once, in human units: "needs 200.0 MiB on <root>, 51.2 MiB free: free space, add a root, ...".
+  const std::string why = too_big.error().describe();
+  CHECK(why.find("needs ") != std::string::npos);
+  CHECK(why.find("MiB free: free space, add a root, or pause less") != std::string::npos);
+  CHECK(why.find("bytes (") == std::string::npos);
   // Nothing changed: the earlier set is still there, written data intact.
   REQUIRE(c.commit(proto::CommitState::Paused, 1));
   REQUIRE(c.read_all(fits, check_pattern));
@@ -555,7 +564,7 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
   d.start();
   auto again = d.shim({.job = "crash", .rank = 1, .token = token});
   CHECK(again.welcome().restored == 0);  // not a committed pause...
-  for (auto [off, sum] : acked) {         // ...but every acknowledged chunk is recoverable
+  for (auto [off, sum] : acked) {        // ...but every acknowledged chunk is recoverable
     proto::Read rd;
     rd.slot = 1;
     rd.length = 4 * MiB;
@@ -578,6 +587,100 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
   CHECK(expect_error(again, never) == ENODATA);
 }
 
+TEST_CASE("after a daemon restart mid-pause the store verifies chunks written before it without the rank's checksums") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "sealed", .rank = 1});
+  const uint64_t token = c.welcome().token;
+  const std::vector<BlobSize> blobs = {{1, 8 * MiB}};
+  REQUIRE(c.reserve(blobs));
+  for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {
+    fill_pattern(1, off, c.slot(0), 4 * MiB);
+    proto::Write w;
+    w.slot = 0;
+    w.length = 4 * MiB;
+    w.blob = 1;
+    w.offset = off;
+    REQUIRE(c.call(w));
+  }
+  d.proc.kill9();  // no commit, no graceful stop
+  c.close();
+  // The second chunk is corrupted on disk while no daemon runs.
+  const std::string data = d.rank_dir(0, "sealed", 1, ::getpid()) + "/data";
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f);
+    f.seekg(4 * MiB + 100);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x01);
+    f.seekp(4 * MiB + 100);
+    f.write(&b, 1);
+  }
+  ::sync();
+  d.start();
+  auto again = d.shim({.job = "sealed", .rank = 1, .token = token});
+  CHECK(again.welcome().restored == 0);
+  proto::Read rd;  // checksum 0: the rank offers none
+  rd.slot = 1;
+  rd.length = 4 * MiB;
+  rd.blob = 1;
+  rd.offset = 0;
+  auto good = again.call(rd);
+  INFO((good ? "" : good.error().describe()));
+  REQUIRE(good);
+  CHECK(check_pattern(1, 0, again.slot(1), 4 * MiB));
+  rd.offset = 4 * MiB;
+  auto bad = again.call(rd);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().errnum() == EBADMSG);
+}
+
+TEST_CASE("a long per-rank answer reaches tmsctl whole, over as many result pages as it needs") {
+  Daemon d;
+  d.start();
+  // Enough ranks that their full-length answers take more than one 64 KiB message.
+  constexpr int kRanks = 70;
+  std::vector<ShimClient> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.push_back(d.shim({.job = "long", .rank = r, .staging_bytes = 256 * 1024, .slot_bytes = 128 * 1024}));
+  auto text_of = [](int rank) {
+    std::string t =
+        "not enough disk space: needs 104.9 GiB on /var/tmp/x, 64.0 GiB free: free space, add a root, "
+        "or pause less; rank " +
+        std::to_string(rank) + " ";
+    while (t.size() < proto::kMaxTextLength) t += static_cast<char>('a' + t.size() % 26);
+    return t;
+  };
+  auto ctl = d.control();
+  Result<std::vector<proto::RankResult>> results = make_error(EINVAL, "not run");
+  std::thread asker([&] {
+    proto::Control req;
+    req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+    req.match = proto::kMatchJob;
+    req.job = "long";
+    req.timeout_ms = 60000;
+    results = ctl.control(req);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    auto cmd = ranks[r].receive();
+    REQUIRE(cmd);
+    REQUIRE(std::holds_alternative<proto::Command>(cmd->body));
+    proto::CommandDone done;
+    done.code = ENOSPC;
+    done.message = text_of(r);
+    REQUIRE(proto::send_message(ranks[r].fd(), proto::encode(cmd->request_id, done)) == 0);
+  }
+  asker.join();
+  INFO((results ? "" : results.error().describe()));
+  REQUIRE(results);
+  REQUIRE(results->size() == kRanks);
+  for (const auto& r : *results) {
+    CHECK(r.code == ENOSPC);
+    CHECK(r.message == text_of(static_cast<int>(r.rank)));
+  }
+}
+
 TEST_CASE("a live rank that loses its connection while paused keeps its files until it reconnects or exits") {
   Daemon d;
   d.start();
@@ -592,7 +695,8 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
     REQUIRE(eventually([&] { return d.session_count() == 0; }));
     CHECK(fs::exists(dir + "/data"));
-    auto wrong = ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    auto wrong =
+        ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
     REQUIRE_FALSE(wrong);  // without the token nobody takes them over
     CHECK(wrong.error().errnum() == EPERM);
     auto again = d.shim({.job = "orphan", .rank = 4, .token = token});
@@ -608,7 +712,8 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   pid_t child = ::fork();
   if (child == 0) {
     ::close(go[1]);
-    auto c = ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    auto c =
+        ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
     if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused, 1))
       ::_exit(1);
     c->close();
@@ -734,7 +839,8 @@ int64_t users_told(ShimClient& c, uint64_t id) {
 
 }  // namespace
 
-TEST_CASE("legacy IPC through the daemon - the fd reaches the importer, revokes wait for closes and for importers to exit") {
+TEST_CASE(
+    "legacy IPC through the daemon - the fd reaches the importer, revokes wait for closes and for importers to exit") {
   Daemon d;
   d.start();
   auto exporter = d.shim({.job = "ipc", .rank = 0});
@@ -877,8 +983,8 @@ TEST_CASE("a rank whose session ended with nothing to keep reconnects with its t
   const std::string dir = first.welcome().rank_dir;
   first.close();  // nothing paused: the session and its directory go
   CHECK(eventually([&] { return !fs::exists(dir); }));
-  auto again = ShimClient::connect(d.socket, {.job = "again", .rank = 0, .staging_bytes = 32 * MiB,
-                                              .slot_bytes = 4 * MiB, .token = token});
+  auto again = ShimClient::connect(
+      d.socket, {.job = "again", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token});
   INFO((again ? "" : again.error().describe()));
   REQUIRE(again);
   CHECK(again->welcome().adopted == 0);

@@ -916,7 +916,7 @@ TEST_CASE("sweep removes dead ranks' directories and nothing else") {
   REQUIRE((*again)->remove());
 }
 
-TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the extents, not the checksums") {
+TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the extents and the checksums sealed") {
   TempDir a;
   Roots roots = open_roots({a.path()});
   RankIdentity id = my_identity("midpause", 1);
@@ -935,7 +935,59 @@ TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the ex
   CHECK_FALSE(store.paused());
   CHECK(store.blobs().size() == 2);
   CHECK(offset_of(store, 2, kChunk, kChunk + 100) == o2);
-  auto sum = store.expected_checksum(1, 0);
-  REQUIRE_FALSE(sum);  // only the rank knows what was acknowledged; it sends it with READ
-  CHECK(sum.error().errnum() == ENODATA);
+  // The checksum journal kept what was sealed: no checksum from the rank is needed.
+  for (uint64_t off = 0; off < 3 * kChunk; off += kChunk) {
+    auto sum = store.expected_checksum(1, off);
+    REQUIRE(sum);
+    CHECK(*sum == 1000 + off);
+  }
+  auto never = store.expected_checksum(2, 0);
+  REQUIRE_FALSE(never);
+  CHECK(never.error().errnum() == ENODATA);
+  CHECK(store.missing_chunks() == 2);
+  CHECK(store.holds_unresumed_data());  // chunks the rank may have released
+}
+
+TEST_CASE("seal records what was written and verify refuses a chunk that changed, also after a restart") {
+  TempDir a;
+  Roots roots = open_roots({a.path()});
+  RankIdentity id = my_identity("seal", 1);
+  std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  std::vector<uint8_t> chunk(kChunk, 0x5a);
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(set));
+    auto sum = store->seal(1, 0, chunk);
+    REQUIRE(sum);
+    CHECK(store->verify(1, 0, chunk));
+    CHECK_FALSE(store->seal(1, 0, std::span<const uint8_t>(chunk).first(100)));  // not the chunk's length
+    auto unsealed = store->verify(1, kChunk, chunk);
+    REQUIRE_FALSE(unsealed);
+    CHECK(unsealed.error().errnum() == ENODATA);
+  }  // the daemon dies before the pause is committed
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  CHECK((*adopted)->verify(1, 0, chunk));
+  chunk[100] ^= 1;
+  auto bad = (*adopted)->verify(1, 0, chunk);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().errnum() == EBADMSG);
+  REQUIRE((*adopted)->remove());
+}
+
+TEST_CASE("checksums journaled for an earlier reservation are not taken for the next one") {
+  TempDir a;
+  Roots roots = open_roots({a.path()});
+  RankIdentity id = my_identity("rejournal", 1);
+  std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(set));
+    fill_checksums(*store, set);
+    REQUIRE(store->reserve(set));  // the same layout again: a new pause that wrote nothing yet
+  }
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  CHECK((*adopted)->missing_chunks() == 2);
+  CHECK_FALSE((*adopted)->expected_checksum(1, 0));
 }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client.h"
+#include "tmsdisk/common/human.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 
@@ -28,19 +29,6 @@ std::string socket_of(const Common& c) { return c.socket.empty() ? default_socke
 int fail(const std::string& what, const Error& e) {
   std::fprintf(stderr, "tmsctl %s: %s\n", what.c_str(), e.describe().c_str());
   return 1;
-}
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
 }
 
 double gb_per_s(uint64_t bytes, uint64_t nanos) { return nanos ? static_cast<double>(bytes) / static_cast<double>(nanos) : 0.0; }

@@ -33,9 +33,14 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
 
 inline constexpr std::size_t kMaxNameLength = 64;     // job names
-inline constexpr std::size_t kMaxTextLength = 1024;   // human-readable messages
-inline constexpr std::size_t kMaxResultText = 256;    // per-rank message inside ControlResult
+// Human-readable messages. Room for a refusal that quotes a full path (kMaxPathLength) with its
+// advice, so none reaches the user cut; every message stays far below kMaxMessageSize.
+inline constexpr std::size_t kMaxTextLength = 8192;
+// Per-rank message inside ControlResult: as long as any message, so a rank's answer arrives whole
+// (ControlResult pages by size, see encoded_size).
+inline constexpr std::size_t kMaxResultText = kMaxTextLength;
 inline constexpr std::size_t kMaxPathLength = 4095;
+static_assert(kMaxTextLength > kMaxPathLength + 1024 && kMaxTextLength + 1024 < kMaxPayload);
 
 enum class MsgType : uint16_t {
   // Replies, any direction.
@@ -261,9 +266,10 @@ struct Write : ChunkRef {
 };
 struct Read : ChunkRef {
   static constexpr MsgType kType = MsgType::Read;
-  // The checksum WRITTEN acknowledged for this chunk (0: unknown). The daemon verifies the data
-  // against it as well as its own record; after a daemon restart mid-pause it is the only record of
-  // chunks whose manifest was never committed, so they can still be resumed.
+  // The checksum WRITTEN acknowledged for this chunk (0: unknown). Obsolete: the daemon's storage
+  // seals every chunk it writes and verifies every read against its own record, which survives a
+  // daemon restart mid-pause (its checksum journal). Still accepted, and refused when it disagrees
+  // with that record, until the shim stops keeping a copy; then this field goes.
   uint64_t checksum = 0;
   template <class F>
   void fields(F&& f) {
@@ -507,6 +513,10 @@ struct Envelope {
 // Encodes one message. Returns an empty vector if it would exceed kMaxMessageSize or a field breaks
 // its own limits (a string too long): callers treat that as a programming error and report it.
 std::vector<uint8_t> encode(uint64_t request_id, const Message& body);
+
+// Bytes one RankResult takes inside a ControlResult: a sender fills a page while the sum stays
+// within kMaxPayload (less a few bytes for the page's own fields).
+std::size_t encoded_size(const RankResult& r);
 
 struct DecodeResult {
   std::optional<Envelope> envelope;  // set on success

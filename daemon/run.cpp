@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// tmsdiskd once its options are parsed (run.h): detaching, the private per-user daemon's settings,
+// logging, socket activation, limits and signals around Server::run().
+#include "run.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "systemd.h"
+#include "tmsdisk/common/paths.h"
+
+namespace tmsdisk {
+namespace {
+server::Server* g_server = nullptr;
+
+// Creates `path` as a directory private to this user, or accepts it if it already is one: a
+// directory another user created (the /tmp fallback is public) or opened up is refused, not fixed.
+Status make_private_dir(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return errno_error("cannot create " + path.string());
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077) != 0)
+    return make_error(EPERM, path.string() +
+                                 " must be a directory of this user with mode 0700; remove it "
+                                 "(another user may have created it) or set XDG_RUNTIME_DIR");
+  return {};
+}
+
+// Settings of the private per-user daemon, from the environment (DESIGN.md "Embedded default").
+Status configure_private(server::Config& config) {
+  config.socket_path = private_socket_path();
+  if (auto st = make_private_dir(std::filesystem::path(config.socket_path).parent_path()); !st) return st;
+  std::string root;
+  if (const char* dir = std::getenv("TMS_DISK_BACKUP_DIR"); dir && *dir) {
+    // The user's own choice (perhaps a group project directory): used as it is, never chmod'ed.
+    root = dir;
+    struct stat st {};
+    if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return make_error(ENOTDIR, "TMS_DISK_BACKUP_DIR=" + root + " is not a directory");
+  } else {
+    const char* scratch = std::getenv("SCRATCH");
+    root = fmt::format("{}/tmsdisk-{}", scratch && *scratch ? scratch : "/var/tmp", ::getuid());
+    if (auto st = make_private_dir(root); !st) return st;
+  }
+  config.roots = {root};
+  config.exit_when_idle = true;
+  return {};
+}
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+}  // namespace
+
+int run_daemon(DaemonOptions o) {
+  if (o.detach) {
+    // Before anything opens a ring, a lock or a socket: the parent only tells its caller "started".
+    pid_t child = ::fork();
+    if (child < 0) {
+      std::perror("tmsdiskd: fork");
+      return 1;
+    }
+    if (child > 0) return 0;
+    ::setsid();
+  }
+  if (o.private_mode) {
+    if (auto st = configure_private(o.config); !st) {
+      std::fprintf(stderr, "tmsdiskd --private: %s\n", st.error().describe().c_str());
+      return 1;
+    }
+    const std::string log = std::filesystem::path(o.config.socket_path).parent_path() / "tmsdiskd.log";
+    spdlog::set_default_logger(spdlog::basic_logger_mt("tmsdiskd", log));
+    spdlog::flush_on(spdlog::level::info);
+  } else if (o.config.roots.empty()) {
+    std::fprintf(stderr,
+                 "tmsdiskd: no storage root: pass --root DIR (once per NVMe), set root in %s, or use --private\n",
+                 "/etc/tmsdisk/tmsdiskd.conf");
+    return 2;
+  } else {
+    spdlog::set_default_logger(spdlog::stderr_logger_mt("tmsdiskd"));
+  }
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  // journald adds its own timestamps; keep the line short.
+  spdlog::set_pattern(::getenv("JOURNAL_STREAM") ? "[%l] %v" : "%Y-%m-%d %H:%M:%S.%e [%l] %v");
+
+  // Socket activation: systemd passes the listening socket as fd 3.
+  if (systemd::listen_fds() == 1) {
+    o.config.listen_fd = 3;  // SD_LISTEN_FDS_START
+    ::fcntl(o.config.listen_fd, F_SETFL, ::fcntl(o.config.listen_fd, F_GETFL) | O_NONBLOCK);
+  }
+
+  // Every session holds a few descriptors per root; the default soft limit of 1024 would cap a node
+  // at a few dozen ranks. The hard limit is the administrator's (LimitNOFILE=).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  auto created = server::Server::create(o.config);
+  if (!created) {
+    spdlog::error("cannot start: {}", created.error().describe());
+    systemd::notify(fmt::format("STATUS=failed: {}", created.error().describe()).c_str());
+    return 1;
+  }
+  std::unique_ptr<server::Server> instance = std::move(created).value();
+  g_server = instance.get();
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  spdlog::info("serving {} with {} root(s)", o.config.socket_path, o.config.roots.size());
+  systemd::notify("READY=1");
+  auto st = instance->run();
+  systemd::notify("STOPPING=1");
+  g_server = nullptr;
+  if (!st) {
+    spdlog::error("stopped on error: {}", st.error().describe());
+    return 1;
+  }
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace tmsdisk

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chunk I/O: a shim's RESERVE, WRITE, READ and COMMIT against its rank store and the I/O engine.
+// A WRITE or READ becomes one engine request on the session's staging slot; when it completes, the
+// store seals what was written or verifies what was read, and the reply goes back to the shim.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "io_engine.h"
+#include "session_table.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::server {
+
+// An error reply, its text bounded by the protocol.
+proto::ErrorReply error_reply(int code, const std::string& message);
+
+class ChunkIo {
+ public:
+  ChunkIo(io::Engine& engine, SessionTable& sessions) : engine_(engine), sessions_(sessions) {}
+
+  // Each returns the reply to send now.
+  proto::Message reserve(Session& s, const proto::Reserve& m);
+  proto::Message commit(Session& s, const proto::Commit& m);
+  // nullopt when the request was queued: its reply comes from on_completions().
+  std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::Write& m);
+  std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::Read& m);
+
+  // Reaps the engine's completions and hands each reply to `reply` (session, request id, message).
+  // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
+  void on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
+
+ private:
+  struct Pending {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    io::Op op = io::Op::Write;
+    uint32_t slot = 0;
+    uint64_t blob = 0;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+  };
+
+  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
+                                      uint64_t client_checksum);
+  proto::Message finish(Session& s, const Pending& p, int result);
+
+  io::Engine& engine_;
+  SessionTable& sessions_;
+  std::map<uint64_t, Pending> pending_;  // by engine tag
+  uint64_t next_tag_ = 1;
+  std::vector<io::Completion> completions_;
+};
+
+}  // namespace tmsdisk::server

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// The control router: a tmsctl's pause or resume fanned out to the matching sessions as COMMANDs,
+// their progress and results routed back, and the per-rank results returned in pages that each fit
+// in a message. Also lists sessions for `tmsctl status`.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "session_table.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::server {
+
+class ControlRouter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Sends `m` as the answer to `request_id` on connection `conn_id` (dropped if it has gone).
+  using Send = std::function<void(uint64_t conn_id, uint64_t request_id, const proto::Message& m)>;
+
+  ControlRouter(SessionTable& sessions, Send send) : sessions_(sessions), send_(std::move(send)) {}
+
+  // A tmsctl's requests, on connection `conn_id` of a client of uid `uid`.
+  void list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m);
+  void control(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::Control& m);
+
+  // A rank's answers to the COMMAND with request id `command_id`.
+  void command_done(Session& s, uint64_t command_id, const proto::CommandDone& m);
+  void progress(Session& s, uint64_t command_id, proto::Progress& m);
+
+  // The rank's connection closed: what it was asked fails.
+  void session_lost(Session& s);
+  // A tmsctl that went away no longer waits for its results.
+  void connection_closed(uint64_t conn_id);
+
+  // Fails ranks that did not answer before their tmsctl's deadline; returns ms until the next one,
+  // or -1.
+  int expire();
+
+ private:
+  struct Op {
+    uint64_t id = 0;
+    uint64_t conn_id = 0;
+    uint64_t request_id = 0;
+    std::map<uint64_t, proto::RankResult> results;  // by session id
+    std::set<uint64_t> waiting;                     // session ids that have not answered
+    Clock::time_point deadline = Clock::time_point::max();
+  };
+
+  void finish_rank(uint64_t op_id, uint64_t sid, int code, uint64_t bytes, uint64_t nanos, const std::string& message);
+  void complete(std::map<uint64_t, Op>::iterator it);
+
+  SessionTable& sessions_;
+  Send send_;
+  std::map<uint64_t, Op> ops_;
+  uint64_t next_op_ = 1;
+  uint64_t next_command_ = 1;
+};
+
+}  // namespace tmsdisk::server

@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// The session table (session_table.h).
+#include "session_table.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "tmsdisk/common/proc.h"
+
+namespace tmsdisk::server {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint32_t kMinSlotBytes = 64 * 1024;
+constexpr uint32_t kMaxSlotBytes = 64 * kMiB;
+
+}  // namespace
+
+uint64_t random_token() {
+  uint64_t t = 0;
+  while (t == 0)
+    if (::getrandom(&t, sizeof(t), 0) != sizeof(t))
+      t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return t;
+}
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+SessionTable::SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc,
+                           int epoll_fd, std::function<void(const IpcExports::Users&)> notify_users)
+    : config_(config),
+      roots_(roots),
+      engine_(engine),
+      ipc_(ipc),
+      epoll_fd_(epoll_fd),
+      notify_users_(std::move(notify_users)) {}
+
+Session* SessionTable::find(uint64_t id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+// Staging is pinned memory: bounded per user and for the whole daemon, so that no user can pin the
+// node's RAM by opening sessions.
+Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
+  uint64_t uid_sessions = 0, uid_staging = 0, all_staging = 0;
+  for (auto& [sid, other] : sessions_) {
+    all_staging += other.staging_charge;
+    if (other.cred.uid != cred.uid) continue;
+    ++uid_sessions;
+    uid_staging += other.staging_charge;
+  }
+  if (cred.uid != 0 && uid_sessions >= config_.max_sessions_per_uid)
+    return make_error(EDQUOT, fmt::format("uid {} already has {} sessions, the most this daemon allows "
+                                          "(max-sessions-per-uid)",
+                                          cred.uid, uid_sessions));
+  if (cred.uid != 0 && uid_staging + staging > config_.max_staging_per_uid_mb * kMiB)
+    return make_error(EDQUOT, fmt::format("uid {} would hold {} MiB of staging, more than {} MiB "
+                                          "(max-staging-per-uid-mb); lower TMS_DISK_BACKUP_CHUNK_MB",
+                                          cred.uid, (uid_staging + staging) / kMiB, config_.max_staging_per_uid_mb));
+  if (all_staging + staging > config_.max_total_staging_mb * kMiB)
+    return make_error(ENOMEM, fmt::format("the daemon's staging budget ({} MiB, max-total-staging-mb) is exhausted",
+                                          config_.max_total_staging_mb));
+  return {};
+}
+
+Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const proto::Hello& h) {
+  if (!storage::valid_name(h.job))
+    return make_error(EINVAL, fmt::format("job name '{}' is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+                                          "not starting with '.'",
+                                          h.job));
+  if (!h.backup_dir.empty()) {
+    auto root = roots_.root_for(h.backup_dir);
+    if (!root) return std::move(root).error();
+  }
+  const uint64_t slot = h.slot_bytes ? h.slot_bytes : config_.slot_mb * kMiB;
+  if (slot < kMinSlotBytes || slot > kMaxSlotBytes || slot % storage::kIoAlignment != 0)
+    return make_error(EINVAL, fmt::format("slot size {} must be a multiple of 4 KiB between 64 KiB and 64 MiB", slot));
+  uint64_t staging = h.staging_bytes ? h.staging_bytes : config_.staging_mb * kMiB;
+  if (staging > config_.max_staging_mb * kMiB)
+    return make_error(EINVAL, fmt::format("asked for {} MiB of staging; this daemon allows at most {} MiB "
+                                          "(TMS_DISK_BACKUP_CHUNK_MB)",
+                                          staging / kMiB, config_.max_staging_mb));
+  if (staging < 2 * slot)
+    return make_error(EINVAL, fmt::format("staging of {} bytes holds fewer than two slots of {}", staging, slot));
+  if (auto st = check_quotas(cred, staging); !st) return std::move(st).error();
+  const auto start_time = process_start_time(cred.pid);
+  if (!start_time) return make_error(ESRCH, fmt::format("cannot read the start time of pid {}", cred.pid));
+  storage::RankIdentity id;
+  id.uid = cred.uid;
+  id.gid = cred.gid;
+  id.job = h.job;
+  id.rank = h.rank;
+  id.pid = cred.pid;
+  id.start_time = *start_time;
+  id.token = h.token ? h.token : random_token();
+  const std::string relative_dir = storage::rank_relative_dir(id);
+  for (auto& [sid, other] : sessions_) {
+    if (other.relative_dir != relative_dir) continue;
+    if (!other.orphan)
+      return make_error(EBUSY, fmt::format("pid {} already has a session as job {} rank {}", cred.pid, h.job, h.rank));
+    if (h.token != other.token)
+      return make_error(EPERM,
+                        "this rank's files are kept for a session that lost its connection; reconnect with "
+                        "that session's token");
+  }
+
+  Session s;
+  s.id = next_id_++;
+  s.cred = cred;
+  s.job = h.job;
+  s.rank = h.rank;
+  s.relative_dir = relative_dir;
+  s.token = id.token;
+  s.start_time = *start_time;
+  // A pidfd names this very process (no pid reuse); its start time is checked once more after
+  // opening it, in case the pid changed hands since SO_PEERCRED was taken.
+  s.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
+  if (s.pidfd && !process_alive(cred.pid, *start_time))
+    return make_error(ESRCH, fmt::format("pid {} exited while connecting", cred.pid));
+  // The buffer before the store: a failure here leaves nothing on disk to clean up.
+  auto buffer =
+      StagingBuffer::create(engine_, static_cast<uint32_t>(slot), static_cast<uint32_t>(staging / slot), s.id);
+  if (!buffer) return std::move(buffer).error();
+  s.staging = std::move(buffer).value();
+  s.staging_charge = s.staging->bytes();
+
+  // The orphan this rank reconnects to: its files are adopted below, from disk, by a fresh store.
+  uint64_t adopted = 0;
+  for (auto& [sid, other] : sessions_) {
+    if (other.relative_dir != relative_dir) continue;
+    adopted = sid;
+    forget_orphan(sid);
+    break;
+  }
+  auto store = h.token ? storage::RankStore::adopt(roots_, id, static_cast<uint32_t>(slot))
+                       : storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
+  // A token but nothing on disk: its earlier session ended with nothing to keep (the connection
+  // was closed on it), so it starts afresh under the same token.
+  if (!store && h.token && store.error().errnum() == ENOENT)
+    store = storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
+  if (!store) return std::move(store).error();
+  s.store = std::move(store.value());
+
+  s.conn_id = conn_id;
+  s.stats.last_change_unix_ms = unix_ms();
+  if (s.store->paused()) {
+    s.stats.state = static_cast<uint8_t>(proto::RankState::Paused);
+    for (const auto& b : s.store->blobs()) s.stats.paused_bytes += b.size;
+  }
+  const uint64_t sid = s.id;
+  Session& placed = sessions_.emplace(sid, std::move(s)).first->second;
+  had_session_ = true;
+  if (adopted) {
+    ipc_.rename_session(adopted, sid);
+    placed.adopted = true;
+  }
+  return &placed;
+}
+
+void SessionTable::detach(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  it->second.conn_id = 0;
+  maybe_destroy(id);
+}
+
+void SessionTable::maybe_destroy(uint64_t sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end() || it->second.conn_id != 0 || it->second.io_in_flight != 0) return;
+  Session& s = it->second;
+  if (!s.orphan && (s.store->holds_unresumed_data() || ipc_.holds(sid)) && rank_alive(s)) {
+    // The connection dropped but the process lives, and these files are the only copy of memory it
+    // released (invariant 6), or it shares memory through legacy IPC (what it exported, what it
+    // maps of others': an exporter pausing it then would leave the importer on stale memory): keep
+    // the session until it reconnects with its token or exits.
+    s.orphan = true;
+    s.staging.reset();
+    if (s.pidfd) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kOrphanKeyBit | sid;
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s.pidfd.get(), &ev);
+    }
+    spdlog::warn(
+        "session {} (pid {}) lost its connection with paused memory on disk; keeping its files until it "
+        "reconnects or exits",
+        sid, s.cred.pid);
+    return;
+  }
+  if (s.pidfd) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
+  if (auto st = s.store->remove(); !st)
+    spdlog::error("session {}: cannot remove its files: {}", sid, st.error().describe());
+  spdlog::info("session {} (pid {}) closed; its files are removed", sid, s.cred.pid);
+  sessions_.erase(it);
+  for (const auto& u : ipc_.drop([&](uint64_t id) { return id == sid; })) notify_users_(u);
+}
+
+// Whether the rank's process still runs. Its pidfd turns readable as soon as it exits, even while
+// it is an unreaped zombie whose /proc entry still matches.
+bool SessionTable::rank_alive(const Session& s) {
+  if (s.pidfd) {
+    pollfd p{s.pidfd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+  return process_alive(s.cred.pid, s.start_time);
+}
+
+// Drops an orphan's in-memory state without touching its files (its rank reconnected).
+void SessionTable::forget_orphan(uint64_t sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  if (it->second.pidfd) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd.get(), nullptr);
+  sessions_.erase(it);
+}
+
+void SessionTable::reap_orphan(uint64_t sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end() || !it->second.orphan || rank_alive(it->second)) return;
+  it->second.orphan = false;
+  maybe_destroy(sid);  // not alive, so this removes the files
+}
+
+std::set<std::string> SessionTable::reap_dead() {
+  std::vector<uint64_t> dead_orphans;
+  for (auto& [id, s] : sessions_)
+    if (s.orphan && !rank_alive(s)) dead_orphans.push_back(id);
+  for (uint64_t id : dead_orphans) reap_orphan(id);
+  // Exports and opens of sessions that vanished without passing maybe_destroy (an orphan whose
+  // rank failed to reconnect).
+  for (const auto& u : ipc_.drop([&](uint64_t id) { return sessions_.count(id) == 0; })) notify_users_(u);
+  std::set<std::string> live;
+  for (auto& [id, s] : sessions_) live.insert(s.relative_dir);
+  return live;
+}
+
+}  // namespace tmsdisk::server

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// The daemon's sessions: one per rank process, opened by HELLO within its user's quotas, with its
+// rank store and staging buffer. A session whose connection drops while its files hold the only
+// copy of its memory (or while it shares memory through legacy IPC) stays as an orphan until its
+// rank reconnects with the session token (adoption) or exits.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ipc_exports.h"
+#include "server.h"
+#include "staging_buffer.h"
+#include "storage.h"
+#include "tmsdisk/common/result.h"
+#include "tmsdisk/common/unique_fd.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::server {
+
+struct Session {
+  uint64_t id = 0;
+  uint64_t conn_id = 0;  // 0 once the shim disconnected (teardown waits for I/O in flight)
+  uint64_t token = 0;
+  ucred cred{};
+  std::string job;
+  int64_t rank = -1;
+  std::string relative_dir;                // "<uid>/<job>/rank<R>-<pid>", what the sweep must not touch
+  std::unique_ptr<StagingBuffer> staging;  // null for an orphan
+  // Staging counted against the quotas; an orphan keeps its charge (its rank may reconnect).
+  uint64_t staging_charge = 0;
+  std::size_t io_in_flight = 0;
+  std::unique_ptr<storage::RankStore> store;
+  uint64_t start_time = 0;  // of the rank's process, with cred.pid its identity
+  UniqueFd pidfd;           // readable once the rank's process has exited (-1 on kernels without pidfd)
+  bool orphan = false;      // connection gone, process alive, files hold its only copy: kept
+  bool adopted = false;     // continues an orphan: its files, exports and opens carried over
+  std::vector<proto::BlobSize> pending_reserve;
+  proto::RankStats stats;
+  std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
+};
+
+// A client may act on sessions of its own uid; root on all.
+inline bool may_act_on(uid_t client, const Session& s) {
+  return client == 0 || client == s.cred.uid;
+}
+
+uint64_t random_token();
+uint64_t unix_ms();
+
+class SessionTable {
+ public:
+  // Epoll key of an orphan's pidfd: its session id with this bit set.
+  static constexpr uint64_t kOrphanKeyBit = 1ull << 63;
+
+  // `notify_users` tells an exporter how many processes have its legacy IPC export open now.
+  SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc, int epoll_fd,
+               std::function<void(const IpcExports::Users&)> notify_users);
+
+  // Opens the session HELLO asks for, for the peer `cred` on connection `conn_id`: validates the
+  // job, backup directory and sizes, enforces the per-user and daemon-wide quotas, adopts the
+  // orphan it reconnects to (same rank directory and token), and creates or adopts its store.
+  Result<Session*> open(const ucred& cred, uint64_t conn_id, const proto::Hello& h);
+
+  Session* find(uint64_t id);
+  std::map<uint64_t, Session>& all() noexcept { return sessions_; }
+  bool empty() const noexcept { return sessions_.empty(); }
+  bool had_session() const noexcept { return had_session_; }
+
+  // The shim's connection closed: the session goes once no I/O of it is in flight (the kernel may
+  // still use its staging pages), its files with it, unless it becomes an orphan.
+  void detach(uint64_t id);
+  // Removes a detached session whose I/O is done, or keeps it as an orphan (see above).
+  void maybe_destroy(uint64_t id);
+  // An orphan's process exited (pidfd readable), or the sweep found it gone: its files go now.
+  void reap_orphan(uint64_t id);
+  // Reaps orphans whose process is gone, and IPC exports of sessions that vanished; returns the
+  // relative directories the sweep must leave alone.
+  std::set<std::string> reap_dead();
+
+ private:
+  Status check_quotas(const ucred& cred, uint64_t staging) const;
+  void forget_orphan(uint64_t id);
+  static bool rank_alive(const Session& s);
+
+  const Config& config_;
+  storage::Roots& roots_;
+  io::Engine& engine_;
+  IpcExports& ipc_;
+  int epoll_fd_;
+  std::function<void(const IpcExports::Users&)> notify_users_;
+  std::map<uint64_t, Session> sessions_;
+  uint64_t next_id_ = 1;
+  bool had_session_ = false;
+};
+
+}  // namespace tmsdisk::server

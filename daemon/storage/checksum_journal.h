@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Storage internals: the checksum journal, where a rank's chunk checksums live between RESERVE and
+// COMMIT, so that a daemon restarted mid-pause still verifies every chunk written before it died.
+//
+// Once a pause is committed the manifest holds every checksum; before that, only memory did (and
+// the shim's copy). File `sums` in the rank directory on the first root holds one 32-byte record
+// per chunk of the reserved set, at (the chunk's ordinal in the set) x 32, all little-endian:
+//   u64 blob id   u64 chunk index   u64 checksum   u64 XXH3-64 of those 24 bytes, seeded with the
+//                                                      XXH3-64 of the "writing" manifest of this set
+// A slot never written reads as zeros (a hole) and fails its check; a record of another reservation
+// fails it too (another seed), and so does a torn one. Written with pwrite and never flushed: it must
+// outlive the daemon process, which the page cache ensures; a power loss also ends the rank that
+// needed it. One pwrite of 32 bytes per chunk of megabytes keeps it off the hot path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tmsdisk/common/result.h"
+#include "tmsdisk/common/unique_fd.h"
+
+namespace tmsdisk::storage::detail {
+
+inline constexpr uint64_t kJournalRecordBytes = 32;
+
+class ChecksumJournal {
+ public:
+  struct Record {
+    bool valid = false;
+    uint64_t blob = 0;
+    uint64_t chunk = 0;
+    uint64_t checksum = 0;
+  };
+
+  ChecksumJournal() = default;
+
+  // Opens `sums` below `rank_dir` (`path` names it in messages) without following a link. With
+  // `create` the file must not exist yet (a fresh rank directory); otherwise an existing one is
+  // opened, or created when absent. Anything but a regular file with one link is refused.
+  static Result<ChecksumJournal> open(int rank_dir, bool create, const std::string& path);
+
+  // A new reservation: forgets every record. The seed is set once its manifest is written.
+  Status reset();
+  void set_seed(uint64_t seed) noexcept { seed_ = seed; }
+
+  // Records chunk `chunk` of `blob`, the set's chunk number `ordinal`.
+  Status record(uint64_t ordinal, uint64_t blob, uint64_t chunk, uint64_t checksum);
+
+  // The records of the first `chunks` ordinals (invalid where none was written under this seed).
+  Result<std::vector<Record>> load(uint64_t chunks) const;
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+  uint64_t seed_ = 0;
+};
+
+}  // namespace tmsdisk::storage::detail

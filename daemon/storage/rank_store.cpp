@@ -1,0 +1,888 @@
+// SPDX-License-Identifier: Apache-2.0
+// One rank's files on all roots: directories, data files, extents, checksums and the manifest
+// (storage.h, RankStore).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <new>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "checksum_journal.h"
+#include "extent_allocator.h"
+#include "manifest.h"
+#include "owner_file.h"
+#include "storage.h"
+#include "storage_fs.h"
+#include "storage_testing.h"
+#include "tmsdisk/common/human.h"
+#include "tmsdisk/common/proc.h"
+
+namespace tmsdisk::storage {
+
+using namespace detail;
+
+namespace testing {
+namespace {
+std::atomic<FallocateHook> g_fallocate_hook{nullptr};
+}  // namespace
+FallocateHook set_fallocate_hook(FallocateHook hook) noexcept {
+  return g_fallocate_hook.exchange(hook);
+}
+}  // namespace testing
+
+namespace {
+
+// Keeps every extent length and file offset far from 64-bit overflow (1 EiB per blob).
+constexpr uint64_t kMaxBlobSize = uint64_t{1} << 60;
+
+Result<UniqueFd> make_parent_dir(int parent, const std::string& name, const std::string& path, uid_t rank_uid) {
+  if (::mkdirat(parent, name.c_str(), kParentDirMode) != 0 && errno != EEXIST) {
+    return errno_error("cannot create directory " + path);
+  }
+  UniqueFd fd(open_dir_nofollow(parent, name.c_str()));
+  if (!fd) return not_a_directory_error(errno, path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_error("cannot stat " + path);
+  if (st.st_uid != ::geteuid() && st.st_uid != rank_uid) {
+    return make_error(EPERM, fmt::format("{} is owned by uid {}, neither tmsdiskd (uid {}) nor the rank's user (uid "
+                                         "{}); remove it so tmsdiskd can recreate it",
+                                         path, st.st_uid, ::geteuid(), rank_uid));
+  }
+  return fd;
+}
+
+// Opens `data` in a rank directory, with O_DIRECT where the filesystem allows it.
+Result<UniqueFd> open_data_file(int rank_dir, bool create, bool& direct_io, const std::string& path) {
+  int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+  int fd = ::openat(rank_dir, kDataName, flags | O_DIRECT, kFileMode);
+  direct_io = true;
+  if (fd < 0 && errno == EINVAL) {
+    // This filesystem has no O_DIRECT (tmpfs before 6.6, some FUSE and network filesystems):
+    // buffered I/O still works, only slower and through the page cache. The caller logs it.
+    fd = ::openat(rank_dir, kDataName, flags, kFileMode);
+    direct_io = false;
+  }
+  if (fd < 0) return errno_error("cannot open data file " + path);
+  UniqueFd out(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_error("cannot stat " + path);
+  if (!S_ISREG(st.st_mode)) return make_error(EINVAL, path + " is not a regular file");
+  return out;
+}
+
+int fallocate_retry(int fd, int mode, uint64_t offset, uint64_t length) {
+  while (::fallocate(fd, mode, static_cast<off_t>(offset), static_cast<off_t>(length)) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+// Gives the blocks of a free range back to the filesystem. Best effort: where punching is not
+// supported the range just stays allocated, which costs space but never correctness.
+void punch(int fd, uint64_t offset, uint64_t length) {
+  if (length > 0) (void)fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}
+
+// Punches the parts of [offset, offset+length) that `layout` has free or past its end.
+void punch_free_parts(int fd, const ExtentAllocator& layout, uint64_t offset, uint64_t length) {
+  const uint64_t stop = offset + length;
+  const auto& free = layout.free_extents();
+  auto it = free.upper_bound(offset);
+  if (it != free.begin()) --it;
+  for (; it != free.end() && it->first < stop; ++it) {
+    uint64_t a = std::max(offset, it->first);
+    uint64_t b = std::min(stop, it->first + it->second);
+    if (a < b) punch(fd, a, b - a);
+  }
+  uint64_t tail = std::max(offset, layout.end());
+  if (tail < stop) punch(fd, tail, stop - tail);
+}
+
+// The refusal a user reads when a pause does not fit (issue 8: said once, in human units).
+Error no_space_error(int err, uint64_t needed, const std::string& root, uint64_t avail) {
+  return make_error(
+      err, fmt::format("not enough disk space: needs {} on {}, {} free{}: free space, add a root, or "
+                       "pause less",
+                       human_bytes(needed), root, human_bytes(avail), err == EDQUOT ? " within the disk quota" : ""));
+}
+
+struct RootFiles {
+  std::string path;  // root path, for messages
+  std::string rank_path;
+  UniqueFd root;  // dup of the root's O_PATH fd: the RankStore does not depend on Roots' lifetime
+  UniqueFd uid_dir;
+  UniqueFd job_dir;
+  UniqueFd rank_dir;
+  UniqueFd data;
+  bool direct_io = true;
+  bool gone = false;  // rank directory removed
+  ExtentAllocator alloc{kIoAlignment};
+};
+
+struct BlobState {
+  uint64_t id = 0;
+  uint64_t size = 0;
+  uint64_t chunks = 0;
+  uint64_t first_chunk = 0;             // ordinal of its chunk 0 in the set (checksum journal slot)
+  std::vector<ManifestExtent> extents;  // one per root; length 0: no chunk of this blob there
+  std::vector<uint64_t> sums;
+  std::vector<uint8_t> have;
+};
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+}  // namespace
+
+struct RankStore::Impl {
+  RankIdentity id;
+  uint32_t chunk = 0;
+  std::string uid_name;
+  std::string rank_name;
+  std::string relative;
+  std::string dir_path;
+  std::vector<RootFiles> roots;
+  ChecksumJournal journal;  // beside the manifest, on the first root
+  std::vector<BlobState> blobs;
+  std::unordered_map<uint64_t, std::size_t> index;
+  uint64_t missing = 0;
+  bool paused = false;
+  bool writing = false;  // a reservation was made and no commit has closed it yet
+  uint64_t generation = 0;
+  bool removed = false;
+
+  Status open_dirs(std::size_t i, int root_fd, bool create);
+  Status remove_locked();
+  Status reserve_locked(std::span<const proto::BlobSize> set);
+  Status load_manifest();
+  Status load_journal(uint64_t seed, uint64_t chunks);
+  // Writes the manifest; *hash (when given) receives the XXH3-64 of its bytes.
+  Status write_manifest(uint32_t state, uint64_t gen, uint64_t* hash = nullptr);
+  Result<const BlobState*> find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const;
+  // find_chunk, and `length` must be that chunk's length.
+  Result<const BlobState*> find_chunk_of_length(uint64_t blob, uint64_t offset, uint64_t length,
+                                                uint64_t* chunk_index) const;
+  Status record(uint64_t blob, uint64_t offset, uint64_t checksum);
+};
+
+namespace {
+
+Status check_identity(const Roots& roots, const RankIdentity& id, uint32_t chunk_bytes) {
+  if (roots.size() == 0) return make_error(EINVAL, "no storage root configured");
+  if (!valid_name(id.job)) {
+    return make_error(EINVAL, "job name \"" + id.job +
+                                  "\" is not usable as a directory name: use 1-64 characters of A-Z a-z 0-9 . _ -, "
+                                  "not starting with '.'");
+  }
+  if (id.pid <= 0) return make_error(EINVAL, fmt::format("invalid pid {}", id.pid));
+  if (chunk_bytes == 0 || chunk_bytes % kIoAlignment != 0) {
+    return make_error(EINVAL, fmt::format("chunk size {} is not a non-zero multiple of {}", chunk_bytes, kIoAlignment));
+  }
+  return {};
+}
+
+std::unique_ptr<RankStore::Impl> new_impl(const Roots& roots, const RankIdentity& id, uint32_t chunk_bytes) {
+  auto impl = std::make_unique<RankStore::Impl>();
+  impl->id = id;
+  impl->chunk = chunk_bytes;
+  impl->uid_name = fmt::format("{}", id.uid);
+  impl->rank_name = rank_dir_name(id);
+  impl->relative = rank_relative_dir(id);
+  impl->roots.resize(roots.size());
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    impl->roots[i].path = roots[i].path;
+    impl->roots[i].rank_path = join_path(roots[i].path, impl->relative);
+  }
+  impl->dir_path = impl->roots[0].rank_path;
+  return impl;
+}
+
+}  // namespace
+
+Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
+  RootFiles& rf = roots[i];
+  std::string uid_path = join_path(rf.path, uid_name);
+  std::string job_path = join_path(uid_path, id.job);
+  int dupfd = ::fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
+  if (dupfd < 0) return errno_error("cannot duplicate the handle of storage root " + rf.path);
+  rf.root.reset(dupfd);
+
+  if (create) {
+    auto uid_dir = make_parent_dir(rf.root.get(), uid_name, uid_path, id.uid);
+    if (!uid_dir) return std::move(uid_dir).error();
+    rf.uid_dir = std::move(uid_dir).value();
+    auto job_dir = make_parent_dir(rf.uid_dir.get(), id.job, job_path, id.uid);
+    if (!job_dir) return std::move(job_dir).error();
+    rf.job_dir = std::move(job_dir).value();
+
+    if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
+      if (errno != EEXIST) return errno_error("cannot create directory " + rf.rank_path);
+      // A directory of this name exists: pids are reused, so it may be a dead process's leftovers.
+      // Replace it only if its owner is provably gone.
+      UniqueFd old(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
+      if (!old) return not_a_directory_error(errno, rf.rank_path);
+      auto text = read_small_file(old.get(), kOwnerName, kMaxOwnerBytes, join_path(rf.rank_path, kOwnerName));
+      std::optional<Owner> owner = text ? parse_owner(*text) : std::nullopt;
+      if (owner && process_alive(owner->pid, owner->start_time)) {
+        return make_error(EEXIST, fmt::format("{} belongs to the live process {}: a reconnecting rank must present "
+                                              "its session token to adopt it",
+                                              rf.rank_path, owner->pid));
+      }
+      if (auto s = empty_dir(old.get(), rf.rank_path, kRemoveDepth, nullptr); !s) return s;
+      old.reset();
+      if (::unlinkat(rf.job_dir.get(), rank_name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        return errno_error("cannot remove stale directory " + rf.rank_path);
+      }
+      if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
+        return errno_error("cannot create directory " + rf.rank_path);
+      }
+    }
+    rf.rank_dir.reset(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
+    if (!rf.rank_dir) return not_a_directory_error(errno, rf.rank_path);
+    // The umask may have narrowed the mode; it must not be wider than 0700 either way.
+    if (::fchmod(rf.rank_dir.get(), kRankDirMode) != 0) return errno_error("cannot set the mode of " + rf.rank_path);
+
+    // The owner file needs no fsync: it only matters while its process lives, and a machine crash
+    // ends that process too.
+    std::string owner = format_owner(id);
+    if (auto s = write_file_atomic(rf.rank_dir.get(), kOwnerTmpName, kOwnerName, owner, false, rf.rank_path); !s) {
+      return s;
+    }
+  } else {
+    rf.uid_dir.reset(open_dir_nofollow(rf.root.get(), uid_name.c_str()));
+    if (!rf.uid_dir) return not_a_directory_error(errno, uid_path);
+    rf.job_dir.reset(open_dir_nofollow(rf.uid_dir.get(), id.job.c_str()));
+    if (!rf.job_dir) return not_a_directory_error(errno, job_path);
+    rf.rank_dir.reset(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
+    if (!rf.rank_dir) return not_a_directory_error(errno, rf.rank_path);
+
+    std::string owner_path = join_path(rf.rank_path, kOwnerName);
+    auto text = read_small_file(rf.rank_dir.get(), kOwnerName, kMaxOwnerBytes, owner_path);
+    if (!text) return std::move(text).error();
+    auto owner = parse_owner(*text);
+    if (!owner) return make_error(EINVAL, owner_path + " is not a tmsdisk owner file");
+    if (owner->pid != id.pid || owner->start_time != id.start_time || owner->token != id.token ||
+        owner->uid != id.uid || owner->job != id.job) {
+      return make_error(EPERM, rf.rank_path +
+                                   " belongs to another session (pid, start time or token differ): "
+                                   "reconnect with the token this daemon issued, or start afresh");
+    }
+  }
+
+  auto data = open_data_file(rf.rank_dir.get(), create, rf.direct_io, join_path(rf.rank_path, kDataName));
+  if (!data) return std::move(data).error();
+  rf.data = std::move(data).value();
+  if (i == 0) {
+    auto journal = ChecksumJournal::open(rf.rank_dir.get(), create, join_path(rf.rank_path, kSumsName));
+    if (!journal) return std::move(journal).error();
+    this->journal = std::move(journal).value();
+  }
+  return {};
+}
+
+Status RankStore::Impl::remove_locked() {
+  Status first;
+  for (auto& rf : roots) {
+    if (rf.gone) continue;
+    rf.data.reset();
+    if (rf.rank_dir) {
+      Status s = empty_dir(rf.rank_dir.get(), rf.rank_path, kRemoveDepth, nullptr);
+      if (s && ::unlinkat(rf.job_dir.get(), rank_name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        s = errno_error("cannot remove directory " + rf.rank_path);
+      }
+      if (!s) {
+        if (first) first = std::move(s);
+        continue;
+      }
+    }
+    // Also reached when create() failed before making the rank directory: the job and uid
+    // directories it may have made go too, if nothing else uses them.
+    rf.gone = true;
+    rf.rank_dir.reset();
+    if (rf.uid_dir) remove_if_empty(rf.uid_dir.get(), id.job.c_str());
+    if (rf.root) remove_if_empty(rf.root.get(), uid_name.c_str());
+    rf.job_dir.reset();
+    rf.uid_dir.reset();
+  }
+  if (first) removed = true;
+  return first;
+}
+
+Result<std::unique_ptr<RankStore>> RankStore::create(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes) {
+  try {
+    if (auto s = check_identity(roots, id, chunk_bytes); !s) return std::move(s).error();
+    auto impl = new_impl(roots, id, chunk_bytes);
+    for (std::size_t i = 0; i < roots.size(); ++i) {
+      Status s = impl->open_dirs(i, roots[i].dir.get(), true);
+      // A sweep may remove the job or uid directory in the moment it is empty; one retry covers it.
+      if (!s && s.error().errnum() == ENOENT) s = impl->open_dirs(i, roots[i].dir.get(), true);
+      if (!s) {
+        // Leave nothing half-made behind: remove what this call created on earlier roots.
+        (void)impl->remove_locked();
+        return std::move(s).error();
+      }
+      if (!impl->roots[i].direct_io) roots[i].direct_io = false;
+    }
+    return std::unique_ptr<RankStore>(new RankStore(std::move(impl)));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("creating a rank directory");
+  }
+}
+
+Result<std::unique_ptr<RankStore>> RankStore::adopt(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes) {
+  try {
+    if (auto s = check_identity(roots, id, chunk_bytes); !s) return std::move(s).error();
+    auto impl = new_impl(roots, id, chunk_bytes);
+    for (std::size_t i = 0; i < roots.size(); ++i) {
+      if (auto s = impl->open_dirs(i, roots[i].dir.get(), false); !s) return std::move(s).error();
+      if (!impl->roots[i].direct_io) roots[i].direct_io = false;
+    }
+    if (auto s = impl->load_manifest(); !s) return std::move(s).error();
+    return std::unique_ptr<RankStore>(new RankStore(std::move(impl)));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("adopting a rank directory");
+  }
+}
+
+RankStore::RankStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RankStore::~RankStore() = default;
+
+const std::string& RankStore::dir_path() const noexcept {
+  return impl_->dir_path;
+}
+const std::string& RankStore::relative_dir() const noexcept {
+  return impl_->relative;
+}
+uint32_t RankStore::chunk_bytes() const noexcept {
+  return impl_->chunk;
+}
+std::size_t RankStore::root_count() const noexcept {
+  return impl_->roots.size();
+}
+
+Status RankStore::remove() {
+  try {
+    if (impl_->removed) return {};
+    return impl_->remove_locked();
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("removing a rank directory");
+  }
+}
+
+// Extent of `size` bytes' chunks that land on root r of n: every n-th chunk starting at r, packed
+// back to back; the blob's last chunk is rounded up to kIoAlignment so O_DIRECT can move it whole.
+static uint64_t extent_length(uint64_t size, uint32_t chunk, std::size_t n, std::size_t r) {
+  uint64_t chunks = size == 0 ? 0 : (size - 1) / chunk + 1;
+  if (chunks <= r) return 0;
+  uint64_t count = (chunks - 1 - r) / n + 1;
+  uint64_t len = count * chunk;
+  if ((chunks - 1) % n == r) {
+    uint64_t tail = size - (chunks - 1) * chunk;
+    len = (count - 1) * chunk + round_up(tail, kIoAlignment);
+  }
+  return len;
+}
+
+Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
+  if (removed) return make_error(ENOENT, "the rank's directory was removed");
+  if (paused) {
+    return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
+                                         "are the only copy of that memory. Resume before reserving a new set",
+                                         generation));
+  }
+  const std::size_t n = roots.size();
+
+  std::unordered_set<uint64_t> seen;
+  seen.reserve(set.size());
+  for (const auto& b : set) {
+    if (!seen.insert(b.id).second) {
+      return make_error(EINVAL, fmt::format("blob {} appears twice in the reserved set", b.id));
+    }
+    if (b.size > kMaxBlobSize) {
+      return make_error(
+          EFBIG, fmt::format("blob {} of {} bytes is larger than tmsdisk supports ({})", b.id, b.size, kMaxBlobSize));
+    }
+  }
+
+  // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
+  std::vector<ExtentAllocator> plan;
+  plan.reserve(n);
+  for (const auto& rf : roots) plan.push_back(rf.alloc);
+
+  std::vector<bool> kept(blobs.size(), false);
+  for (const auto& b : set) {
+    auto it = index.find(b.id);
+    if (it != index.end() && blobs[it->second].size == b.size) kept[it->second] = true;
+  }
+  for (std::size_t i = 0; i < blobs.size(); ++i) {
+    if (kept[i]) continue;
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto& e = blobs[i].extents[r];
+      if (e.length > 0 && !plan[r].release(e.offset, e.length)) {
+        return make_error(
+            EIO, "internal error: extent allocator of " + roots[r].rank_path + " is inconsistent; restart the rank");
+      }
+    }
+  }
+
+  struct Fresh {
+    std::size_t root;
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Fresh> fresh;
+  std::vector<uint64_t> fresh_bytes(n, 0);
+  std::vector<BlobState> next;
+  next.reserve(set.size());
+  std::unordered_map<uint64_t, std::size_t> next_index;
+  next_index.reserve(set.size());
+  uint64_t total_chunks = 0;
+  for (const auto& b : set) {
+    BlobState s;
+    s.id = b.id;
+    s.size = b.size;
+    s.chunks = b.size == 0 ? 0 : (b.size - 1) / chunk + 1;
+    auto it = index.find(b.id);
+    if (it != index.end() && kept[it->second]) {
+      s.extents = blobs[it->second].extents;
+    } else {
+      s.extents.resize(n);
+      for (std::size_t r = 0; r < n; ++r) {
+        uint64_t len = extent_length(b.size, chunk, n, r);
+        if (len == 0) continue;
+        auto off = plan[r].allocate(len);
+        if (!off) return make_error(EFBIG, "the data file on " + roots[r].path + " would grow past 2^62 bytes");
+        s.extents[r] = {*off, len};
+        fresh.push_back({r, *off, len});
+        fresh_bytes[r] += len;
+      }
+    }
+    s.first_chunk = total_chunks;
+    total_chunks += s.chunks;
+    next_index.emplace(s.id, next.size());
+    next.push_back(std::move(s));
+  }
+  for (auto& a : plan) a.trim_tail();
+
+  // A cheap refusal before touching the disk, with the numbers the user needs. It can only be
+  // optimistic (roots may share a filesystem, metadata takes blocks): fallocate has the last word.
+  std::vector<uint64_t> old_size(n, 0);
+  for (std::size_t r = 0; r < n; ++r) {
+    struct stat st {};
+    if (::fstat(roots[r].data.get(), &st) != 0) return errno_error("cannot stat data file in " + roots[r].rank_path);
+    old_size[r] = static_cast<uint64_t>(st.st_size);
+    uint64_t grow = plan[r].end() > old_size[r] ? plan[r].end() - old_size[r] : 0;
+    if (grow == 0) continue;
+    struct statvfs vfs {};
+    if (::fstatvfs(roots[r].data.get(), &vfs) != 0)
+      return errno_error("cannot stat the filesystem of " + roots[r].path);
+    uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+    if (grow > avail) return no_space_error(ENOSPC, grow, roots[r].path, avail);
+  }
+
+  // Checksum slots only now: a bogus size has been refused for lack of space instead of making
+  // this allocate without bound.
+  for (auto& s : next) {
+    s.sums.assign(s.chunks, 0);
+    s.have.assign(s.chunks, 0);
+  }
+
+  auto hook = testing::g_fallocate_hook.load();
+  std::vector<uint8_t> touched(n, 0);  // allocated up front: the rollback below must not throw
+  for (std::size_t k = 0; k < fresh.size(); ++k) {
+    const Fresh& f = fresh[k];
+    int err = hook ? hook(f.root, f.offset, f.length) : 0;
+    if (err == 0) err = fallocate_retry(roots[f.root].data.get(), 0, f.offset, f.length);
+    if (err == 0) continue;
+    // Roll back: free what this call allocated (including the failed range, which a filesystem may
+    // have allocated in part, even past the end of the file) and cut any growth off, so the files
+    // are as before. Only the parts that were free in the old layout are punched: a fresh extent
+    // may cover a dropped blob whose data the old set still owns.
+    for (std::size_t j = 0; j <= k; ++j) {
+      const Fresh& g = fresh[j];
+      punch_free_parts(roots[g.root].data.get(), roots[g.root].alloc, g.offset, g.length);
+      touched[g.root] = 1;
+    }
+    for (std::size_t r = 0; r < n; ++r) {
+      // Truncating to the unchanged size still drops blocks preallocated past the end of the file.
+      if (!touched[r]) continue;
+      while (::ftruncate(roots[r].data.get(), static_cast<off_t>(old_size[r])) != 0 && errno == EINTR) {
+      }
+    }
+    if (err == ENOSPC || err == EDQUOT) {
+      uint64_t avail = 0;
+      struct statvfs vfs {};
+      if (::fstatvfs(roots[f.root].data.get(), &vfs) == 0) {
+        avail = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+      }
+      return no_space_error(err, fresh_bytes[f.root], roots[f.root].path, avail);
+    }
+    return make_error(err, fmt::format("cannot preallocate {} in the data file of {}", human_bytes(f.length),
+                                       roots[f.root].rank_path));
+  }
+
+  // Committed in memory from here on; what follows only gives unused space back (best effort).
+  for (std::size_t r = 0; r < n; ++r) {
+    RootFiles& rf = roots[r];
+    if (plan[r].end() < old_size[r]) {
+      while (::ftruncate(rf.data.get(), static_cast<off_t>(plan[r].end())) != 0 && errno == EINTR) {
+      }
+    }
+    for (const auto& [off, len] : plan[r].free_extents()) punch(rf.data.get(), off, len);
+    rf.alloc = std::move(plan[r]);
+  }
+  blobs = std::move(next);
+  index = std::move(next_index);
+  missing = total_chunks;
+  writing = true;
+  // Record where this pause's chunks will go before any is written, and empty the checksum journal
+  // of the previous set: if the daemon dies mid-pause, its successor still knows the extents and,
+  // from the journal, the checksum of every chunk written, and verifies what the rank (which may
+  // have released it) reads back.
+  uint64_t seed = 0;
+  Status st = journal.reset();
+  if (st) st = write_manifest(kManifestWriting, generation, &seed);
+  if (!st) return make_error(st.error().errnum(), "cannot record the reservation: " + st.error().describe());
+  journal.set_seed(seed);
+  return {};
+}
+
+Status RankStore::reserve(std::span<const proto::BlobSize> blobs) {
+  try {
+    return impl_->reserve_locked(blobs);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("reserving extents (set unchanged)");
+  }
+}
+
+Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const {
+  if (removed) return make_error(ENOENT, "the rank's directory was removed");
+  auto it = index.find(blob);
+  if (it == index.end()) return make_error(ENOENT, fmt::format("blob {} is not in the reserved set", blob));
+  const BlobState& b = blobs[it->second];
+  if (offset % chunk != 0) {
+    return make_error(EINVAL,
+                      fmt::format("offset {} of blob {} is not a multiple of the chunk size {}", offset, blob, chunk));
+  }
+  if (offset >= b.size) {
+    return make_error(EINVAL, fmt::format("offset {} is past the end of blob {} ({} bytes)", offset, blob, b.size));
+  }
+  *chunk_index = offset / chunk;
+  return &b;
+}
+
+Result<const BlobState*> RankStore::Impl::find_chunk_of_length(uint64_t blob, uint64_t offset, uint64_t length,
+                                                               uint64_t* chunk_index) const {
+  auto found = find_chunk(blob, offset, chunk_index);
+  if (!found) return found;
+  const uint64_t want = std::min<uint64_t>(chunk, (*found)->size - offset);
+  if (length != want) {
+    return make_error(EINVAL,
+                      fmt::format("chunk at offset {} of blob {} is {} bytes, not {}", offset, blob, want, length));
+  }
+  return found;
+}
+
+Status RankStore::Impl::record(uint64_t blob, uint64_t offset, uint64_t checksum) {
+  uint64_t ci = 0;
+  auto found = find_chunk(blob, offset, &ci);
+  if (!found) return std::move(found).error();
+  auto& b = const_cast<BlobState&>(**found);
+  // Journaled first: a chunk counts as sealed only once a restarted daemon could still verify it.
+  if (auto st = journal.record(b.first_chunk + ci, blob, ci, checksum); !st) return st;
+  if (!b.have[ci]) {
+    b.have[ci] = 1;
+    --missing;
+  }
+  b.sums[ci] = checksum;
+  return {};
+}
+
+Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, uint32_t length) const {
+  try {
+    uint64_t ci = 0;
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
+    if (!found) return std::move(found).error();
+    const BlobState& b = **found;
+    std::size_t n = impl_->roots.size();
+    std::size_t r = static_cast<std::size_t>(ci % n);
+    const RootFiles& rf = impl_->roots[r];
+    Location loc;
+    loc.fd = rf.data.get();
+    loc.direct_io = rf.direct_io;
+    loc.file_offset = b.extents[r].offset + (ci / n) * impl_->chunk;
+    loc.io_length = static_cast<uint32_t>(round_up(length, kIoAlignment));
+    return loc;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("locating a chunk");
+  }
+}
+
+Result<uint64_t> RankStore::seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+  try {
+    uint64_t ci = 0;
+    if (auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci); !found)
+      return std::move(found).error();
+    const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
+    if (auto st = impl_->record(blob, offset, sum); !st) return std::move(st).error();
+    return sum;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("sealing a chunk");
+  }
+}
+
+bool RankStore::record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum) {
+  try {
+    return static_cast<bool>(impl_->record(blob, offset, checksum));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
+
+Result<uint64_t> RankStore::expected_checksum(uint64_t blob, uint64_t offset) const {
+  try {
+    uint64_t ci = 0;
+    auto found = impl_->find_chunk(blob, offset, &ci);
+    if (!found) return std::move(found).error();
+    if (!(*found)->have[ci]) {
+      return make_error(
+          ENODATA, fmt::format("chunk at offset {} of blob {} was never written in this generation", offset, blob));
+    }
+    return (*found)->sums[ci];
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("looking up a checksum");
+  }
+}
+
+Result<uint64_t> RankStore::verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) const {
+  try {
+    uint64_t ci = 0;
+    if (auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci); !found)
+      return std::move(found).error();
+    auto expected = expected_checksum(blob, offset);
+    if (!expected) return expected;
+    const uint64_t got = XXH3_64bits(bytes.data(), bytes.size());
+    if (got != *expected) {
+      return make_error(EBADMSG, fmt::format("checksum mismatch in blob {} at offset {}: the backup file is corrupted; "
+                                             "the allocation stays paused and the file is kept",
+                                             blob, offset));
+    }
+    return got;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("verifying a chunk");
+  }
+}
+
+uint64_t RankStore::missing_chunks() const noexcept {
+  return impl_->missing;
+}
+
+bool RankStore::holds_unresumed_data() const noexcept {
+  if (impl_->paused) return true;
+  if (!impl_->writing) return false;
+  uint64_t total = 0;
+  for (const auto& b : impl_->blobs) total += b.chunks;
+  return impl_->missing < total;
+}
+
+bool RankStore::paused() const noexcept {
+  return impl_->paused;
+}
+
+uint64_t RankStore::generation() const noexcept {
+  return impl_->generation;
+}
+
+std::vector<proto::BlobSize> RankStore::blobs() const {
+  std::vector<proto::BlobSize> out;
+  try {
+    out.reserve(impl_->blobs.size());
+    for (const auto& b : impl_->blobs) out.push_back({b.id, b.size});
+  } catch (const std::bad_alloc&) {
+    out.clear();
+  }
+  return out;
+}
+
+uint64_t RankStore::disk_bytes() const noexcept {
+  uint64_t total = 0;
+  for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes();
+  return total;
+}
+
+Status RankStore::commit(proto::CommitState state, uint64_t generation) {
+  try {
+    Impl& m = *impl_;
+    if (m.removed) return make_error(ENOENT, "the rank's directory was removed");
+    if (state != proto::CommitState::Paused && state != proto::CommitState::Resumed) {
+      return make_error(EINVAL, fmt::format("unknown commit state {}", static_cast<int>(state)));
+    }
+    if (state == proto::CommitState::Paused) {
+      if (m.missing > 0) {
+        uint64_t total = 0;
+        for (const auto& b : m.blobs) total += b.chunks;
+        return make_error(EINVAL, fmt::format("{} of {} chunks of the reserved set were never written; the pause is "
+                                              "incomplete and was not committed",
+                                              m.missing, total));
+      }
+      // The data must be on disk before a manifest that vouches for it; for O_DIRECT files this also
+      // persists the conversion of fallocated (unwritten) extents.
+      for (auto& rf : m.roots) {
+        if (::fdatasync(rf.data.get()) != 0) return errno_error("cannot flush the data file in " + rf.rank_path);
+      }
+    }
+
+    if (auto s = m.write_manifest(state == proto::CommitState::Paused ? kManifestPaused : kManifestResumed, generation);
+        !s) {
+      return s;
+    }
+    m.paused = state == proto::CommitState::Paused;
+    m.writing = false;
+    m.generation = generation;
+    // The manifest now holds every checksum; the journal's records are of no further use. Failing
+    // to empty it costs only its few bytes: a committed manifest never reads it.
+    (void)m.journal.reset();
+    return {};
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("committing the manifest");
+  }
+}
+
+Status RankStore::Impl::write_manifest(uint32_t state, uint64_t gen, uint64_t* hash) {
+  Manifest mf;
+  mf.state = state;
+  mf.generation = gen;
+  mf.chunk_bytes = chunk;
+  for (const auto& rf : roots) mf.data_end.push_back(rf.alloc.end());
+  mf.blobs.reserve(blobs.size());
+  for (const auto& b : blobs) mf.blobs.push_back({b.id, b.size, b.extents, b.sums, b.have});
+  std::string bytes = encode_manifest(mf);
+  if (hash) *hash = XXH3_64bits(bytes.data(), bytes.size());
+  RootFiles& first = roots[0];
+  return write_file_atomic(first.rank_dir.get(), kManifestTmpName, kManifestName, bytes, true, first.rank_path);
+}
+
+Status RankStore::Impl::load_manifest() {
+  RootFiles& first = roots[0];
+  std::string path = join_path(first.rank_path, kManifestName);
+  auto bytes = read_small_file(first.rank_dir.get(), kManifestName, kMaxManifestBytes, path);
+  if (!bytes) {
+    if (bytes.error().errnum() != ENOENT) return std::move(bytes).error();
+    // Nothing was ever committed: whatever the data files hold is unreferenced.
+    for (auto& rf : roots) {
+      while (::ftruncate(rf.data.get(), 0) != 0 && errno == EINTR) {
+      }
+    }
+    return {};
+  }
+  std::string why;
+  auto mf = decode_manifest(*bytes, why);
+  if (!mf) {
+    return make_error(EBADMSG, path + " is corrupt (" + why +
+                                   "); this rank's paused data cannot be trusted. Restart the rank; its files are "
+                                   "reclaimed once it exits");
+  }
+  if (mf->chunk_bytes != chunk) {
+    return make_error(EINVAL, fmt::format("{} was written with chunk size {}, this session uses {}: reconnect with "
+                                          "the slot size of the original session",
+                                          path, mf->chunk_bytes, chunk));
+  }
+  const std::size_t n = roots.size();
+  if (mf->data_end.size() != n) {
+    return make_error(EINVAL, fmt::format("{} was written with {} storage roots, the daemon now has {}: restore the "
+                                          "original --root list to resume this rank",
+                                          path, mf->data_end.size(), n));
+  }
+  std::vector<ExtentAllocator> allocs;
+  allocs.reserve(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    struct stat st {};
+    if (::fstat(roots[r].data.get(), &st) != 0)
+      return errno_error("cannot stat the data file in " + roots[r].rank_path);
+    if (static_cast<uint64_t>(st.st_size) < mf->data_end[r]) {
+      return make_error(EBADMSG, fmt::format("the data file in {} is shorter ({} bytes) than its manifest says ({}): "
+                                             "it was truncated outside tmsdiskd and the rank's paused data is lost",
+                                             roots[r].rank_path, st.st_size, mf->data_end[r]));
+    }
+    allocs.push_back(ExtentAllocator::with_free_file(kIoAlignment, mf->data_end[r]));
+  }
+  std::vector<BlobState> loaded;
+  std::unordered_map<uint64_t, std::size_t> idx;
+  loaded.reserve(mf->blobs.size());
+  uint64_t missing_count = 0;
+  uint64_t ordinal = 0;
+  for (auto& mb : mf->blobs) {
+    if (mb.size > kMaxBlobSize || !idx.emplace(mb.id, loaded.size()).second) {
+      return make_error(EBADMSG, fmt::format("{} lists blob {} twice or with an invalid size", path, mb.id));
+    }
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto& e = mb.extents[r];
+      uint64_t want = extent_length(mb.size, chunk, n, r);
+      if (e.length != want || (want > 0 && !allocs[r].claim(e.offset, e.length))) {
+        return make_error(EBADMSG, fmt::format("{}: the extent of blob {} on root {} is inconsistent (wrong length, "
+                                               "overlap or past the end)",
+                                               path, mb.id, r));
+      }
+    }
+    BlobState s;
+    s.id = mb.id;
+    s.size = mb.size;
+    s.chunks = mb.size == 0 ? 0 : (mb.size - 1) / chunk + 1;
+    s.first_chunk = ordinal;
+    ordinal += s.chunks;
+    if (mb.sums.size() != s.chunks || mb.have.size() != s.chunks) {
+      return make_error(EBADMSG, fmt::format("{}: wrong number of checksums for blob {}", path, mb.id));
+    }
+    s.extents = std::move(mb.extents);
+    s.sums = std::move(mb.sums);
+    s.have = std::move(mb.have);
+    for (uint8_t h : s.have) missing_count += h ? 0 : 1;
+    loaded.push_back(std::move(s));
+  }
+  if (mf->state == kManifestPaused && missing_count > 0) {
+    return make_error(EBADMSG, fmt::format("{} says paused but {} chunks have no checksum", path, missing_count));
+  }
+  for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(allocs[r]);
+  blobs = std::move(loaded);
+  index = std::move(idx);
+  missing = missing_count;
+  paused = mf->state == kManifestPaused;
+  writing = mf->state == kManifestWriting;
+  generation = mf->generation;
+  // A pause in progress when the previous daemon stopped: the checksums of the chunks it wrote are
+  // in the journal of this reservation (seeded with this manifest's hash).
+  if (writing) return load_journal(XXH3_64bits(bytes->data(), bytes->size()), ordinal);
+  return {};
+}
+
+Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
+  journal.set_seed(seed);
+  auto records = journal.load(chunks);
+  if (!records) return std::move(records).error();
+  for (auto& b : blobs) {
+    for (uint64_t ci = 0; ci < b.chunks; ++ci) {
+      const auto& r = (*records)[b.first_chunk + ci];
+      if (!r.valid || r.blob != b.id || r.chunk != ci) continue;
+      if (!b.have[ci]) {
+        b.have[ci] = 1;
+        --missing;
+      }
+      b.sums[ci] = r.checksum;
+    }
+  }
+  return {};
+}
+
+}  // namespace tmsdisk::storage
