@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsdiskd: parses options (command line and config file) and runs the daemon (run.h).
 #include <CLI/CLI.hpp>
+#include <string>
+#include <utility>
 
 #include "run.h"
 
@@ -19,11 +21,12 @@ int main(int argc, char** argv) {
                "socket under $XDG_RUNTIME_DIR/tmsdisk, root $TMS_DISK_BACKUP_DIR, else $SCRATCH/tmsdisk-<uid>, else "
                "/var/tmp/tmsdisk-<uid>; logs to tmsdiskd.log beside the socket; exits after its last session");
   app.add_option("--socket", config.socket_path, "Unix socket ranks and tmsctl connect to")->capture_default_str();
-  app.add_option("--staging-mb", config.staging_mb, "default staging (chunk budget) per rank, MiB")
+  app.add_option("--staging-budget-mb", config.staging_budget_mb,
+                 "default staging budget per rank (pinned host memory), MiB")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  app.add_option("--max-staging-mb", config.max_staging_mb,
-                 "largest staging a rank may ask for (TMS_DISK_BACKUP_CHUNK_MB), MiB")
+  app.add_option("--max-staging-budget-mb", config.max_staging_budget_mb,
+                 "largest staging budget a rank may ask for (TMS_DISK_BACKUP_CHUNK_MB), MiB")
       ->capture_default_str();
   app.add_option("--max-staging-per-uid-mb", config.max_staging_per_uid_mb,
                  "pinned staging all sessions of one user may hold together, MiB (root: unlimited)")
@@ -40,7 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-ipc-exports", config.max_ipc_exports,
                  "legacy CUDA IPC exports of all users together (keep well below the descriptor limit)")
       ->capture_default_str();
-  app.add_option("--slot-mb", config.slot_mb, "bytes per I/O request and staging slot, MiB")
+  app.add_option("--chunk-mb", config.chunk_mb, "chunk size (bytes per request and per checksum), MiB")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option("--allow-uid", config.allowed_uids, "uids allowed to connect (default: everyone; root always)");
@@ -57,6 +60,19 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  // Renamed so that each quantity has one name (the staging budget; the chunk): an old spelling, on the
+  // command line or as a config-file key, is refused with its new name rather than ignored.
+  for (const auto& [old_name, new_name] :
+       {std::pair{"--staging-mb", "staging-budget-mb"}, std::pair{"--max-staging-mb", "max-staging-budget-mb"},
+        std::pair{"--slot-mb", "chunk-mb"}}) {
+    app.add_option_function<std::string>(
+           old_name,
+           [old_name, new_name](const std::string&) {
+             throw CLI::ValidationError(
+                 old_name, std::string("renamed: use --") + new_name + " (in a config file: " + new_name + " = ...)");
+           })
+        ->group("");
+  }
   CLI11_PARSE(app, argc, argv);
   return tmsdisk::run_daemon(std::move(o));
 }

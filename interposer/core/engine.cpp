@@ -494,7 +494,7 @@ OpResult Engine::resume(ProgressReporter& progress) {
 }
 
 Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total) {
-  const uint32_t chunk = staging_.slot_bytes();
+  const uint32_t chunk = staging_.chunk_bytes();
   std::vector<TransferJob> jobs(list.size());
   *total = 0;
   for (std::size_t i = 0; i < list.size(); ++i) {
@@ -597,7 +597,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // The checksum of every chunk, kept until the resume sends it back with its READ.
   for (TransferJob& j : jobs) {
     j.a->chunk_sums.assign(j.chunks, 0);
-    j.a->sums_chunk_bytes = staging_.slot_bytes();
+    j.a->sums_chunk_bytes = staging_.chunk_bytes();
   }
   staging_.register_with(resident.front()->ctx);
 
@@ -610,7 +610,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   std::size_t released = 0;
   TransferSteps steps;
   steps.written = [&](TransferJob& j, uint64_t offset, uint64_t checksum) {
-    j.a->chunk_sums[offset / staging_.slot_bytes()] = checksum;
+    j.a->chunk_sums[offset / staging_.chunk_bytes()] = checksum;
   };
   steps.finished = [&](TransferJob& j) -> Status {
     // Invariant 1: every chunk of this allocation is on disk with its checksum.
@@ -700,9 +700,9 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   std::size_t resumed = 0;
   TransferSteps steps;
   steps.expected_checksum = [&](const TransferJob& j, uint64_t offset) -> uint64_t {
-    const uint64_t chunk = offset / staging_.slot_bytes();
+    const uint64_t chunk = offset / staging_.chunk_bytes();
     const Allocation& a = *j.a;
-    return a.sums_chunk_bytes == staging_.slot_bytes() && chunk < a.chunk_sums.size() ? a.chunk_sums[chunk] : 0;
+    return a.sums_chunk_bytes == staging_.chunk_bytes() && chunk < a.chunk_sums.size() ? a.chunk_sums[chunk] : 0;
   };
   steps.before_copy = [&](TransferJob& j) -> Status {
     if (j.mapped) return {};
@@ -801,7 +801,7 @@ Status Engine::connect_session() {
   }
   ipc_session_started(welcome.adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
-           static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.slot_bytes,
+           static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
            welcome.rank_dir.c_str());
   send_report();
   return {};

@@ -15,10 +15,12 @@ int main(int argc, char** argv) {
       "  tmsctl status                        what each rank holds where"};
   app.require_subcommand(1);
   Common common;
-  app.add_option("--socket", common.socket, "tmsdiskd socket (default: $TMSDISK_SOCKET, the system socket, or the private one)");
+  app.add_option("--socket", common.socket,
+                 "tmsdiskd socket (default: $TMSDISK_SOCKET, the system socket, or the private one)");
   app.add_flag("--json", common.json, "machine-readable output");
 
-  auto* status = app.add_subcommand("status", "list ranks: state, resident, paused and unmanaged bytes, last pause/resume");
+  auto* status =
+      app.add_subcommand("status", "list ranks: state, resident, paused and unmanaged bytes, last pause/resume");
 
   Selector sel;
   auto add_selector = [&](CLI::App* sub) {
@@ -38,19 +40,33 @@ int main(int argc, char** argv) {
   LaunchOptions launch;
   auto add_launch = [&](CLI::App* sub) {
     sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB)");
-    sub->add_option("--chunk-mb", launch.chunk_mb, "staging per rank in MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the daemon's)");
+    sub->add_option("--staging-budget-mb", launch.staging_budget_mb,
+                    "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the "
+                    "daemon's staging-budget-mb)");
+    // Its old name said "chunk", which is the unit of one request (the daemon's chunk-mb): refuse it
+    // with the new one instead of guessing.
+    sub->add_option_function<std::string>("--chunk-mb",
+                                          [](const std::string&) {
+                                            throw CLI::ValidationError(
+                                                "--chunk-mb", "renamed --staging-budget-mb (pinned memory per rank)");
+                                          })
+        ->group("");
     sub->add_option("--min-mb", launch.min_mb, "allocations below this many MiB stay native (TMSDISK_MIN_BYTES)");
     sub->add_option("--on-touch", launch.on_touch,
                     "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "
                     "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
         ->check(CLI::IsMember({"wait", "resume", "fail"}));
   };
-  auto* env = app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
+  auto* env =
+      app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
   add_launch(env);
   std::vector<std::string> command;
-  auto* run = app.add_subcommand("run", "run a command with the shim preloaded (torchrun's children inherit it): tmsctl run [options] -- CMD ARGS...");
+  auto* run = app.add_subcommand(
+      "run",
+      "run a command with the shim preloaded (torchrun's children inherit it): tmsctl run [options] -- CMD ARGS...");
   add_launch(run);
-  run->add_flag("!--no-start-daemon", launch.start_daemon, "fail instead of starting a private daemon when none answers");
+  run->add_flag("!--no-start-daemon", launch.start_daemon,
+                "fail instead of starting a private daemon when none answers");
 
   // `tmsctl run [options] -- CMD ARGS...`: everything after the first `--` is the command, untouched
   // by option parsing (its own flags may look like ours).
