@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
       "tmsdiskd: the tmsdisk node daemon. Owns the NVMe directories where paused GPU memory is kept, the\n"
       "staging buffers shared with each rank, and the file I/O (io_uring, O_DIRECT). Ranks started with\n"
       "`tmsctl run` (or LD_PRELOAD=libtmsdisk.so) connect to it; `tmsctl pause/resume/status` drive it."};
-  app.set_config("--config", "/etc/tmsdisk/tmsdiskd.conf",
-                 "TOML/INI file with the same keys as the long options (e.g. root = [\"/nvme0\", \"/nvme1\"])");
+  auto* config_file =
+      app.set_config("--config", TMSDISK_DEFAULT_CONFIG,
+                     "TOML/INI file with the same keys as the long options (e.g. root = [\"/nvme0\", \"/nvme1\"])");
   app.add_option("--root", config.roots, "storage root directory; repeat once per NVMe (chunks stripe across them)");
   app.add_flag("--private", o.private_mode,
                "run as this user's private daemon (what `tmsctl run` and the shim start when no daemon answers): "
@@ -74,5 +75,6 @@ int main(int argc, char** argv) {
         ->group("");
   }
   CLI11_PARSE(app, argc, argv);
+  o.config_file = config_file->count() ? config_file->as<std::string>() : TMSDISK_DEFAULT_CONFIG;
   return tmsdisk::run_daemon(std::move(o));
 }

@@ -84,7 +84,7 @@ int run_daemon(DaemonOptions o) {
   } else if (o.config.roots.empty()) {
     std::fprintf(stderr,
                  "tmsdiskd: no storage root: pass --root DIR (once per NVMe), set root in %s, or use --private\n",
-                 "/etc/tmsdisk/tmsdiskd.conf");
+                 o.config_file.c_str());
     return 2;
   } else {
     spdlog::set_default_logger(spdlog::stderr_logger_mt("tmsdiskd"));

@@ -13,6 +13,7 @@ struct DaemonOptions {
   std::string log_level = "info";  // trace, debug, info, warn, error
   bool private_mode = false;       // this user's private daemon (settings from the environment)
   bool detach = false;             // fork into the background first
+  std::string config_file;         // the config file read (or that would have been), for messages
 };
 
 // Detaches if asked, configures the private daemon and logging, adopts a socket systemd passed,
