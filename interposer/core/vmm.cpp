@@ -72,6 +72,26 @@ bool is_token(uint64_t h) noexcept {
   return (h & kTokenMask) == kTokenTag;
 }
 
+// Tracks the driver's handle `real` behind a new token, which goes to *handle; `describe` fills in
+// what else is known of it (under the table lock). The handle goes back to the driver if the shim
+// cannot track it.
+template <class Describe>
+CUresult hand_out_token(const Driver& d, CUmemGenericAllocationHandle real, CUmemGenericAllocationHandle* handle,
+                        Describe&& describe) noexcept {
+  const CUresult tracked = no_throw(CUDA_ERROR_OUT_OF_MEMORY, [&]() -> CUresult {
+    Tables& t = tables();
+    std::lock_guard lock(t.mu);
+    const uint64_t token = kTokenTag | t.next++;
+    VmmHandle& v = t.handles[token];
+    v.real = real;
+    describe(token, v);
+    *handle = token;
+    return CUDA_SUCCESS;
+  });
+  if (tracked != CUDA_SUCCESS) d.api.cuMemRelease(real);
+  return tracked;
+}
+
 CUmemGenericAllocationHandle real_of(const VmmHandle& v) noexcept {
   return v.alloc ? v.alloc->handle : v.real;
 }
@@ -400,21 +420,11 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
         CUmemGenericAllocationHandle real = 0;
         const CUresult r = d.api.cuMemCreate(&real, size, prop, flags);
         if (r != CUDA_SUCCESS) return r;
-        // The handle goes back if the shim cannot track it.
-        const CUresult tracked = no_throw(CUDA_ERROR_OUT_OF_MEMORY, [&]() -> CUresult {
-          Tables& t = tables();
-          std::lock_guard lock(t.mu);
-          const uint64_t token = kTokenTag | t.next++;
-          VmmHandle& v = t.handles[token];
-          v.real = real;
+        return hand_out_token(d, real, handle, [&](uint64_t token, VmmHandle& v) {
           v.size = size;
           v.prop = *prop;
           account(token, v);
-          *handle = token;
-          return CUDA_SUCCESS;
         });
-        if (tracked != CUDA_SUCCESS) d.api.cuMemRelease(real);
-        return tracked;
       },
       handle, size, prop, flags);
 }
@@ -611,19 +621,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
         CUmemGenericAllocationHandle real = 0;
         const CUresult r = d.api.cuMemImportFromShareableHandle(&real, osHandle, shHandleType);
         if (r != CUDA_SUCCESS) return r;
-        // The handle goes back if the shim cannot track it.
-        const CUresult tracked = no_throw(CUDA_ERROR_OUT_OF_MEMORY, [&]() -> CUresult {
-          Tables& t = tables();
-          std::lock_guard lock(t.mu);
-          const uint64_t token = kTokenTag | t.next++;
-          VmmHandle& v = t.handles[token];
-          v.real = real;
-          v.imported = true;
-          *handle = token;
-          return CUDA_SUCCESS;
-        });
-        if (tracked != CUDA_SUCCESS) d.api.cuMemRelease(real);
-        return tracked;
+        return hand_out_token(d, real, handle, [](uint64_t, VmmHandle& v) { v.imported = true; });
       },
       handle, osHandle, shHandleType);
 }
