@@ -45,8 +45,7 @@ class ChunkIo {
     uint32_t length = 0;
   };
 
-  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
-                                      uint64_t client_checksum);
+  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op);
   proto::Message finish(Session& s, const Pending& p, int result);
 
   io::Engine& engine_;

@@ -50,14 +50,6 @@ std::string cuda_failure(const char* what, CUresult r) {
   return fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r));
 }
 
-// CommandDone and Error texts must fit the protocol and carry no control characters.
-std::string wire_text(std::string s, std::size_t max) {
-  if (s.size() > max) s.resize(max);
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') c = ' ';
-  return s;
-}
-
 // TMSDISK_ON_TOUCH=resume: a gated call found the gate closed (gate.h).
 int auto_resume(std::string* why) noexcept {
   Engine* e = Engine::instance();
@@ -369,7 +361,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.code = r.code();
   done.bytes = r.bytes;
   done.nanos = r.nanos;
-  done.message = wire_text(r.message(), proto::kMaxTextLength);
+  done.message = proto::wire_text(r.message());  // what the daemon's decoder accepts
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
@@ -594,11 +586,6 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   auto made = make_jobs(resident, &total);
   if (!made) return failed(made.error());
   std::vector<TransferJob>& jobs = *made;
-  // The checksum of every chunk, kept until the resume sends it back with its READ.
-  for (TransferJob& j : jobs) {
-    j.a->chunk_sums.assign(j.chunks, 0);
-    j.a->sums_chunk_bytes = staging_.slot_bytes();
-  }
   staging_.register_with(resident.front()->ctx);
 
   // 2. Reserve disk space for every byte; refused (ENOSPC...) means nothing changed.
@@ -609,11 +596,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   uint64_t released_bytes = 0;
   std::size_t released = 0;
   TransferSteps steps;
-  steps.written = [&](TransferJob& j, uint64_t offset, uint64_t checksum) {
-    j.a->chunk_sums[offset / staging_.slot_bytes()] = checksum;
-  };
   steps.finished = [&](TransferJob& j) -> Status {
-    // Invariant 1: every chunk of this allocation is on disk with its checksum.
+    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage.
     Allocation& a = *j.a;
     CtxScope scope(api, a.ctx);
     if (CUresult r = api.cuMemUnmap(a.base, a.mapped); r != CUDA_SUCCESS)
@@ -699,11 +683,6 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   uint64_t resumed_bytes = 0, map_ns = 0;
   std::size_t resumed = 0;
   TransferSteps steps;
-  steps.expected_checksum = [&](const TransferJob& j, uint64_t offset) -> uint64_t {
-    const uint64_t chunk = offset / staging_.slot_bytes();
-    const Allocation& a = *j.a;
-    return a.sums_chunk_bytes == staging_.slot_bytes() && chunk < a.chunk_sums.size() ? a.chunk_sums[chunk] : 0;
-  };
   steps.before_copy = [&](TransferJob& j) -> Status {
     if (j.mapped) return {};
     // Created and mapped here, while the daemon reads the chunks queued behind this one: the disk

@@ -193,16 +193,27 @@ bool decode_by_type(uint16_t type, std::span<const uint8_t> payload, Message& ou
   }
 }
 
-// Text fields are shown on terminals and written to logs: no control characters (escape sequences
-// could rewrite what an administrator sees, newlines could forge log lines). Bytes >= 0x80 pass
-// (UTF-8).
-bool printable(const std::string& s) {
-  for (unsigned char c : s)
-    if (c < 0x20 || c == 0x7f) return false;
-  return true;
+bool control_char(unsigned char c) noexcept {
+  return c < 0x20 || c == 0x7f;
 }
 
 }  // namespace
+
+// Text fields are shown on terminals and written to logs: no control characters (escape sequences
+// could rewrite what an administrator sees, newlines could forge log lines). Bytes >= 0x80 pass
+// (UTF-8).
+bool printable(std::string_view s) noexcept {
+  for (unsigned char c : s)
+    if (control_char(c)) return false;
+  return true;
+}
+
+std::string wire_text(std::string s, std::size_t max) {
+  if (s.size() > max) s.resize(max);
+  for (char& c : s)
+    if (control_char(static_cast<unsigned char>(c))) c = ' ';
+  return s;
+}
 
 std::vector<uint8_t> encode(uint64_t request_id, const Message& body) {
   try {
