@@ -40,9 +40,13 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
 
 proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "COMMIT while chunks are still in flight");
-  if (auto st = s.store->commit(static_cast<proto::CommitState>(m.state), m.generation); !st)
+  if (auto st = s.store->commit(static_cast<proto::CommitState>(m.state)); !st)
     return error_reply(st.error().errnum(), st.error().describe());
   return proto::OkReply{};
+}
+
+proto::Message ChunkIo::pause_state(Session& s) {
+  return proto::Paused{.paused = static_cast<uint8_t>(s.store->paused() ? 1 : 0), .generation = s.store->generation()};
 }
 
 std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::Write& m) {

@@ -26,6 +26,8 @@ class ChunkIo {
   // Each returns the reply to send now.
   proto::Message reserve(Session& s, const proto::Reserve& m);
   proto::Message commit(Session& s, const proto::Commit& m);
+  // What the rank's manifest says: a committed pause or not (the shim asks; it keeps no copy).
+  proto::Message pause_state(Session& s);
   // nullopt when the request was queued: its reply comes from on_completions().
   std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::Write& m);
   std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::Read& m);

@@ -456,11 +456,20 @@ OpResult Engine::pause(ProgressReporter& progress) {
   }
   if (resident.empty())
     return OpResult{{}, 0, 0, paused.empty() ? "no managed allocations to pause" : "already paused"};
-  if (committed_paused_) {
+  Result<bool> committed = committed_pause();
+  if (!committed) return failed(committed.error());
+  if (*committed && !paused.empty()) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
     return OpResult{make_error(
         EBUSY,
         fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))};
+  }
+  if (*committed) {
+    // Every allocation is resident (a resume brought the data back but its commit failed, or what was
+    // paused has been freed): the committed pause holds nothing the process still needs. Close it.
+    TMS_INFO("tmsdiskd still records a committed pause though every allocation is resident; recording the resume");
+    if (OpResult closed = commit(proto::CommitState::Resumed, 0, "every allocation is resident"); closed.code())
+      return closed;
   }
   if (!paused.empty()) {
     // An earlier pause stopped half-way. A new reservation would drop the checksums of what it
@@ -481,7 +490,13 @@ OpResult Engine::resume(ProgressReporter& progress) {
   std::vector<std::shared_ptr<Allocation>> paused;
   for (auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused) paused.push_back(std::move(a));
-  if (paused.empty() && !committed_paused_) return OpResult{{}, 0, 0, "nothing is paused"};
+  if (paused.empty()) {
+    // Nothing to bring back; a committed pause the daemon still records (its allocations were freed,
+    // or an earlier resume's commit failed) is closed here.
+    Result<bool> committed = committed_pause();
+    if (!committed) return failed(committed.error());
+    if (!*committed) return OpResult{{}, 0, 0, "nothing is paused"};
+  }
   return resume_all(std::move(paused), progress);
 }
 
@@ -622,10 +637,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   }
 
   // 5. The daemon syncs the data and commits its manifest.
-  OpResult committed =
-      commit(proto::CommitState::Paused, ++generation_, released_bytes, "every allocation was written and released");
+  OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
   if (committed.code()) return committed;
-  committed_paused_ = true;
   return OpResult{{}, released_bytes};
 }
 
@@ -730,17 +743,27 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
                     resumed_bytes};
   }
 
-  OpResult committed =
-      commit(proto::CommitState::Resumed, generation_, resumed_bytes, "every allocation is resident again");
+  OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
   if (committed.code()) return committed;
-  committed_paused_ = false;
   return OpResult{{}, resumed_bytes};
 }
 
-OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done) {
+Result<bool> Engine::committed_pause() {
+  const uint64_t id = session_.next_id();
+  proto::Envelope reply;
+  if (int e = session_.send(id, proto::PauseState{}); e < 0)
+    return make_error(-e, fmt::format("cannot ask tmsdiskd for the pause state: {}", std::strerror(-e)));
+  if (Status st = session_.await_reply(id, reply); !st) return std::move(st).error();
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
+    return make_error(err->code, "tmsdiskd cannot tell the pause state: " + err->message);
+  const auto* state = std::get_if<proto::Paused>(&reply.body);
+  if (!state) return make_error(EPROTO, "unexpected answer to PAUSE_STATE");
+  return state->paused != 0;
+}
+
+OpResult Engine::commit(proto::CommitState state, uint64_t bytes, const char* done) {
   proto::Commit c;
   c.state = static_cast<uint8_t>(state);
-  c.generation = generation;
   const uint64_t id = session_.next_id();
   proto::Envelope reply;
   const Status sent = [&]() -> Status {
@@ -767,11 +790,10 @@ Status Engine::connect_session() {
   session_.attach(*w);
   const proto::Welcome& welcome = w->welcome;
   const std::size_t paused = registry().totals().paused_allocations;
-  committed_paused_ = welcome.restored != 0;
   if (paused && !welcome.restored)
     TMS_WARN(
-        "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back "
-        "against the checksums it acknowledged",
+        "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back, "
+        "verified against the checksums its storage journaled when it sealed each chunk",
         paused);
   {
     std::lock_guard lock(mu_);

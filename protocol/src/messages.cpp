@@ -384,6 +384,14 @@ bool Commit::check(std::string& why) const {
   return true;
 }
 
+bool Paused::check(std::string& why) const {
+  if (paused > 1) {
+    why = "paused must be 0 or 1";
+    return false;
+  }
+  return true;
+}
+
 bool Command::check(std::string& why) const {
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
     why = "unknown command " + std::to_string(op);
@@ -528,6 +536,8 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::Read: return "READ";
     case MsgType::ReadDone: return "READ_DONE";
     case MsgType::Commit: return "COMMIT";
+    case MsgType::PauseState: return "PAUSE_STATE";
+    case MsgType::Paused: return "PAUSED";
     case MsgType::Report: return "REPORT";
     case MsgType::Command: return "COMMAND";
     case MsgType::CommandDone: return "COMMAND_DONE";

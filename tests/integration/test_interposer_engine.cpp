@@ -73,6 +73,7 @@ class FakeDaemon {
   std::atomic<int> fail_write_at{-1};          // 0-based index of the WRITE to answer with EIO
   std::atomic<uint64_t> corrupt_blob{0};       // READs of this blob fail with EBADMSG
   std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
+  std::atomic<int> resume_commit_error{0};     // the next COMMIT(resumed) fails with this (manifest not written)
 
   std::atomic<int> writes{0};
   std::atomic<int> commits_paused{0};
@@ -233,8 +234,13 @@ class FakeDaemon {
             }
             busy_[m.slot] = true;
             pending_.push_back(Pending{id, is_write, m});
+          } else if constexpr (std::is_same_v<T, proto::PauseState>) {
+            send_locked(id, proto::Paused{.paused = static_cast<uint8_t>(paused_ ? 1 : 0), .generation = 0});
           } else if constexpr (std::is_same_v<T, proto::Commit>) {
             if (!pending_.empty()) ++violations;
+            if (m.state == static_cast<uint8_t>(proto::CommitState::Resumed))
+              if (int e = resume_commit_error.exchange(0))
+                return error_locked(id, e, "cannot write the manifest (test)");
             if (m.state == static_cast<uint8_t>(proto::CommitState::Paused)) {
               for (auto& [bid, b] : blobs_)
                 for (bool w : b.written)
@@ -508,6 +514,55 @@ TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
   a.free();
   b.free();
   c.free();
+}
+
+TEST_CASE("after a resume whose commit failed, the next pause pauses: the daemon's manifest is the one pause state") {
+  // The data came back, only the manifest write failed (disk full). The shim once kept its own
+  // "committed pause" flag, still set, and the next pause said "already paused; 2 allocation(s) made
+  // since stay resident until a resume" although nothing had been allocated since.
+  World& w = world();
+  Buffer a(2 * kSlotBytes, 40), b(kSlotBytes + 5, 41);
+  REQUIRE(api_pause() == 0);
+  w.daemon.resume_commit_error = ENOSPC;
+  const int resumed_before = w.daemon.commits_resumed.load();
+  CHECK(api_resume() == -ENOSPC);
+  CHECK(w.daemon.commits_resumed.load() == resumed_before);
+  CHECK(a.mapped());  // every chunk verified and copied back: resident, intact
+  CHECK(b.mapped());
+  CHECK(a.intact());
+  CHECK(b.intact());
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_RUNNING);
+  CHECK(std::string(st.last_message).find("commit failed") != std::string::npos);
+
+  const int paused_before = w.daemon.commits_paused.load();
+  REQUIRE(api_pause() == 0);  // the stale committed pause is closed first, then everything pauses
+  CHECK(w.daemon.commits_resumed.load() == resumed_before + 1);
+  CHECK(w.daemon.commits_paused.load() == paused_before + 1);
+  CHECK_FALSE(a.mapped());
+  CHECK_FALSE(b.mapped());
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
+}
+
+TEST_CASE("after a resume whose commit failed, a resume finds nothing paused and records the resume") {
+  World& w = world();
+  Buffer a(kSlotBytes, 42);
+  REQUIRE(api_pause() == 0);
+  w.daemon.resume_commit_error = ENOSPC;
+  CHECK(api_resume() == -ENOSPC);
+  CHECK(a.intact());
+  const int resumed_before = w.daemon.commits_resumed.load();
+  REQUIRE(api_resume() == 0);  // the daemon still records a pause: the commit is made now
+  CHECK(w.daemon.commits_resumed.load() == resumed_before + 1);
+  CHECK(api_resume() == 0);  // nothing is paused any more, anywhere
+  CHECK(w.daemon.commits_resumed.load() == resumed_before + 1);
+  CHECK(a.intact());
+  a.free();
 }
 
 TEST_CASE("a refused reservation changes nothing") {

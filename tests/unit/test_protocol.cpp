@@ -85,7 +85,14 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(std::holds_alternative<Written>(decode(encode(9, Written{})).envelope->body));
   CHECK(std::holds_alternative<ReadDone>(decode(encode(9, ReadDone{})).envelope->body));
   CHECK(encode(9, rd).size() == kHeaderSize + 24);  // slot, length, blob, offset: no checksum
-  CHECK(round_trip(Commit{.state = 2, .generation = 7}).generation == 7);
+  CHECK(round_trip(Commit{.state = 2}).state == 2);
+  CHECK(encode(9, Commit{.state = 1}).size() == kHeaderSize + 1);  // no generation: the daemon numbers pauses
+  CHECK(encode(9, PauseState{}).size() == kHeaderSize);
+  CHECK(std::holds_alternative<PauseState>(decode(encode(9, PauseState{})).envelope->body));
+  auto ps = round_trip(Paused{.paused = 1, .generation = 12});
+  CHECK(ps.paused == 1);
+  CHECK(ps.generation == 12);
+  CHECK(decode_code(encode(9, Paused{.paused = 2})) == EBADMSG);
 
   Report rep;
   rep.stats.state = static_cast<uint8_t>(RankState::Paused);

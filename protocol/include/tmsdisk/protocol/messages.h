@@ -29,7 +29,8 @@ namespace tmsdisk::proto {
 
 inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four bytes on the wire
 // 2: legacy IPC brokered by the daemon (IPC_*).
-// 3: checksums stay in the daemon's storage: READ, WRITTEN and READ_DONE carry none.
+// 3: checksums and the pause state stay in the daemon's storage: READ, WRITTEN and READ_DONE carry no
+//    checksum, COMMIT no generation (the daemon assigns it); the shim asks with PAUSE_STATE.
 inline constexpr uint16_t kVersion = 3;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
@@ -62,6 +63,8 @@ enum class MsgType : uint16_t {
   Command = 19,      // daemon -> shim: pause or resume, routed from tmsctl
   CommandDone = 20,  // shim -> daemon: the outcome of a Command
   Progress = 21,     // shim -> daemon -> tmsctl: bytes moved so far
+  PauseState = 22,   // shim: what the daemon's manifest says of this rank (answered with PAUSED)
+  Paused = 23,       // daemon: whether a committed pause holds the rank's data, and its generation
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -288,13 +291,32 @@ struct ReadDone {
   void fields(F&&) {}
 };
 
+// The daemon's manifest is the one record of whether the rank is paused: COMMIT changes it (the daemon
+// numbers each committed pause), PAUSE_STATE reads it. The shim keeps no copy that could disagree
+// (after a resume whose commit failed, say).
 struct Commit {
   static constexpr MsgType kType = MsgType::Commit;
   uint8_t state = 0;  // CommitState
-  uint64_t generation = 0;
   template <class F>
   void fields(F&& f) {
-    f(state), f(generation);
+    f(state);
+  }
+  bool check(std::string& why) const;
+};
+
+struct PauseState {
+  static constexpr MsgType kType = MsgType::PauseState;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct Paused {
+  static constexpr MsgType kType = MsgType::Paused;
+  uint8_t paused = 0;       // 1: a committed pause holds the only copy of some of the rank's memory
+  uint64_t generation = 0;  // of the last committed pause (0: none yet)
+  template <class F>
+  void fields(F&& f) {
+    f(paused), f(generation);
   }
   bool check(std::string& why) const;
 };
@@ -493,10 +515,10 @@ struct IpcUsers {
   bool check(std::string& why) const;
 };
 
-using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone,
-                             Commit, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control,
-                             ControlResult, Gc, GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened,
-                             IpcClose, IpcUsers>;
+using Message =
+    std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
+                 Paused, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc,
+                 GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;
