@@ -2,7 +2,7 @@
 // tmsdisk-session-bench: the daemon's write/read path through a session, beside the raw O_DIRECT
 // ceiling of the same directory measured in the same run, and the host memory it took.
 //
-//   tmsdisk-session-bench DIR [--gib 8] [--staging-mb 256] [--slot-mb 8] [--json]
+//   tmsdisk-session-bench DIR [--gib 8] [--staging-budget-mb 256] [--chunk-mb 8] [--json]
 //
 // Raw and session passes alternate (--repeat); each direction compares best with best.
 // The client plays the shim: it fills its staging slots once (the benchmark measures the disk path,
@@ -43,27 +43,27 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 int main(int argc, char** argv) {
   std::string dir;
   double gib = 8;
-  uint64_t staging_mb = 256;
-  uint32_t slot_mb = 8;
+  uint64_t staging_budget_mb = 256;
+  uint32_t chunk_mb = 8;
   bool as_json = false;
   unsigned repeat = 3;
   CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
   app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")->required()->check(CLI::ExistingDirectory);
   app.add_option("--gib", gib, "bytes moved in each direction, GiB")->capture_default_str();
-  app.add_option("--staging-mb", staging_mb, "staging per rank (the chunk budget), MiB")->capture_default_str();
-  app.add_option("--slot-mb", slot_mb, "slot and request size, MiB")->capture_default_str();
+  app.add_option("--staging-budget-mb", staging_budget_mb, "staging budget per rank (pinned host memory), MiB")->capture_default_str();
+  app.add_option("--chunk-mb", chunk_mb, "chunk size (bytes per request and per checksum), MiB")->capture_default_str();
   app.add_option("--repeat", repeat, "session passes, each preceded by a raw pass (plus one raw pass at the end)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
-  const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{slot_mb} << 20) - 1);
+  const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{chunk_mb} << 20) - 1);
 
   // The ceiling gets the same bytes in flight as the session: one request per staging slot.
-  const unsigned depth = static_cast<unsigned>(std::max<uint64_t>(1, staging_mb / slot_mb));
+  const unsigned depth = static_cast<unsigned>(std::max<uint64_t>(1, staging_budget_mb / chunk_mb));
   std::vector<bench::RawDiskResult> raws;
   auto raw_pass = [&]() -> bool {
-    auto r = bench::measure_raw_disk(dir, bytes, uint64_t{slot_mb} << 20, depth);
+    auto r = bench::measure_raw_disk(dir, bytes, uint64_t{chunk_mb} << 20, depth);
     if (!r) {
       std::fprintf(stderr, "raw measurement failed: %s\n", r.error().describe().c_str());
       return false;
@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
   const std::string socket = work / "d.sock";
   const char* daemon_env = std::getenv("TMSDISK_DAEMON");  // a carried build has no build tree
   const std::string daemon_path = daemon_env && *daemon_env ? daemon_env : TMSDISK_DAEMON_PATH;
-  if (daemon.start(daemon_path, {"--socket", socket, "--root", root, "--staging-mb", std::to_string(staging_mb),
-                                 "--slot-mb", std::to_string(slot_mb), "--log-level", "warn"}) != 0) {
+  if (daemon.start(daemon_path, {"--socket", socket, "--root", root, "--staging-budget-mb", std::to_string(staging_budget_mb),
+                                 "--chunk-mb", std::to_string(chunk_mb), "--log-level", "warn"}) != 0) {
     std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
     return 1;
   }
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (uint32_t s = 0; s < client->welcome().slot_count; ++s)
-    testing::fill_pattern(s, 0, client->slot(s), client->welcome().slot_bytes);
+    testing::fill_pattern(s, 0, client->slot(s), client->welcome().chunk_bytes);
   const std::vector<proto::BlobSize> blobs = {{1, bytes}};
 
   // Raw and session passes alternate (raw, session, raw, ..., raw) so that a drifting disk affects
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t daemon_rss = peak_rss(daemon.pid());
   const uint64_t client_rss = peak_rss(::getpid());
-  const uint64_t budget = client->welcome().staging_bytes;
+  const uint64_t budget = client->welcome().staging_budget_bytes;
   client->close();
   daemon.stop();
   if (!raw_pass()) return 1;
@@ -147,8 +147,8 @@ int main(int argc, char** argv) {
   nlohmann::json out = {
       {"dir", dir},
       {"bytes", bytes},
-      {"slot_bytes", uint64_t{slot_mb} << 20},
-      {"staging_bytes", budget},
+      {"chunk_bytes", uint64_t{chunk_mb} << 20},
+      {"staging_budget_bytes", budget},
       {"raw", {{"write_gb_s", raw_w / 1e9}, {"read_gb_s", raw_r / 1e9}, {"passes", raw_passes},
                {"direct_io", raw.direct_io}, {"io_uring", raw.io_uring}, {"notes", raw.notes}}},
       {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}, {"passes", session_passes}}},
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   std::printf("directory            %s (%s, %s)\n", dir.c_str(), raw.direct_io ? "O_DIRECT" : "buffered",
               raw.io_uring ? "io_uring" : "pread/pwrite");
   std::printf("bytes each way       %.2f GiB, %u MiB requests, %.0f MiB staging, %u session passes\n",
-              static_cast<double>(bytes) / (1ull << 30), slot_mb, static_cast<double>(budget) / (1 << 20), repeat);
+              static_cast<double>(bytes) / (1ull << 30), chunk_mb, static_cast<double>(budget) / (1 << 20), repeat);
   std::printf("raw passes (GB/s)   ");
   for (const auto& r : raws) std::printf(" w %.3f r %.3f |", r.write_bytes_per_s / 1e9, r.read_bytes_per_s / 1e9);
   std::printf("\nsession passes      ");

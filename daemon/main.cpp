@@ -19,10 +19,10 @@ int main(int argc, char** argv) {
                "socket under $XDG_RUNTIME_DIR/tmsdisk, root $TMS_DISK_BACKUP_DIR, else $SCRATCH/tmsdisk-<uid>, else "
                "/var/tmp/tmsdisk-<uid>; logs to tmsdiskd.log beside the socket; exits after its last session");
   app.add_option("--socket", config.socket_path, "Unix socket ranks and tmsctl connect to")->capture_default_str();
-  app.add_option("--staging-mb", config.staging_mb, "default staging (chunk budget) per rank, MiB")
+  app.add_option("--staging-budget-mb", config.staging_budget_mb, "default staging budget per rank (pinned host memory), MiB")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  app.add_option("--max-staging-mb", config.max_staging_mb,
+  app.add_option("--max-staging-budget-mb", config.max_staging_budget_mb,
                  "largest staging a rank may ask for (TMS_DISK_BACKUP_CHUNK_MB), MiB")
       ->capture_default_str();
   app.add_option("--max-staging-per-uid-mb", config.max_staging_per_uid_mb,
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-ipc-exports", config.max_ipc_exports,
                  "legacy CUDA IPC exports of all users together (keep well below the descriptor limit)")
       ->capture_default_str();
-  app.add_option("--slot-mb", config.slot_mb, "bytes per I/O request and staging slot, MiB")
+  app.add_option("--chunk-mb", config.chunk_mb, "chunk size (bytes per request and per checksum), MiB")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option("--allow-uid", config.allowed_uids, "uids allowed to connect (default: everyone; root always)");

@@ -63,7 +63,7 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   if (m.slot >= buf.slot_count())
     return error_reply(ERANGE, fmt::format("slot {} out of range (session has {})", m.slot, buf.slot_count()));
   if (buf.busy(m.slot)) return error_reply(EBUSY, fmt::format("slot {} already has I/O in flight", m.slot));
-  if (m.length > buf.slot_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
+  if (m.length > buf.chunk_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
   auto loc = s.store->locate(m.blob, m.offset, m.length);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
   if (op == io::Op::Read) {

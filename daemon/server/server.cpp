@@ -48,7 +48,7 @@ constexpr std::size_t kMaxQueuedFds = 16;          // descriptors queued for a p
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
 constexpr std::size_t kMaxConnectionsPerUid = 512;
 constexpr auto kIdleExitAfter = std::chrono::seconds(60);
-constexpr uint32_t kMaxSlotBytes = 64 * kMiB;
+constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
 // by its session id with SessionTable::kOrphanKeyBit set.
@@ -149,11 +149,11 @@ struct Server::Impl {
   Status setup() {
     if (config.roots.empty())
       return make_error(EINVAL, "no storage root configured: pass --root DIR (one per NVMe) or root= in the config");
-    if (config.slot_mb == 0 || (config.slot_mb * kMiB) > kMaxSlotBytes)
-      return make_error(EINVAL, "slot size must be 1..64 MiB");
-    if (config.staging_mb < config.slot_mb * 2ull)
+    if (config.chunk_mb == 0 || (config.chunk_mb * kMiB) > kMaxChunkBytes)
+      return make_error(EINVAL, "chunk size must be 1..64 MiB");
+    if (config.staging_budget_mb < config.chunk_mb * 2ull)
       return make_error(EINVAL, "the staging buffer must hold at least two slots (staging >= 2 x slot)");
-    if (config.max_staging_mb < config.staging_mb)
+    if (config.max_staging_budget_mb < config.staging_budget_mb)
       return make_error(EINVAL, "max staging must be at least the default staging size");
 
     auto r = storage::Roots::open(config.roots, config.allow_tmpfs);
@@ -560,15 +560,15 @@ struct Server::Impl {
     proto::Welcome w;
     w.session_id = s.id;
     w.token = s.token;
-    w.staging_bytes = s.staging->bytes();
-    w.slot_bytes = s.staging->slot_bytes();
+    w.staging_budget_bytes = s.staging->bytes();
+    w.chunk_bytes = s.staging->chunk_bytes();
     w.slot_count = s.staging->slot_count();
     w.restored = s.store->paused() ? 1 : 0;
     w.rank_dir = s.store->dir_path();
     w.adopted = s.adopted ? 1 : 0;
     send(c, rid, w, s.staging->memfd());
     spdlog::info("session {}: pid {} uid {} job {} rank {} ({} slots of {} MiB){}", s.id, s.cred.pid, s.cred.uid, s.job,
-                 s.rank, w.slot_count, w.slot_bytes / kMiB, w.restored ? ", restored paused state" : "");
+                 s.rank, w.slot_count, w.chunk_bytes / kMiB, w.restored ? ", restored paused state" : "");
     // A rank back from an orphaned connection learns who has its exports open now.
     for (const auto& u : ipc.exports_of(s.id)) notify_users(u);
   }

@@ -18,8 +18,8 @@ namespace tmsdisk::server {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint32_t kMinSlotBytes = 64 * 1024;
-constexpr uint32_t kMaxSlotBytes = 64 * kMiB;
+constexpr uint32_t kMinChunkBytes = 64 * 1024;
+constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 }  // namespace
 
@@ -84,14 +84,14 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
     auto root = roots_.root_for(h.backup_dir);
     if (!root) return std::move(root).error();
   }
-  const uint64_t slot = h.slot_bytes ? h.slot_bytes : config_.slot_mb * kMiB;
-  if (slot < kMinSlotBytes || slot > kMaxSlotBytes || slot % storage::kIoAlignment != 0)
-    return make_error(EINVAL, fmt::format("slot size {} must be a multiple of 4 KiB between 64 KiB and 64 MiB", slot));
-  uint64_t staging = h.staging_bytes ? h.staging_bytes : config_.staging_mb * kMiB;
-  if (staging > config_.max_staging_mb * kMiB)
+  const uint64_t slot = h.chunk_bytes ? h.chunk_bytes : config_.chunk_mb * kMiB;
+  if (slot < kMinChunkBytes || slot > kMaxChunkBytes || slot % storage::kIoAlignment != 0)
+    return make_error(EINVAL, fmt::format("chunk size {} must be a multiple of 4 KiB between 64 KiB and 64 MiB", slot));
+  uint64_t staging = h.staging_budget_bytes ? h.staging_budget_bytes : config_.staging_budget_mb * kMiB;
+  if (staging > config_.max_staging_budget_mb * kMiB)
     return make_error(EINVAL, fmt::format("asked for {} MiB of staging; this daemon allows at most {} MiB "
                                           "(TMS_DISK_BACKUP_CHUNK_MB)",
-                                          staging / kMiB, config_.max_staging_mb));
+                                          staging / kMiB, config_.max_staging_budget_mb));
   if (staging < 2 * slot)
     return make_error(EINVAL, fmt::format("staging of {} bytes holds fewer than two slots of {}", staging, slot));
   if (auto st = check_quotas(cred, staging); !st) return std::move(st).error();

@@ -11,11 +11,11 @@
 
 namespace tmsdisk::server {
 
-Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine, uint32_t slot_bytes,
+Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine, uint32_t chunk_bytes,
                                                              uint32_t slot_count, uint64_t session_id) {
   std::unique_ptr<StagingBuffer> b(new StagingBuffer);
   b->engine_ = &engine;
-  b->slot_bytes_ = slot_bytes;
+  b->chunk_bytes_ = chunk_bytes;
   b->slot_count_ = slot_count;
   const uint64_t bytes = b->bytes();
   // Sealed against shrinking: a client that truncated the memfd would make our next access to the

@@ -17,22 +17,22 @@ namespace tmsdisk::server {
 
 class StagingBuffer {
  public:
-  // Creates, sizes, seals and maps `slot_count` slots of `slot_bytes`, then registers them with
+  // Creates, sizes, seals and maps `slot_count` slots of `chunk_bytes`, then registers them with
   // `engine` (which must outlive the buffer). Not being registered is not an error: I/O then goes
   // through plain buffers, and the reason is logged.
-  static Result<std::unique_ptr<StagingBuffer>> create(io::Engine& engine, uint32_t slot_bytes, uint32_t slot_count,
+  static Result<std::unique_ptr<StagingBuffer>> create(io::Engine& engine, uint32_t chunk_bytes, uint32_t slot_count,
                                                        uint64_t session_id);
   ~StagingBuffer();
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
 
   int memfd() const noexcept { return memfd_.get(); }
-  uint64_t bytes() const noexcept { return uint64_t{slot_bytes_} * slot_count_; }
-  uint32_t slot_bytes() const noexcept { return slot_bytes_; }
+  uint64_t bytes() const noexcept { return uint64_t{chunk_bytes_} * slot_count_; }
+  uint32_t chunk_bytes() const noexcept { return chunk_bytes_; }
   uint32_t slot_count() const noexcept { return slot_count_; }
   int buf_index() const noexcept { return buf_index_; }  // the engine's fixed-buffer index, or -1
 
-  uint8_t* slot(uint32_t i) const noexcept { return base_ + uint64_t{i} * slot_bytes_; }
+  uint8_t* slot(uint32_t i) const noexcept { return base_ + uint64_t{i} * chunk_bytes_; }
   // The first `length` bytes of slot i.
   std::span<const uint8_t> bytes_of(uint32_t i, uint32_t length) const noexcept { return {slot(i), length}; }
 
@@ -45,7 +45,7 @@ class StagingBuffer {
   io::Engine* engine_ = nullptr;
   UniqueFd memfd_;
   uint8_t* base_ = nullptr;
-  uint32_t slot_bytes_ = 0;
+  uint32_t chunk_bytes_ = 0;
   uint32_t slot_count_ = 0;
   int buf_index_ = -1;
   std::vector<uint8_t> busy_;

@@ -798,7 +798,7 @@ Status RankStore::Impl::load_manifest() {
   }
   if (mf->chunk_bytes != chunk) {
     return make_error(EINVAL, fmt::format("{} was written with chunk size {}, this session uses {}: reconnect with "
-                                          "the slot size of the original session",
+                                          "the chunk size of the original session",
                                           path, mf->chunk_bytes, chunk));
   }
   const std::size_t n = roots.size();

@@ -97,7 +97,7 @@ class RankStore {
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
   // name left by a dead process; EEXIST if its owner is alive), writes `owner`, opens `data` on each
   // root (O_DIRECT where the filesystem allows it; else roots[i].direct_io becomes false). chunk_bytes
-  // is the slot size (a non-zero multiple of kIoAlignment). On failure nothing is left behind.
+  // is the chunk size (a non-zero multiple of kIoAlignment). On failure nothing is left behind.
   static Result<std::unique_ptr<RankStore>> create(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
   // Re-adopts an existing rank directory after a daemon restart: the owner file on every root must

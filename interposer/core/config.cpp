@@ -46,7 +46,7 @@ Config* load() {
   c->rank = parse_rank(env("RANK"));
   if (c->rank < 0) c->rank = parse_rank(env("SLURM_PROCID"));
   if (const char* dir = env("TMS_DISK_BACKUP_DIR")) c->backup_dir = dir;
-  c->staging_bytes = env_size("TMS_DISK_BACKUP_CHUNK_MB", 20, "MiB", 0);
+  c->staging_budget_bytes = env_size("TMS_DISK_BACKUP_CHUNK_MB", 20, "MiB", 0);
   bool valid = true;
   const char* touch = env("TMSDISK_ON_TOUCH");
   c->on_touch = parse_on_touch(touch, &valid);
@@ -66,9 +66,9 @@ const Config& config() noexcept {
       static Config fallback;  // out of memory at startup: defaults, no job name
       cfg = &fallback;
     }
-    TMS_DEBUG("config: min_bytes=%llu socket=%s job=%s rank=%lld staging_bytes=%llu on_touch=%d",
+    TMS_DEBUG("config: min_bytes=%llu socket=%s job=%s rank=%lld staging_budget_bytes=%llu on_touch=%d",
               static_cast<unsigned long long>(cfg->min_bytes), cfg->socket_path.c_str(), cfg->job.c_str(),
-              static_cast<long long>(cfg->rank), static_cast<unsigned long long>(cfg->staging_bytes),
+              static_cast<long long>(cfg->rank), static_cast<unsigned long long>(cfg->staging_budget_bytes),
               static_cast<int>(cfg->on_touch));
   });
   return *cfg;

@@ -113,7 +113,7 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   h.job = cfg.job;
   h.backup_dir = cfg.backup_dir.size() <= proto::kMaxPathLength ? cfg.backup_dir : std::string();
   h.token = token_;
-  h.staging_bytes = cfg.staging_bytes;
+  h.staging_budget_bytes = cfg.staging_budget_bytes;
   proto::HelloReply reply = proto::say_hello(fd, h, kHandshakeTimeoutS * 1000, next_id());
   if (!reply) {
     return make_error(reply.error, reply.refused ? "tmsdiskd refused the session: " + reply.message

@@ -501,7 +501,7 @@ OpResult Engine::resume(ProgressReporter& progress) {
 }
 
 Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total) {
-  const uint32_t chunk = staging_.slot_bytes();
+  const uint32_t chunk = staging_.chunk_bytes();
   std::vector<TransferJob> jobs(list.size());
   *total = 0;
   for (std::size_t i = 0; i < list.size(); ++i) {
@@ -802,7 +802,7 @@ Status Engine::connect_session() {
   }
   ipc_session_started(welcome.adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
-           static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.slot_bytes,
+           static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
            welcome.rank_dir.c_str());
   send_report();
   return {};

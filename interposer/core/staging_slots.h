@@ -48,9 +48,9 @@ class StagingSlots {
   void register_with(CUcontext ctx) noexcept;
 
   bool mapped() const noexcept { return data_ != nullptr; }
-  uint32_t slot_bytes() const noexcept { return slot_bytes_; }
+  uint32_t chunk_bytes() const noexcept { return chunk_bytes_; }
   std::size_t count() const noexcept { return slots_.size(); }
-  uint8_t* data(std::size_t slot) const noexcept { return data_ + slot * slot_bytes_; }
+  uint8_t* data(std::size_t slot) const noexcept { return data_ + slot * chunk_bytes_; }
   Slot& operator[](std::size_t slot) noexcept { return slots_[slot]; }
   const Slot& operator[](std::size_t slot) const noexcept { return slots_[slot]; }
 
@@ -67,7 +67,7 @@ class StagingSlots {
  private:
   uint8_t* data_ = nullptr;
   std::size_t bytes_ = 0;
-  uint32_t slot_bytes_ = 0;
+  uint32_t chunk_bytes_ = 0;
   std::vector<Slot> slots_;
   bool registered_ = false;
   CUcontext registered_ctx_ = nullptr;

@@ -125,7 +125,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
                                            ProgressReporter& progress, uint64_t* done_bytes) {
   const DriverApi& api = driver().api;
   const bool out = dir == Direction::ToStorage;
-  const uint32_t slot_bytes = slots_.slot_bytes();
+  const uint32_t chunk_bytes = slots_.chunk_bytes();
   std::optional<Error> fatal;
   // The whole transfer stops: no new copy or request starts; what is in flight is still collected.
   auto fail_all = [&](Error e) {
@@ -163,7 +163,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       const int s = slots_.free_slot();
       if (s < 0) break;
       TransferJob& j = jobs[cursor];
-      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(slot_bytes, j.a->size - j.next_offset));
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - j.next_offset));
       Slot& slot = slots_[static_cast<std::size_t>(s)];
       slot =
           Slot{out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(cursor), j.next_offset, len, j.ctx};

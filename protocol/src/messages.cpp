@@ -343,7 +343,7 @@ bool Welcome::check(std::string& why) const {
     why = "restored and adopted must be 0 or 1";
     return false;
   }
-  if (slot_bytes != 0 && staging_bytes / slot_bytes < slot_count) {
+  if (chunk_bytes != 0 && staging_budget_bytes / chunk_bytes < slot_count) {
     why = "slot layout exceeds the staging buffer";
     return false;
   }

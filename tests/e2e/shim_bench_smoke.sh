@@ -9,7 +9,7 @@ mkdir -p "$base"
 work=$(mktemp -d "$base/shim-bench.XXXXXX")
 mkdir -p "$work/root"
 export TMSDISK_SOCKET=$work/d.sock
-"$daemon" --root "$work/root" --socket "$TMSDISK_SOCKET" --staging-mb 32 --slot-mb 4 --log-level warn &
+"$daemon" --root "$work/root" --socket "$TMSDISK_SOCKET" --staging-budget-mb 32 --chunk-mb 4 --log-level warn &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$work"' EXIT
 # Readiness: the daemon answers `tmsctl status` once its socket listens.

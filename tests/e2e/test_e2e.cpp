@@ -205,8 +205,8 @@ struct NodeDaemon : InProcessDaemon {
     server::Config cfg;
     cfg.roots = {node.root};
     cfg.socket_path = node.socket;
-    cfg.staging_mb = 16;
-    cfg.slot_mb = 2;
+    cfg.staging_budget_mb = 16;
+    cfg.chunk_mb = 2;
     return cfg;
   }
 };

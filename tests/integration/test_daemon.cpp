@@ -59,8 +59,8 @@ struct Daemon {
     REQUIRE(rc == 0);
   }
   ShimClient shim(ShimClient::Options o = {}) {
-    if (!o.staging_bytes) o.staging_bytes = 32 * MiB;
-    if (!o.slot_bytes) o.slot_bytes = 4 * MiB;
+    if (!o.staging_budget_bytes) o.staging_budget_bytes = 32 * MiB;
+    if (!o.chunk_bytes) o.chunk_bytes = 4 * MiB;
     auto c = ShimClient::connect(socket, o);
     INFO((c ? "" : c.error().describe()));
     REQUIRE(c);
@@ -304,9 +304,9 @@ TEST_CASE("job names with path traversal, backup dirs outside the roots and over
   auto traversal = ShimClient::connect(d.socket, {.backup_dir = d.roots[0] + "/../../etc"});
   REQUIRE_FALSE(traversal);
   auto inside =
-      ShimClient::connect(d.socket, {.staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB, .backup_dir = d.roots[0]});
+      ShimClient::connect(d.socket, {.staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB, .backup_dir = d.roots[0]});
   CHECK(inside);
-  auto huge = ShimClient::connect(d.socket, {.staging_bytes = 1ull << 40});
+  auto huge = ShimClient::connect(d.socket, {.staging_budget_bytes = 1ull << 40});
   REQUIRE_FALSE(huge);
   CHECK(huge.error().errnum() == EINVAL);
 }
@@ -375,7 +375,7 @@ TEST_CASE("a client that vanishes mid-transfer leaves no files and does not dist
   REQUIRE(other.reserve({{1, 16 * MiB}}));
   pid_t child = ::fork();
   if (child == 0) {
-    auto c = ShimClient::connect(d.socket, {.job = "vanish", .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+    auto c = ShimClient::connect(d.socket, {.job = "vanish", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
     if (!c || !c->reserve({{1, 64 * MiB}})) ::_exit(1);
     for (uint32_t s = 0; s < c->welcome().slot_count; ++s) {
       proto::Write w;
@@ -430,7 +430,7 @@ TEST_CASE("killing a client with SIGKILL removes its directory") {
   REQUIRE(::pipe(ready) == 0);
   pid_t child = ::fork();
   if (child == 0) {
-    auto c = ShimClient::connect(d.socket, {.job = "killed", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    auto c = ShimClient::connect(d.socket, {.job = "killed", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     if (!c || !c->reserve({{1, 8 * MiB}}) || !c->write_all({{1, 8 * MiB}}, fill_pattern)) ::_exit(1);
     char x = 1;
     (void)!::write(ready[1], &x, 1);
@@ -463,7 +463,7 @@ TEST_CASE("files of a live rank survive a daemon restart and the rank resumes fr
   d.start();  // the startup sweep must keep a live owner's files
   CHECK(fs::exists(dir + "/manifest"));
   auto wrong = ShimClient::connect(
-      d.socket, {.job = "restart", .rank = 2, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token + 1});
+      d.socket, {.job = "restart", .rank = 2, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB, .token = token + 1});
   REQUIRE_FALSE(wrong);
   auto again = d.shim({.job = "restart", .rank = 2, .token = token});
   CHECK(again.welcome().restored == 1);
@@ -545,13 +545,13 @@ TEST_CASE("EIO during a write reaches the client - other sessions are unaffected
     if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;
     return raw;
   });
-  auto bystander = ShimClient::connect(d.socket, {.job = "ok", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+  auto bystander = ShimClient::connect(d.socket, {.job = "ok", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
   REQUIRE(bystander);
   fail_next_write = true;
   // The victim is another process, so that "dead session" means what it says.
   pid_t child = ::fork();
   if (child == 0) {
-    auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+    auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     if (!victim || !victim->reserve({{1, 16 * MiB}})) ::_exit(1);
     auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
     if (w || w.error().errnum() != EIO) ::_exit(2);
@@ -576,7 +576,7 @@ TEST_CASE("short writes and reads are resubmitted and the data survives intact")
     if (raw > 8192 && (shortened.fetch_add(1) % 2 == 0)) return static_cast<int>((r.length / 2) & ~4095u);
     return raw;
   });
-  auto c = ShimClient::connect(d.socket, {.job = "short", .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+  auto c = ShimClient::connect(d.socket, {.job = "short", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
   REQUIRE(c);
   const std::vector<BlobSize> blobs = {{1, 24 * MiB + 777}};
   REQUIRE(c->reserve(blobs));
@@ -687,7 +687,7 @@ TEST_CASE("a long per-rank answer reaches tmsctl whole, over as many result page
   constexpr int kRanks = 70;
   std::vector<ShimClient> ranks;
   for (int r = 0; r < kRanks; ++r)
-    ranks.push_back(d.shim({.job = "long", .rank = r, .staging_bytes = 256 * 1024, .slot_bytes = 128 * 1024}));
+    ranks.push_back(d.shim({.job = "long", .rank = r, .staging_budget_bytes = 256 * 1024, .chunk_bytes = 128 * 1024}));
   auto text_of = [](int rank) {
     std::string t =
         "not enough disk space: needs 104.9 GiB on /var/tmp/x, 64.0 GiB free: free space, add a root, "
@@ -740,7 +740,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     REQUIRE(eventually([&] { return d.session_count() == 0; }));
     CHECK(fs::exists(dir + "/data"));
     auto wrong =
-        ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+        ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
     REQUIRE_FALSE(wrong);  // without the token nobody takes them over
     CHECK(wrong.error().errnum() == EPERM);
     auto again = d.shim({.job = "orphan", .rank = 4, .token = token});
@@ -757,7 +757,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   if (child == 0) {
     ::close(go[1]);
     auto c =
-        ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_bytes = 16 * MiB, .slot_bytes = 4 * MiB});
+        ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused))
       ::_exit(1);
     c->close();
@@ -792,16 +792,16 @@ TEST_CASE("per-user limits on sessions and pinned staging are enforced with a cl
   d.start({"--max-sessions-per-uid", "2", "--max-staging-per-uid-mb", "48"});
   CHECK(as_other_user([&] {
           auto a = ShimClient::connect(d.socket,
-                                       {.job = "lim", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+                                       {.job = "lim", .rank = 0, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
           if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
           auto b = ShimClient::connect(d.socket,
-                                       {.job = "lim", .rank = 1, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB});
+                                       {.job = "lim", .rank = 1, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
           if (b || b.error().errnum() != EDQUOT) return 12;  // 64 MiB > 48 MiB of staging
           auto c =
-              ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+              ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (!c) return 13;
           auto e =
-              ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+              ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (e || e.error().errnum() != EDQUOT) return 14;  // a third session
           return 0;
         }) == 0);
@@ -839,14 +839,14 @@ TEST_CASE("the daemon takes its settings from a TOML config file") {
     std::ofstream f(conf);
     f << "root = [\"" << d.roots[0] << "\", \"" << d.roots[1] << "\"]\n"
       << "socket = \"" << d.socket << "\"\n"
-      << "staging-mb = 24\n"
-      << "slot-mb = 4\n";
+      << "staging-budget-mb = 24\n"
+      << "chunk-mb = 4\n";
   }
   REQUIRE(d.proc.start(TMSDISK_DAEMON_PATH, {"--config", conf}) == 0);
   auto c = ShimClient::connect(d.socket, {.job = "conf"});
   REQUIRE(c);
-  CHECK(c->welcome().staging_bytes == 24 * MiB);  // the file's defaults, not the built-in ones
-  CHECK(c->welcome().slot_bytes == 4 * MiB);
+  CHECK(c->welcome().staging_budget_bytes == 24 * MiB);  // the file's defaults, not the built-in ones
+  CHECK(c->welcome().chunk_bytes == 4 * MiB);
   REQUIRE(c->reserve({{1, 8 * MiB}}));  // striped over both roots from the file
   CHECK(c->write_all({{1, 8 * MiB}}, fill_pattern));
   CHECK(fs::exists(d.rank_dir(1, "conf", 0, ::getpid()) + "/data"));
@@ -936,7 +936,7 @@ TEST_CASE(
   // An importer that exits releases what it had open.
   pid_t child = ::fork();
   if (child == 0) {
-    auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 4, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+    auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 4, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
     if (!c) ::_exit(11);
     UniqueFd mine;
     ::_exit(c->call(proto::IpcOpen{.export_id = id}, -1, &mine) ? 0 : 12);
@@ -971,7 +971,7 @@ TEST_CASE("legacy IPC through the daemon - a user of another uid cannot open an 
   const uint64_t id = std::get<proto::IpcExported>(*exported).export_id;
   CHECK(as_other_user([&] {
           auto c =
-              ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_bytes = 8 * MiB, .slot_bytes = 4 * MiB});
+              ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
           auto r = c->call(proto::IpcOpen{.export_id = id});
           return !r && r.error().errnum() == ENOENT ? 0 : 12;
@@ -1028,7 +1028,7 @@ TEST_CASE("a rank whose session ended with nothing to keep reconnects with its t
   first.close();  // nothing paused: the session and its directory go
   CHECK(eventually([&] { return !fs::exists(dir); }));
   auto again = ShimClient::connect(
-      d.socket, {.job = "again", .rank = 0, .staging_bytes = 32 * MiB, .slot_bytes = 4 * MiB, .token = token});
+      d.socket, {.job = "again", .rank = 0, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB, .token = token});
   INFO((again ? "" : again.error().describe()));
   REQUIRE(again);
   CHECK(again->welcome().adopted == 0);

@@ -199,8 +199,8 @@ class FakeDaemon {
             proto::Welcome w;
             w.session_id = 7;
             w.token = 42;
-            w.staging_bytes = uint64_t{kSlotBytes} * kSlotCount;
-            w.slot_bytes = kSlotBytes;
+            w.staging_budget_bytes = uint64_t{kSlotBytes} * kSlotCount;
+            w.chunk_bytes = kSlotBytes;
             w.slot_count = kSlotCount;
             w.rank_dir = "/fake";
             send_locked(id, w, fd);

@@ -187,7 +187,7 @@ struct Node {
 
   Node() { fs::create_directories(root); }
   void start_daemon(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args{"--socket", socket, "--root", root, "--staging-mb", "16", "--slot-mb", "2"};
+    std::vector<std::string> args{"--socket", socket, "--root", root, "--staging-budget-mb", "16", "--chunk-mb", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     int rc = daemon.start(TMSDISK_DAEMON_PATH, args);
     INFO(daemon.log());

@@ -37,7 +37,7 @@ ShimClient::~ShimClient() {
 }
 
 void ShimClient::close() {
-  if (staging_) ::munmap(staging_, welcome_.staging_bytes);
+  if (staging_) ::munmap(staging_, welcome_.staging_budget_bytes);
   staging_ = nullptr;
   fd_.reset();
 }
@@ -47,8 +47,8 @@ Result<ShimClient> ShimClient::connect(const std::string& socket, const Options&
   h.role = static_cast<uint8_t>(proto::Role::Shim);
   h.job = o.job;
   h.rank = o.rank;
-  h.staging_bytes = o.staging_bytes;
-  h.slot_bytes = o.slot_bytes;
+  h.staging_budget_bytes = o.staging_budget_bytes;
+  h.chunk_bytes = o.chunk_bytes;
   h.token = o.token;
   h.backup_dir = o.backup_dir;
   // A generous limit: a daemon that never answers fails the test with a reason, not a CTest timeout.
@@ -60,7 +60,7 @@ Result<ShimClient> ShimClient::connect(const std::string& socket, const Options&
   c.fd_.reset(std::exchange(reply.sock, -1));
   c.welcome_ = reply.welcome;
   c.next_request_ = 2;  // HELLO was request 1
-  void* p = ::mmap(nullptr, c.welcome_.staging_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, staging_fd.get(), 0);
+  void* p = ::mmap(nullptr, c.welcome_.staging_budget_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, staging_fd.get(), 0);
   if (p == MAP_FAILED) return errno_error("mmap staging");
   c.staging_ = static_cast<uint8_t*>(p);
   return c;
@@ -126,7 +126,7 @@ namespace {
 // slot before a request; `after(...)` consumes it once answered.
 template <class Req, class Before, class After>
 Status pipeline(ShimClient& c, const std::vector<proto::BlobSize>& blobs, Before before, After after) {
-  const uint32_t slot_bytes = c.welcome().slot_bytes;
+  const uint32_t chunk_bytes = c.welcome().chunk_bytes;
   std::vector<uint32_t> free_slots;
   for (uint32_t i = c.welcome().slot_count; i-- > 0;) free_slots.push_back(i);
   struct InFlight {
@@ -154,8 +154,8 @@ Status pipeline(ShimClient& c, const std::vector<proto::BlobSize>& blobs, Before
     return {};
   };
   for (const auto& b : blobs) {
-    for (uint64_t off = 0; off < b.size && !first_error; off += slot_bytes) {
-      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(slot_bytes, b.size - off));
+    for (uint64_t off = 0; off < b.size && !first_error; off += chunk_bytes) {
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, b.size - off));
       while (free_slots.empty())
         if (auto st = reap_one(); !st) return st;
       const uint32_t slot = free_slots.back();

@@ -19,8 +19,8 @@ class ShimClient {
   struct Options {
     std::string job = "testjob";
     int64_t rank = 0;
-    uint64_t staging_bytes = 0;
-    uint32_t slot_bytes = 0;
+    uint64_t staging_budget_bytes = 0;
+    uint32_t chunk_bytes = 0;
     uint64_t token = 0;
     std::string backup_dir;
   };
@@ -30,7 +30,7 @@ class ShimClient {
   ~ShimClient();
 
   const proto::Welcome& welcome() const { return welcome_; }
-  uint8_t* slot(uint32_t i) const { return staging_ + uint64_t{i} * welcome_.slot_bytes; }
+  uint8_t* slot(uint32_t i) const { return staging_ + uint64_t{i} * welcome_.chunk_bytes; }
   int fd() const { return fd_.get(); }
 
   // One request, one answer (ERROR replies become errors). `fd` rides along with the request and

@@ -46,19 +46,19 @@ TEST_CASE("every message type round-trips with its fields") {
   h.job = "job-1.a_b";
   h.backup_dir = "/nvme0/x";
   h.token = 0xdeadbeef;
-  h.staging_bytes = 256 << 20;
-  h.slot_bytes = 8 << 20;
+  h.staging_budget_bytes = 256 << 20;
+  h.chunk_bytes = 8 << 20;
   auto h2 = round_trip(h);
   CHECK(h2.rank == 5);
   CHECK(h2.job == "job-1.a_b");
   CHECK(h2.backup_dir == "/nvme0/x");
   CHECK(h2.token == 0xdeadbeef);
-  CHECK(h2.slot_bytes == (8u << 20));
+  CHECK(h2.chunk_bytes == (8u << 20));
 
   Welcome w;
   w.session_id = 9;
-  w.staging_bytes = 64 << 20;
-  w.slot_bytes = 8 << 20;
+  w.staging_budget_bytes = 64 << 20;
+  w.chunk_bytes = 8 << 20;
   w.slot_count = 8;
   w.restored = 1;
   w.adopted = 1;
@@ -384,9 +384,9 @@ TEST_CASE("say_hello returns the WELCOME with the descriptor that came along") {
   Pair p;
   Welcome w;
   w.session_id = 9;
-  w.slot_bytes = 4096;
+  w.chunk_bytes = 4096;
   w.slot_count = 2;
-  w.staging_bytes = 8192;
+  w.staging_budget_bytes = 8192;
   int pipe_fds[2];
   REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
   // The answer is queued before the client asks: say_hello sends, then reads it.

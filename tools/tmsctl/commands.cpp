@@ -227,7 +227,7 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   env.emplace_back("LD_PRELOAD", preload);
   env.emplace_back("TMSDISK_SOCKET", socket);
   if (!root.empty() && !std::getenv("TMS_DISK_BACKUP_DIR")) env.emplace_back("TMS_DISK_BACKUP_DIR", root);
-  if (launch.chunk_mb) env.emplace_back("TMS_DISK_BACKUP_CHUNK_MB", std::to_string(launch.chunk_mb));
+  if (launch.staging_budget_mb) env.emplace_back("TMS_DISK_BACKUP_CHUNK_MB", std::to_string(launch.staging_budget_mb));
   if (!launch.job.empty()) env.emplace_back("TMSDISK_JOB", launch.job);
   if (launch.min_mb) env.emplace_back("TMSDISK_MIN_BYTES", std::to_string(launch.min_mb << 20));
   if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);

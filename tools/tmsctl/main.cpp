@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   LaunchOptions launch;
   auto add_launch = [&](CLI::App* sub) {
     sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB)");
-    sub->add_option("--chunk-mb", launch.chunk_mb, "staging per rank in MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the daemon's)");
+    sub->add_option("--staging-budget-mb", launch.staging_budget_mb, "staging per rank in MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the daemon's)");
     sub->add_option("--min-mb", launch.min_mb, "allocations below this many MiB stay native (TMSDISK_MIN_BYTES)");
     sub->add_option("--on-touch", launch.on_touch,
                     "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "

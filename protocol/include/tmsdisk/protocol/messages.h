@@ -212,12 +212,12 @@ struct Hello {
   std::string job;
   std::string backup_dir;      // TMS_DISK_BACKUP_DIR as the rank sees it; honored only under a root
   uint64_t token = 0;          // non-zero: reconnect to the session this token was issued for
-  uint64_t staging_bytes = 0;  // 0: the daemon's default chunk budget
-  uint32_t slot_bytes = 0;     // 0: the daemon's default slot size
+  uint64_t staging_budget_bytes = 0;  // 0: the daemon's default staging budget
+  uint32_t chunk_bytes = 0;     // 0: the daemon's default chunk size
   template <class F>
   void fields(F&& f) {
     f(role), f(rank), f(device_count), f(job, kMaxNameLength), f(backup_dir, kMaxPathLength), f(token),
-        f(staging_bytes), f(slot_bytes);
+        f(staging_budget_bytes), f(chunk_bytes);
   }
   bool check(std::string& why) const;
 };
@@ -226,8 +226,8 @@ struct Welcome {
   static constexpr MsgType kType = MsgType::Welcome;
   uint64_t session_id = 0;
   uint64_t token = 0;
-  uint64_t staging_bytes = 0;
-  uint32_t slot_bytes = 0;
+  uint64_t staging_budget_bytes = 0;
+  uint32_t chunk_bytes = 0;
   uint32_t slot_count = 0;
   uint8_t restored = 0;  // 1: a paused manifest of this rank was adopted (daemon restart)
   std::string rank_dir;
@@ -236,7 +236,7 @@ struct Welcome {
   uint8_t adopted = 0;
   template <class F>
   void fields(F&& f) {
-    f(session_id), f(token), f(staging_bytes), f(slot_bytes), f(slot_count), f(restored),
+    f(session_id), f(token), f(staging_budget_bytes), f(chunk_bytes), f(slot_count), f(restored),
         f(rank_dir, kMaxPathLength), f(adopted);
   }
   bool check(std::string& why) const;
@@ -254,7 +254,7 @@ struct Reserve {
 };
 
 // Write and Read name one chunk: `slot` of the staging buffer and bytes [offset, offset+length) of a
-// blob. Offsets are multiples of the slot size; length is the slot size except for a blob's tail.
+// blob. Offsets are multiples of the chunk size; length is the chunk size except for a blob's tail.
 struct ChunkRef {
   uint32_t slot = 0;
   uint32_t length = 0;
