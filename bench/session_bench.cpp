@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     }
     auto t0 = Clock::now();
     auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
-    auto c = w ? client->commit(proto::CommitState::Paused, i + 1) : Status(w.error());
+    auto c = w ? client->commit(proto::CommitState::Paused) : Status(w.error());
     session_w.push_back(static_cast<double>(bytes) / seconds_since(t0));
     if (!c) {
       std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "session read: %s\n", r.error().describe().c_str());
       return 1;
     }
-    if (auto st = client->commit(proto::CommitState::Resumed, i + 1); !st) {
+    if (auto st = client->commit(proto::CommitState::Resumed); !st) {
       std::fprintf(stderr, "commit: %s\n", st.error().describe().c_str());
       return 1;
     }

@@ -40,22 +40,25 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
 
 proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "COMMIT while chunks are still in flight");
-  if (auto st = s.store->commit(static_cast<proto::CommitState>(m.state), m.generation); !st)
+  if (auto st = s.store->commit(static_cast<proto::CommitState>(m.state)); !st)
     return error_reply(st.error().errnum(), st.error().describe());
   return proto::OkReply{};
 }
 
+proto::Message ChunkIo::pause_state(Session& s) {
+  return proto::Paused{.paused = static_cast<uint8_t>(s.store->paused() ? 1 : 0), .generation = s.store->generation()};
+}
+
 std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::Write& m) {
-  return start(s, request_id, m, io::Op::Write, 0);
+  return start(s, request_id, m, io::Op::Write);
 }
 
 std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, const proto::Read& m) {
-  return start(s, request_id, m, io::Op::Read, m.checksum);
+  return start(s, request_id, m, io::Op::Read);
 }
 
 // Shared validation of WRITE and READ; on success the slot is marked busy and the I/O queued.
-std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
-                                             uint64_t client_checksum) {
+std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op) {
   StagingBuffer& buf = *s.staging;
   if (m.slot >= buf.slot_count())
     return error_reply(ERANGE, fmt::format("slot {} out of range (session has {})", m.slot, buf.slot_count()));
@@ -64,14 +67,9 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   auto loc = s.store->locate(m.blob, m.offset, m.length);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
   if (op == io::Op::Read) {
-    // A chunk never sealed is refused before any I/O. The store verifies the data once read; the
-    // checksum the shim still sends (WRITTEN gave it) is only compared: nothing depends on it.
-    auto expected = s.store->expected_checksum(m.blob, m.offset);
-    if (!expected) return error_reply(expected.error().errnum(), expected.error().describe());
-    if (client_checksum != 0 && client_checksum != *expected)
-      return error_reply(EBADMSG, fmt::format("the checksum the rank holds for blob {} at offset {} differs from the "
-                                              "daemon's",
-                                              m.blob, m.offset));
+    // A chunk never sealed is refused before any I/O; the store verifies the data once read.
+    if (auto sealed = s.store->expected_checksum(m.blob, m.offset); !sealed)
+      return error_reply(sealed.error().errnum(), sealed.error().describe());
   }
   io::Request req;
   req.op = op;
@@ -108,14 +106,14 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
       spdlog::error("session {}: cannot seal blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
       return error_reply(sum.error().errnum(), sum.error().describe());
     }
-    return proto::Written{.checksum = *sum};
+    return proto::Written{};
   }
   auto sum = s.store->verify(p.blob, p.offset, bytes);
   if (!sum) {
     spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
     return error_reply(sum.error().errnum(), sum.error().describe());
   }
-  return proto::ReadDone{.checksum = *sum};
+  return proto::ReadDone{};
 }
 
 void ChunkIo::on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply) {

@@ -26,6 +26,8 @@ class ChunkIo {
   // Each returns the reply to send now.
   proto::Message reserve(Session& s, const proto::Reserve& m);
   proto::Message commit(Session& s, const proto::Commit& m);
+  // What the rank's manifest says: a committed pause or not (the shim asks; it keeps no copy).
+  proto::Message pause_state(Session& s);
   // nullopt when the request was queued: its reply comes from on_completions().
   std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::Write& m);
   std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::Read& m);
@@ -45,8 +47,7 @@ class ChunkIo {
     uint32_t length = 0;
   };
 
-  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
-                                      uint64_t client_checksum);
+  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op);
   proto::Message finish(Session& s, const Pending& p, int result);
 
   io::Engine& engine_;

@@ -485,8 +485,8 @@ struct Server::Impl {
           using T = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<T, proto::Reserve> || std::is_same_v<T, proto::Write> ||
                         std::is_same_v<T, proto::Read> || std::is_same_v<T, proto::Commit> ||
-                        std::is_same_v<T, proto::Report> || std::is_same_v<T, proto::CommandDone> ||
-                        std::is_same_v<T, proto::Progress>) {
+                        std::is_same_v<T, proto::PauseState> || std::is_same_v<T, proto::Report> ||
+                        std::is_same_v<T, proto::CommandDone> || std::is_same_v<T, proto::Progress>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
@@ -580,6 +580,7 @@ struct Server::Impl {
 
   void on_shim(Connection& c, uint64_t rid, proto::Reserve& m) { send(c, rid, chunks->reserve(session_of(c), m)); }
   void on_shim(Connection& c, uint64_t rid, proto::Commit& m) { send(c, rid, chunks->commit(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::PauseState&) { send(c, rid, chunks->pause_state(session_of(c))); }
   void on_shim(Connection& c, uint64_t rid, proto::Write& m) {
     if (auto reply = chunks->write(session_of(c), rid, m)) send(c, rid, *reply);
   }

@@ -722,7 +722,7 @@ uint64_t RankStore::disk_bytes() const noexcept {
   return total;
 }
 
-Status RankStore::commit(proto::CommitState state, uint64_t generation) {
+Status RankStore::commit(proto::CommitState state) {
   try {
     Impl& m = *impl_;
     if (m.removed) return make_error(ENOENT, "the rank's directory was removed");
@@ -744,6 +744,8 @@ Status RankStore::commit(proto::CommitState state, uint64_t generation) {
       }
     }
 
+    // The store numbers the pauses: the manifest is the one record of which pause the files hold.
+    const uint64_t generation = state == proto::CommitState::Paused ? m.generation + 1 : m.generation;
     if (auto s = m.write_manifest(state == proto::CommitState::Paused ? kManifestPaused : kManifestResumed, generation);
         !s) {
       return s;

@@ -159,10 +159,11 @@ class RankStore {
   uint64_t missing_chunks() const noexcept;
 
   // Commits the state: for Paused, requires every chunk written, fdatasyncs each data file, then
-  // writes the manifest (generation, blobs, extents, checksums) to a temporary file, fdatasyncs it,
-  // renames it over `manifest` and fsyncs the directory. For Resumed, marks the manifest not-paused
-  // the same way (the files are kept for the next pause).
-  Status commit(proto::CommitState state, uint64_t generation);
+  // writes the manifest (the next generation, blobs, extents, checksums) to a temporary file,
+  // fdatasyncs it, renames it over `manifest` and fsyncs the directory. For Resumed, marks the
+  // manifest not-paused the same way (same generation; the files are kept for the next pause). The
+  // store numbers generations itself: nobody else keeps a count that must agree with it.
+  Status commit(proto::CommitState state);
 
   // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
   bool paused() const noexcept;

@@ -50,14 +50,6 @@ std::string cuda_failure(const char* what, CUresult r) {
   return fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r));
 }
 
-// CommandDone and Error texts must fit the protocol and carry no control characters.
-std::string wire_text(std::string s, std::size_t max) {
-  if (s.size() > max) s.resize(max);
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') c = ' ';
-  return s;
-}
-
 // TMSDISK_ON_TOUCH=resume: a gated call found the gate closed (gate.h).
 int auto_resume(std::string* why) noexcept {
   Engine* e = Engine::instance();
@@ -369,7 +361,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.code = r.code();
   done.bytes = r.bytes;
   done.nanos = r.nanos;
-  done.message = wire_text(r.message(), proto::kMaxTextLength);
+  done.message = proto::wire_text(r.message());  // what the daemon's decoder accepts
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
@@ -464,11 +456,20 @@ OpResult Engine::pause(ProgressReporter& progress) {
   }
   if (resident.empty())
     return OpResult{{}, 0, 0, paused.empty() ? "no managed allocations to pause" : "already paused"};
-  if (committed_paused_) {
+  Result<bool> committed = committed_pause();
+  if (!committed) return failed(committed.error());
+  if (*committed && !paused.empty()) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
     return OpResult{make_error(
         EBUSY,
         fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))};
+  }
+  if (*committed) {
+    // Every allocation is resident (a resume brought the data back but its commit failed, or what was
+    // paused has been freed): the committed pause holds nothing the process still needs. Close it.
+    TMS_INFO("tmsdiskd still records a committed pause though every allocation is resident; recording the resume");
+    if (OpResult closed = commit(proto::CommitState::Resumed, 0, "every allocation is resident"); closed.code())
+      return closed;
   }
   if (!paused.empty()) {
     // An earlier pause stopped half-way. A new reservation would drop the checksums of what it
@@ -489,7 +490,13 @@ OpResult Engine::resume(ProgressReporter& progress) {
   std::vector<std::shared_ptr<Allocation>> paused;
   for (auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused) paused.push_back(std::move(a));
-  if (paused.empty() && !committed_paused_) return OpResult{{}, 0, 0, "nothing is paused"};
+  if (paused.empty()) {
+    // Nothing to bring back; a committed pause the daemon still records (its allocations were freed,
+    // or an earlier resume's commit failed) is closed here.
+    Result<bool> committed = committed_pause();
+    if (!committed) return failed(committed.error());
+    if (!*committed) return OpResult{{}, 0, 0, "nothing is paused"};
+  }
   return resume_all(std::move(paused), progress);
 }
 
@@ -594,11 +601,6 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   auto made = make_jobs(resident, &total);
   if (!made) return failed(made.error());
   std::vector<TransferJob>& jobs = *made;
-  // The checksum of every chunk, kept until the resume sends it back with its READ.
-  for (TransferJob& j : jobs) {
-    j.a->chunk_sums.assign(j.chunks, 0);
-    j.a->sums_chunk_bytes = staging_.chunk_bytes();
-  }
   staging_.register_with(resident.front()->ctx);
 
   // 2. Reserve disk space for every byte; refused (ENOSPC...) means nothing changed.
@@ -609,11 +611,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   uint64_t released_bytes = 0;
   std::size_t released = 0;
   TransferSteps steps;
-  steps.written = [&](TransferJob& j, uint64_t offset, uint64_t checksum) {
-    j.a->chunk_sums[offset / staging_.chunk_bytes()] = checksum;
-  };
   steps.finished = [&](TransferJob& j) -> Status {
-    // Invariant 1: every chunk of this allocation is on disk with its checksum.
+    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage.
     Allocation& a = *j.a;
     CtxScope scope(api, a.ctx);
     if (CUresult r = api.cuMemUnmap(a.base, a.mapped); r != CUDA_SUCCESS)
@@ -638,10 +637,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   }
 
   // 5. The daemon syncs the data and commits its manifest.
-  OpResult committed =
-      commit(proto::CommitState::Paused, ++generation_, released_bytes, "every allocation was written and released");
+  OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
   if (committed.code()) return committed;
-  committed_paused_ = true;
   return OpResult{{}, released_bytes};
 }
 
@@ -699,11 +696,6 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   uint64_t resumed_bytes = 0, map_ns = 0;
   std::size_t resumed = 0;
   TransferSteps steps;
-  steps.expected_checksum = [&](const TransferJob& j, uint64_t offset) -> uint64_t {
-    const uint64_t chunk = offset / staging_.chunk_bytes();
-    const Allocation& a = *j.a;
-    return a.sums_chunk_bytes == staging_.chunk_bytes() && chunk < a.chunk_sums.size() ? a.chunk_sums[chunk] : 0;
-  };
   steps.before_copy = [&](TransferJob& j) -> Status {
     if (j.mapped) return {};
     // Created and mapped here, while the daemon reads the chunks queued behind this one: the disk
@@ -751,17 +743,27 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
                     resumed_bytes};
   }
 
-  OpResult committed =
-      commit(proto::CommitState::Resumed, generation_, resumed_bytes, "every allocation is resident again");
+  OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
   if (committed.code()) return committed;
-  committed_paused_ = false;
   return OpResult{{}, resumed_bytes};
 }
 
-OpResult Engine::commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done) {
+Result<bool> Engine::committed_pause() {
+  const uint64_t id = session_.next_id();
+  proto::Envelope reply;
+  if (int e = session_.send(id, proto::PauseState{}); e < 0)
+    return make_error(-e, fmt::format("cannot ask tmsdiskd for the pause state: {}", std::strerror(-e)));
+  if (Status st = session_.await_reply(id, reply); !st) return std::move(st).error();
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
+    return make_error(err->code, "tmsdiskd cannot tell the pause state: " + err->message);
+  const auto* state = std::get_if<proto::Paused>(&reply.body);
+  if (!state) return make_error(EPROTO, "unexpected answer to PAUSE_STATE");
+  return state->paused != 0;
+}
+
+OpResult Engine::commit(proto::CommitState state, uint64_t bytes, const char* done) {
   proto::Commit c;
   c.state = static_cast<uint8_t>(state);
-  c.generation = generation;
   const uint64_t id = session_.next_id();
   proto::Envelope reply;
   const Status sent = [&]() -> Status {
@@ -788,11 +790,10 @@ Status Engine::connect_session() {
   session_.attach(*w);
   const proto::Welcome& welcome = w->welcome;
   const std::size_t paused = registry().totals().paused_allocations;
-  committed_paused_ = welcome.restored != 0;
   if (paused && !welcome.restored)
     TMS_WARN(
-        "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back "
-        "against the checksums it acknowledged",
+        "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back, "
+        "verified against the checksums its storage journaled when it sealed each chunk",
         paused);
   {
     std::lock_guard lock(mu_);

@@ -148,7 +148,11 @@ class Engine {
   Status reserve(const std::vector<TransferJob>& jobs);
   // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
   // says what already happened (for the message of a failure); `bytes` is what moved.
-  OpResult commit(proto::CommitState state, uint64_t generation, uint64_t bytes, const char* done);
+  OpResult commit(proto::CommitState state, uint64_t bytes, const char* done);
+  // Asks the daemon whether its manifest holds a committed pause of this rank. The manifest is the
+  // one record of that: the shim keeps no copy that could disagree with it (a resume whose commit
+  // failed left the two apart once).
+  Result<bool> committed_pause();
 
   Status connect_session();
   void session_lost(const char* why);
@@ -176,8 +180,6 @@ class Engine {
   DaemonSession session_;
   StagingSlots staging_;
   TransferPipeline pipeline_{session_, staging_};
-  uint64_t generation_ = 0;
-  bool committed_paused_ = false;  // the daemon's manifest holds a committed pause
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.

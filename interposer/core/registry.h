@@ -30,10 +30,6 @@ struct Allocation {
   CUmemAllocationProp prop{};               // recreated with exactly these properties on resume
   std::vector<CUmemAccessDesc> access;      // restored after every resume
   CUmemGenericAllocationHandle handle = 0;  // physical memory; 0 while paused
-  // Checksums WRITTEN acknowledged for each chunk of the last pause, sent back with every READ so the
-  // daemon can verify chunks it has no committed record of (it restarted mid-pause). Engine only.
-  std::vector<uint64_t> chunk_sums;
-  uint32_t sums_chunk_bytes = 0;
   // Written by the engine (under the registry's op lock), read by status.
   std::atomic<AllocState> state{AllocState::Resident};
   // Physical memory the application mapped itself (cuMemCreate + cuMemMap): `handle` is the real

@@ -83,8 +83,7 @@ Status TransferPipeline::start_copy(Direction dir, TransferJob& j, std::size_t s
   return {};
 }
 
-Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJob& j, std::size_t s,
-                                                 const TransferSteps& steps) {
+Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJob& j, std::size_t s) {
   const Slot& slot = slots_[s];
   const uint64_t id = session_.next_id();
   int e;
@@ -101,7 +100,6 @@ Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJo
     m.length = slot.length;
     m.blob = j.a->id;
     m.offset = slot.offset;
-    if (steps.expected_checksum) m.checksum = steps.expected_checksum(j, slot.offset);
     e = session_.send(id, m);
   }
   if (e < 0)
@@ -172,7 +170,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       Status started;
       if (out) {
         started = start_copy(dir, j, static_cast<std::size_t>(s));
-      } else if (Result<uint64_t> id = start_request(dir, j, static_cast<std::size_t>(s), steps)) {
+      } else if (Result<uint64_t> id = start_request(dir, j, static_cast<std::size_t>(s))) {
         slot.request = *id;
       } else {
         started = std::move(id).error();
@@ -213,7 +211,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
         free_slot(j, slot);
         continue;
       }
-      Result<uint64_t> id = start_request(dir, j, s, steps);
+      Result<uint64_t> id = start_request(dir, j, s);
       if (!id) {
         fail_all(std::move(id).error());
         free_slot(j, slot);
@@ -276,13 +274,11 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     }
     Slot& slot = slots_[static_cast<std::size_t>(s)];
     TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
-    const auto* written = std::get_if<proto::Written>(&env.body);
-    const bool answered = out ? written != nullptr : std::holds_alternative<proto::ReadDone>(env.body);
+    const bool answered =
+        out ? std::holds_alternative<proto::Written>(env.body) : std::holds_alternative<proto::ReadDone>(env.body);
     if (answered && out) {
       const uint32_t len = slot.length;
-      const uint64_t offset = slot.offset;
       free_slot(j, slot);
-      if (steps.written) steps.written(j, offset, written->checksum);
       chunk_done(j, len);
       progress.update(*done_bytes, false);
       continue;

@@ -40,10 +40,6 @@ struct TransferJob {
 };
 
 struct TransferSteps {
-  // From storage: the checksum the daemon must find for the chunk at `offset` (sent with READ).
-  std::function<uint64_t(const TransferJob&, uint64_t offset)> expected_checksum;
-  // To storage: the daemon wrote the chunk at `offset`; `checksum` is what it computed.
-  std::function<void(TransferJob&, uint64_t offset, uint64_t checksum)> written;
   // From storage: before a chunk is copied to the device (the first one maps memory). An error
   // fails this allocation only.
   std::function<Status(TransferJob&)> before_copy;
@@ -96,7 +92,7 @@ class TransferPipeline {
   // Starts the copy of slot `s`'s chunk (device to slot or back, by direction).
   Status start_copy(Direction dir, TransferJob& j, std::size_t s);
   // Sends the WRITE or READ of slot `s`'s chunk; its request id.
-  Result<uint64_t> start_request(Direction dir, const TransferJob& j, std::size_t s, const TransferSteps& steps);
+  Result<uint64_t> start_request(Direction dir, const TransferJob& j, std::size_t s);
   // The daemon's next message, or, while copies run and nothing has arrived, the oldest copy's
   // completion (then 0, so the caller harvests it instead of spinning).
   int next_message(proto::Envelope& env, bool copying);

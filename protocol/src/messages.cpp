@@ -193,16 +193,27 @@ bool decode_by_type(uint16_t type, std::span<const uint8_t> payload, Message& ou
   }
 }
 
-// Text fields are shown on terminals and written to logs: no control characters (escape sequences
-// could rewrite what an administrator sees, newlines could forge log lines). Bytes >= 0x80 pass
-// (UTF-8).
-bool printable(const std::string& s) {
-  for (unsigned char c : s)
-    if (c < 0x20 || c == 0x7f) return false;
-  return true;
+bool control_char(unsigned char c) noexcept {
+  return c < 0x20 || c == 0x7f;
 }
 
 }  // namespace
+
+// Text fields are shown on terminals and written to logs: no control characters (escape sequences
+// could rewrite what an administrator sees, newlines could forge log lines). Bytes >= 0x80 pass
+// (UTF-8).
+bool printable(std::string_view s) noexcept {
+  for (unsigned char c : s)
+    if (control_char(c)) return false;
+  return true;
+}
+
+std::string wire_text(std::string s, std::size_t max) {
+  if (s.size() > max) s.resize(max);
+  for (char& c : s)
+    if (control_char(static_cast<unsigned char>(c))) c = ' ';
+  return s;
+}
 
 std::vector<uint8_t> encode(uint64_t request_id, const Message& body) {
   try {
@@ -373,6 +384,14 @@ bool Commit::check(std::string& why) const {
   return true;
 }
 
+bool Paused::check(std::string& why) const {
+  if (paused > 1) {
+    why = "paused must be 0 or 1";
+    return false;
+  }
+  return true;
+}
+
 bool Command::check(std::string& why) const {
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
     why = "unknown command " + std::to_string(op);
@@ -517,6 +536,8 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::Read: return "READ";
     case MsgType::ReadDone: return "READ_DONE";
     case MsgType::Commit: return "COMMIT";
+    case MsgType::PauseState: return "PAUSE_STATE";
+    case MsgType::Paused: return "PAUSED";
     case MsgType::Report: return "REPORT";
     case MsgType::Command: return "COMMAND";
     case MsgType::CommandDone: return "COMMAND_DONE";

@@ -134,7 +134,7 @@ TEST_CASE("round trip of a few hundred MiB striped over two roots, repeated paus
     auto w = c.write_all(kBlobs, fill_pattern);
     INFO((w ? "" : w.error().describe()));
     REQUIRE(w);
-    REQUIRE(c.commit(proto::CommitState::Paused, cycle));
+    REQUIRE(c.commit(proto::CommitState::Paused));
     CHECK(fs::exists(dir0 + "/data"));
     CHECK(fs::exists(dir1 + "/data"));
     CHECK(fs::exists(dir0 + "/manifest"));
@@ -147,7 +147,7 @@ TEST_CASE("round trip of a few hundred MiB striped over two roots, repeated paus
     auto r = c.read_all(kBlobs, check_pattern);
     INFO((r ? "" : r.error().describe()));
     REQUIRE(r);
-    REQUIRE(c.commit(proto::CommitState::Resumed, cycle));
+    REQUIRE(c.commit(proto::CommitState::Resumed));
   }
   uint64_t total = 0;
   for (auto& b : kBlobs) total += b.size;
@@ -159,6 +159,53 @@ TEST_CASE("round trip of a few hundred MiB striped over two roots, repeated paus
   CHECK(!fs::exists(dir1));
 }
 
+TEST_CASE("the manifest is the one pause state: the daemon numbers pauses, answers PAUSE_STATE, refuses a new set") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "owner", .rank = 2});
+  const uint64_t token = c.welcome().token;
+  auto state = [](ShimClient& s) {
+    auto r = s.call(proto::PauseState{});
+    REQUIRE(r);
+    REQUIRE(std::holds_alternative<proto::Paused>(*r));
+    return std::get<proto::Paused>(*r);
+  };
+  CHECK(state(c).paused == 0);
+  CHECK(state(c).generation == 0);
+  const std::vector<BlobSize> blobs = {{1, 8 * MiB + 17}};
+  for (uint64_t generation = 1; generation <= 2; ++generation) {
+    REQUIRE(c.reserve(blobs));
+    REQUIRE(c.write_all(blobs, fill_pattern));
+    CHECK(state(c).paused == 0);  // written, not committed
+    REQUIRE(c.commit(proto::CommitState::Paused));
+    CHECK(state(c).paused == 1);
+    CHECK(state(c).generation == generation);
+    if (generation == 2) break;
+    REQUIRE(c.read_all(blobs, check_pattern));
+    REQUIRE(c.commit(proto::CommitState::Resumed));
+    CHECK(state(c).paused == 0);
+    CHECK(state(c).generation == generation);  // a resume keeps the number of the pause it ended
+  }
+  // While the committed pause holds the only copy, a new set is refused, and says why.
+  auto busy = c.call(proto::Reserve{.flags = proto::kReserveFirst | proto::kReserveLast, .blobs = blobs});
+  REQUIRE_FALSE(busy);
+  CHECK(busy.error().errnum() == EBUSY);
+  CHECK_THAT(busy.error().message, Catch::Contains("committed pause"));
+
+  // A daemon restart keeps it: the manifest, not the rank, says what is paused.
+  d.proc.kill9();
+  c.close();
+  d.start();
+  auto again = d.shim({.job = "owner", .rank = 2, .token = token});
+  CHECK(again.welcome().restored == 1);
+  CHECK(state(again).paused == 1);
+  CHECK(state(again).generation == 2);
+  REQUIRE(again.read_all(blobs, check_pattern));
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+  CHECK(state(again).paused == 0);
+  REQUIRE(again.reserve(blobs));
+}
+
 TEST_CASE("a smaller set after a larger one recycles extents and drops vanished blobs") {
   Daemon d;
   d.start();
@@ -168,7 +215,7 @@ TEST_CASE("a smaller set after a larger one recycles extents and drops vanished 
   std::vector<BlobSize> fewer = {{2, 100 * MiB + 12345}, {5, 8 * MiB}};
   REQUIRE(c.reserve(fewer));
   REQUIRE(c.write_all(fewer, fill_pattern));
-  REQUIRE(c.commit(proto::CommitState::Paused, 2));
+  REQUIRE(c.commit(proto::CommitState::Paused));
   REQUIRE(c.read_all(fewer, check_pattern));
   proto::Read gone;
   gone.slot = 0;
@@ -237,8 +284,8 @@ TEST_CASE("out-of-range slots and extents are answered with errors - the session
   r.slot = 0;
   r.length = 4 * MiB;
   r.blob = 1;
-  CHECK(expect_error(c, r) == ENODATA);                                          // reserved but never written
-  CHECK(expect_error(c, proto::Commit{.state = 1, .generation = 1}) == EINVAL);  // chunks missing
+  CHECK(expect_error(c, r) == ENODATA);                         // reserved but never written
+  CHECK(expect_error(c, proto::Commit{.state = 1}) == EINVAL);  // chunks missing
   REQUIRE(c.write_all({{1, 10 * MiB}}, fill_pattern));
   REQUIRE(c.read_all({{1, 10 * MiB}}, check_pattern));
 }
@@ -356,7 +403,7 @@ TEST_CASE("a corrupted byte in a backup file is detected on read") {
   const std::vector<BlobSize> blobs = {{1, 20 * MiB}};
   REQUIRE(c.reserve(blobs));
   REQUIRE(c.write_all(blobs, fill_pattern));
-  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  REQUIRE(c.commit(proto::CommitState::Paused));
   const std::string data = d.rank_dir(0, "corrupt", 0, ::getpid()) + "/data";
   {
     std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
@@ -408,7 +455,7 @@ TEST_CASE("files of a live rank survive a daemon restart and the rank resumes fr
   const std::vector<BlobSize> blobs = {{7, 30 * MiB + 5}};
   REQUIRE(c.reserve(blobs));
   REQUIRE(c.write_all(blobs, fill_pattern));
-  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  REQUIRE(c.commit(proto::CommitState::Paused));
   const std::string dir = d.rank_dir(0, "restart", 2, ::getpid());
   CHECK(d.proc.stop() == 0);
   c.close();
@@ -469,7 +516,7 @@ TEST_CASE("ENOSPC at reservation is refused cleanly on a real small filesystem")
   CHECK(why.find("MiB free: free space, add a root, or pause less") != std::string::npos);
   CHECK(why.find("bytes (") == std::string::npos);
   // Nothing changed: the earlier set is still there, written data intact.
-  REQUIRE(c.commit(proto::CommitState::Paused, 1));
+  REQUIRE(c.commit(proto::CommitState::Paused));
   REQUIRE(c.read_all(fits, check_pattern));
 }
 
@@ -508,7 +555,7 @@ TEST_CASE("EIO during a write reaches the client - other sessions are unaffected
     if (!victim || !victim->reserve({{1, 16 * MiB}})) ::_exit(1);
     auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
     if (w || w.error().errnum() != EIO) ::_exit(2);
-    if (victim->commit(proto::CommitState::Paused, 1)) ::_exit(3);  // a chunk is missing: refused
+    if (victim->commit(proto::CommitState::Paused)) ::_exit(3);  // a chunk is missing: refused
     ::_exit(0);
   }
   int status = 0;
@@ -534,12 +581,12 @@ TEST_CASE("short writes and reads are resubmitted and the data survives intact")
   const std::vector<BlobSize> blobs = {{1, 24 * MiB + 777}};
   REQUIRE(c->reserve(blobs));
   REQUIRE(c->write_all(blobs, fill_pattern));
-  REQUIRE(c->commit(proto::CommitState::Paused, 1));
+  REQUIRE(c->commit(proto::CommitState::Paused));
   REQUIRE(c->read_all(blobs, check_pattern));
   CHECK(shortened.load() > 4);
 }
 
-TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back with the rank's checksums") {
+TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back; one never written is refused") {
   Daemon d;
   d.start();
   auto c = d.shim({.job = "crash", .rank = 1});
@@ -547,7 +594,7 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
   const std::vector<BlobSize> blobs = {{1, 8 * MiB}, {2, 8 * MiB}};
   REQUIRE(c.reserve(blobs));
   // Blob 1 is fully written and acknowledged (the shim would now release it); blob 2 never is.
-  std::map<uint64_t, uint64_t> acked;
+  std::vector<uint64_t> acked;
   for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {
     fill_pattern(1, off, c.slot(0), 4 * MiB);
     proto::Write w;
@@ -557,28 +604,25 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
     w.offset = off;
     auto r = c.call(w);
     REQUIRE(r);
-    acked[off] = std::get<proto::Written>(*r).checksum;
+    REQUIRE(std::holds_alternative<proto::Written>(*r));
+    acked.push_back(off);
   }
   d.proc.kill9();  // no commit, no graceful stop
   c.close();
   d.start();
   auto again = d.shim({.job = "crash", .rank = 1, .token = token});
   CHECK(again.welcome().restored == 0);  // not a committed pause...
-  for (auto [off, sum] : acked) {        // ...but every acknowledged chunk is recoverable
-    proto::Read rd;
+  for (uint64_t off : acked) {           // ...but every acknowledged chunk is recoverable, verified
+    proto::Read rd;                      // by the store's journaled checksums (the rank sends none)
     rd.slot = 1;
     rd.length = 4 * MiB;
     rd.blob = 1;
     rd.offset = off;
-    rd.checksum = sum;
     auto r = again.call(rd);
     INFO((r ? "" : r.error().describe()));
     REQUIRE(r);
+    CHECK(std::holds_alternative<proto::ReadDone>(*r));
     CHECK(check_pattern(1, off, again.slot(1), 4 * MiB));
-    rd.checksum = sum ^ 1;  // a wrong expectation is a mismatch, never silently accepted
-    auto bad = again.call(rd);
-    REQUIRE_FALSE(bad);
-    CHECK(bad.error().errnum() == EBADMSG);
   }
   proto::Read never;
   never.slot = 1;
@@ -621,7 +665,7 @@ TEST_CASE("after a daemon restart mid-pause the store verifies chunks written be
   d.start();
   auto again = d.shim({.job = "sealed", .rank = 1, .token = token});
   CHECK(again.welcome().restored == 0);
-  proto::Read rd;  // checksum 0: the rank offers none
+  proto::Read rd;
   rd.slot = 1;
   rd.length = 4 * MiB;
   rd.blob = 1;
@@ -690,7 +734,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     const uint64_t token = c.welcome().token;
     REQUIRE(c.reserve(blobs));
     REQUIRE(c.write_all(blobs, fill_pattern));
-    REQUIRE(c.commit(proto::CommitState::Paused, 1));
+    REQUIRE(c.commit(proto::CommitState::Paused));
     c.close();  // the process lives on: its paused memory exists only in these files
     const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
     REQUIRE(eventually([&] { return d.session_count() == 0; }));
@@ -702,7 +746,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     auto again = d.shim({.job = "orphan", .rank = 4, .token = token});
     CHECK(again.welcome().restored == 1);
     REQUIRE(again.read_all(blobs, check_pattern));
-    REQUIRE(again.commit(proto::CommitState::Resumed, 1));
+    REQUIRE(again.commit(proto::CommitState::Resumed));
     again.close();  // resumed: nothing to keep
     CHECK(eventually([&] { return !fs::exists(dir); }));
   }
@@ -714,7 +758,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     ::close(go[1]);
     auto c =
         ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
-    if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused, 1))
+    if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused))
       ::_exit(1);
     c->close();
     char x;

@@ -112,10 +112,9 @@ Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs) {
   return {};
 }
 
-Status ShimClient::commit(proto::CommitState state, uint64_t generation) {
+Status ShimClient::commit(proto::CommitState state) {
   proto::Commit c;
   c.state = static_cast<uint8_t>(state);
-  c.generation = generation;
   auto reply = call(c);
   if (!reply) return std::move(reply).error();
   return {};

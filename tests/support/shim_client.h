@@ -44,7 +44,7 @@ class ShimClient {
   std::vector<proto::Envelope>& notices() { return notices_; }
 
   Status reserve(const std::vector<proto::BlobSize>& blobs);
-  Status commit(proto::CommitState state, uint64_t generation);
+  Status commit(proto::CommitState state);
 
   // Writes every blob through the slots, keeping all slots busy; fill(blob, offset, dst, len)
   // produces the bytes. Then reads them all back and checks with verify(blob, offset, src, len).

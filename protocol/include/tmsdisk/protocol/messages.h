@@ -21,13 +21,17 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 namespace tmsdisk::proto {
 
 inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four bytes on the wire
-inline constexpr uint16_t kVersion = 2;  // 2: legacy IPC brokered by the daemon (IPC_*)
+// 2: legacy IPC brokered by the daemon (IPC_*).
+// 3: checksums and the pause state stay in the daemon's storage: READ, WRITTEN and READ_DONE carry no
+//    checksum, COMMIT no generation (the daemon assigns it); the shim asks with PAUSE_STATE.
+inline constexpr uint16_t kVersion = 3;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -51,14 +55,16 @@ enum class MsgType : uint16_t {
   Welcome = 11,      // daemon's answer; for a shim it carries the staging memfd
   Reserve = 12,      // shim: the blobs this pause will write (may span several messages)
   Write = 13,        // shim: write one staging slot to a blob chunk
-  Written = 14,      // daemon: the chunk is on disk, with its checksum
+  Written = 14,      // daemon: the chunk is on disk and sealed (its checksum recorded by storage)
   Read = 15,         // shim: read one blob chunk into a staging slot
-  ReadDone = 16,     // daemon: the slot holds the chunk, checksum verified
+  ReadDone = 16,     // daemon: the slot holds the chunk, verified against storage's record
   Commit = 17,       // shim: the pause (or resume) is complete; daemon syncs and commits the manifest
   Report = 18,       // shim: its current accounting (no reply)
   Command = 19,      // daemon -> shim: pause or resume, routed from tmsctl
   CommandDone = 20,  // shim -> daemon: the outcome of a Command
   Progress = 21,     // shim -> daemon -> tmsctl: bytes moved so far
+  PauseState = 22,   // shim: what the daemon's manifest says of this rank (answered with PAUSED)
+  Paused = 23,       // daemon: whether a committed pause holds the rank's data, and its generation
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -264,44 +270,53 @@ struct ChunkRef {
 struct Write : ChunkRef {
   static constexpr MsgType kType = MsgType::Write;
 };
+// The daemon's storage seals every chunk it writes and verifies every chunk it reads against its own
+// record (which survives a daemon restart mid-pause, see its checksum journal): no checksum crosses
+// the wire, so the shim keeps none that could disagree.
 struct Read : ChunkRef {
   static constexpr MsgType kType = MsgType::Read;
-  // The checksum WRITTEN acknowledged for this chunk (0: unknown). Obsolete: the daemon's storage
-  // seals every chunk it writes and verifies every read against its own record, which survives a
-  // daemon restart mid-pause (its checksum journal). Still accepted, and refused when it disagrees
-  // with that record, until the shim stops keeping a copy; then this field goes.
-  uint64_t checksum = 0;
-  template <class F>
-  void fields(F&& f) {
-    ChunkRef::fields(f), f(checksum);
-  }
 };
 
+// Acknowledges a WRITE: the chunk is on disk and storage recorded its checksum.
 struct Written {
   static constexpr MsgType kType = MsgType::Written;
-  uint64_t checksum = 0;
   template <class F>
-  void fields(F&& f) {
-    f(checksum);
-  }
+  void fields(F&&) {}
 };
 
+// Acknowledges a READ: the slot holds the chunk and storage verified it.
 struct ReadDone {
   static constexpr MsgType kType = MsgType::ReadDone;
-  uint64_t checksum = 0;
   template <class F>
-  void fields(F&& f) {
-    f(checksum);
-  }
+  void fields(F&&) {}
 };
 
+// The daemon's manifest is the one record of whether the rank is paused: COMMIT changes it (the daemon
+// numbers each committed pause), PAUSE_STATE reads it. The shim keeps no copy that could disagree
+// (after a resume whose commit failed, say).
 struct Commit {
   static constexpr MsgType kType = MsgType::Commit;
   uint8_t state = 0;  // CommitState
-  uint64_t generation = 0;
   template <class F>
   void fields(F&& f) {
-    f(state), f(generation);
+    f(state);
+  }
+  bool check(std::string& why) const;
+};
+
+struct PauseState {
+  static constexpr MsgType kType = MsgType::PauseState;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct Paused {
+  static constexpr MsgType kType = MsgType::Paused;
+  uint8_t paused = 0;       // 1: a committed pause holds the only copy of some of the rank's memory
+  uint64_t generation = 0;  // of the last committed pause (0: none yet)
+  template <class F>
+  void fields(F&& f) {
+    f(paused), f(generation);
   }
   bool check(std::string& why) const;
 };
@@ -500,10 +515,10 @@ struct IpcUsers {
   bool check(std::string& why) const;
 };
 
-using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone,
-                             Commit, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control,
-                             ControlResult, Gc, GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened,
-                             IpcClose, IpcUsers>;
+using Message =
+    std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
+                 Paused, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc,
+                 GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;
@@ -529,6 +544,13 @@ DecodeResult decode(std::span<const uint8_t> bytes) noexcept;
 
 // Reads only the header (for answering a version mismatch before trusting anything else).
 std::optional<Header> peek_header(std::span<const uint8_t> bytes) noexcept;
+
+// The rule every text field's check() applies: no control character (bytes < 0x20 and 0x7f).
+bool printable(std::string_view s) noexcept;
+// `s` as the decoder accepts it in a text field: at most `max` bytes, each control character
+// replaced by a space. A sender builds its messages with this, so a newline in a reason never
+// gets the whole message refused as malformed.
+std::string wire_text(std::string s, std::size_t max = kMaxTextLength);
 
 const char* type_name(MsgType type) noexcept;
 const char* state_name(RankState state) noexcept;
