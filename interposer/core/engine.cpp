@@ -756,7 +756,7 @@ Result<bool> Engine::committed_pause() {
   if (Status st = session_.await_reply(id, reply); !st) return std::move(st).error();
   if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
     return make_error(err->code, "tmsdiskd cannot tell the pause state: " + err->message);
-  const auto* state = std::get_if<proto::Paused>(&reply.body);
+  const auto* state = std::get_if<proto::PauseStateReply>(&reply.body);
   if (!state) return make_error(EPROTO, "unexpected answer to PAUSE_STATE");
   return state->paused != 0;
 }

@@ -384,7 +384,7 @@ bool Commit::check(std::string& why) const {
   return true;
 }
 
-bool Paused::check(std::string& why) const {
+bool PauseStateReply::check(std::string& why) const {
   if (paused > 1) {
     why = "paused must be 0 or 1";
     return false;
@@ -537,7 +537,7 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::ReadDone: return "READ_DONE";
     case MsgType::Commit: return "COMMIT";
     case MsgType::PauseState: return "PAUSE_STATE";
-    case MsgType::Paused: return "PAUSED";
+    case MsgType::PauseStateReply: return "PAUSE_STATE_REPLY";
     case MsgType::Report: return "REPORT";
     case MsgType::Command: return "COMMAND";
     case MsgType::CommandDone: return "COMMAND_DONE";

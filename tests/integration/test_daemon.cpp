@@ -167,8 +167,8 @@ TEST_CASE("the manifest is the one pause state: the daemon numbers pauses, answe
   auto state = [](ShimClient& s) {
     auto r = s.call(proto::PauseState{});
     REQUIRE(r);
-    REQUIRE(std::holds_alternative<proto::Paused>(*r));
-    return std::get<proto::Paused>(*r);
+    REQUIRE(std::holds_alternative<proto::PauseStateReply>(*r));
+    return std::get<proto::PauseStateReply>(*r);
   };
   CHECK(state(c).paused == 0);
   CHECK(state(c).generation == 0);

@@ -235,7 +235,7 @@ class FakeDaemon {
             busy_[m.slot] = true;
             pending_.push_back(Pending{id, is_write, m});
           } else if constexpr (std::is_same_v<T, proto::PauseState>) {
-            send_locked(id, proto::Paused{.paused = static_cast<uint8_t>(paused_ ? 1 : 0), .generation = 0});
+            send_locked(id, proto::PauseStateReply{.paused = static_cast<uint8_t>(paused_ ? 1 : 0), .generation = 0});
           } else if constexpr (std::is_same_v<T, proto::Commit>) {
             if (!pending_.empty()) ++violations;
             if (m.state == static_cast<uint8_t>(proto::CommitState::Resumed))

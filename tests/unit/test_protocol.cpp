@@ -89,10 +89,10 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(encode(9, Commit{.state = 1}).size() == kHeaderSize + 1);  // no generation: the daemon numbers pauses
   CHECK(encode(9, PauseState{}).size() == kHeaderSize);
   CHECK(std::holds_alternative<PauseState>(decode(encode(9, PauseState{})).envelope->body));
-  auto ps = round_trip(Paused{.paused = 1, .generation = 12});
+  auto ps = round_trip(PauseStateReply{.paused = 1, .generation = 12});
   CHECK(ps.paused == 1);
   CHECK(ps.generation == 12);
-  CHECK(decode_code(encode(9, Paused{.paused = 2})) == EBADMSG);
+  CHECK(decode_code(encode(9, PauseStateReply{.paused = 2})) == EBADMSG);
 
   Report rep;
   rep.stats.state = static_cast<uint8_t>(RankState::Paused);

@@ -63,8 +63,8 @@ enum class MsgType : uint16_t {
   Command = 19,      // daemon -> shim: pause or resume, routed from tmsctl
   CommandDone = 20,  // shim -> daemon: the outcome of a Command
   Progress = 21,     // shim -> daemon -> tmsctl: bytes moved so far
-  PauseState = 22,   // shim: what the daemon's manifest says of this rank (answered with PAUSED)
-  Paused = 23,       // daemon: whether a committed pause holds the rank's data, and its generation
+  PauseState = 22,   // shim: what the daemon's manifest says of this rank (answered with PAUSE_STATE_REPLY)
+  PauseStateReply = 23,       // daemon: whether a committed pause holds the rank's data, and its generation
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -310,8 +310,8 @@ struct PauseState {
   void fields(F&&) {}
 };
 
-struct Paused {
-  static constexpr MsgType kType = MsgType::Paused;
+struct PauseStateReply {
+  static constexpr MsgType kType = MsgType::PauseStateReply;
   uint8_t paused = 0;       // 1: a committed pause holds the only copy of some of the rank's memory
   uint64_t generation = 0;  // of the last committed pause (0: none yet)
   template <class F>
@@ -517,7 +517,7 @@ struct IpcUsers {
 
 using Message =
     std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
-                 Paused, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc,
+                 PauseStateReply, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc,
                  GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
