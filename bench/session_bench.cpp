@@ -10,9 +10,9 @@
 // reads it back (the daemon verifies every chunk's checksum). Write time includes the commit's
 // fdatasync, as the raw ceiling's includes one.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,7 +36,9 @@ uint64_t peak_rss(pid_t pid) {
   return 0;
 }
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 }  // namespace
 
@@ -48,9 +50,12 @@ int main(int argc, char** argv) {
   bool as_json = false;
   unsigned repeat = 3;
   CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
-  app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")->required()->check(CLI::ExistingDirectory);
+  app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   app.add_option("--gib", gib, "bytes moved in each direction, GiB")->capture_default_str();
-  app.add_option("--staging-budget-mb", staging_budget_mb, "staging budget per rank (pinned host memory), MiB")->capture_default_str();
+  app.add_option("--staging-budget-mb", staging_budget_mb, "staging budget per rank (pinned host memory), MiB")
+      ->capture_default_str();
   app.add_option("--chunk-mb", chunk_mb, "chunk size (bytes per request and per checksum), MiB")->capture_default_str();
   app.add_option("--repeat", repeat, "session passes, each preceded by a raw pass (plus one raw pass at the end)")
       ->capture_default_str()
@@ -79,8 +84,9 @@ int main(int argc, char** argv) {
   const std::string socket = work / "d.sock";
   const char* daemon_env = std::getenv("TMSDISK_DAEMON");  // a carried build has no build tree
   const std::string daemon_path = daemon_env && *daemon_env ? daemon_env : TMSDISK_DAEMON_PATH;
-  if (daemon.start(daemon_path, {"--socket", socket, "--root", root, "--staging-budget-mb", std::to_string(staging_budget_mb),
-                                 "--chunk-mb", std::to_string(chunk_mb), "--log-level", "warn"}) != 0) {
+  if (daemon.start(daemon_path,
+                   {"--socket", socket, "--root", root, "--staging-budget-mb", std::to_string(staging_budget_mb),
+                    "--chunk-mb", std::to_string(chunk_mb), "--log-level", "warn"}) != 0) {
     std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
     return 1;
   }
@@ -144,17 +150,23 @@ int main(int argc, char** argv) {
   for (unsigned i = 0; i < repeat; ++i)
     session_passes.push_back({{"write_gb_s", session_w[i] / 1e9}, {"read_gb_s", session_r[i] / 1e9}});
   const auto& raw = raws.front();
-  nlohmann::json out = {
-      {"dir", dir},
-      {"bytes", bytes},
-      {"chunk_bytes", uint64_t{chunk_mb} << 20},
-      {"staging_budget_bytes", budget},
-      {"raw", {{"write_gb_s", raw_w / 1e9}, {"read_gb_s", raw_r / 1e9}, {"passes", raw_passes},
-               {"direct_io", raw.direct_io}, {"io_uring", raw.io_uring}, {"notes", raw.notes}}},
-      {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}, {"passes", session_passes}}},
-      {"ratio", {{"write", sw / raw_w}, {"read", sr / raw_r}}},
-      {"memory", {{"daemon_peak_rss", daemon_rss}, {"client_peak_rss", client_rss},
-                  {"daemon_rss_per_budget", static_cast<double>(daemon_rss) / static_cast<double>(budget)}}}};
+  nlohmann::json out = {{"dir", dir},
+                        {"bytes", bytes},
+                        {"chunk_bytes", uint64_t{chunk_mb} << 20},
+                        {"staging_budget_bytes", budget},
+                        {"raw",
+                         {{"write_gb_s", raw_w / 1e9},
+                          {"read_gb_s", raw_r / 1e9},
+                          {"passes", raw_passes},
+                          {"direct_io", raw.direct_io},
+                          {"io_uring", raw.io_uring},
+                          {"notes", raw.notes}}},
+                        {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}, {"passes", session_passes}}},
+                        {"ratio", {{"write", sw / raw_w}, {"read", sr / raw_r}}},
+                        {"memory",
+                         {{"daemon_peak_rss", daemon_rss},
+                          {"client_peak_rss", client_rss},
+                          {"daemon_rss_per_budget", static_cast<double>(daemon_rss) / static_cast<double>(budget)}}}};
   if (as_json) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -170,9 +182,11 @@ int main(int argc, char** argv) {
   std::printf("\n                     %10s %10s %8s   (best pass of each)\n", "raw GB/s", "session", "ratio");
   std::printf("write                %10.3f %10.3f %8.3f\n", raw_w / 1e9, sw / 1e9, sw / raw_w);
   std::printf("read                 %10.3f %10.3f %8.3f\n", raw_r / 1e9, sr / 1e9, sr / raw_r);
-  std::printf("daemon peak RSS      %.1f MiB = %.2f x the staging budget\n", static_cast<double>(daemon_rss) / (1 << 20),
+  std::printf("daemon peak RSS      %.1f MiB = %.2f x the staging budget\n",
+              static_cast<double>(daemon_rss) / (1 << 20),
               static_cast<double>(daemon_rss) / static_cast<double>(budget));
-  std::printf("client peak RSS      %.1f MiB (includes the mapped staging)\n", static_cast<double>(client_rss) / (1 << 20));
+  std::printf("client peak RSS      %.1f MiB (includes the mapped staging)\n",
+              static_cast<double>(client_rss) / (1 << 20));
   if (!raw.notes.empty()) std::printf("notes                %s\n", raw.notes.c_str());
   return 0;
 }

@@ -48,17 +48,19 @@ const char kNopPtx[] = R"(
 .visible .entry tmsdisk_nop() { ret; }
 )";
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
-#define CHECK_CU(call)                                                              \
-  do {                                                                              \
-    CUresult rc_ = (call);                                                          \
-    if (rc_ != CUDA_SUCCESS) {                                                      \
-      const char* name_ = nullptr;                                                  \
-      cuGetErrorName(rc_, &name_);                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, name_ ? name_ : "unknown");    \
-      return json{{"error", std::string(#call) + ": " + (name_ ? name_ : "?")}};    \
-    }                                                                               \
+#define CHECK_CU(call)                                                           \
+  do {                                                                           \
+    CUresult rc_ = (call);                                                       \
+    if (rc_ != CUDA_SUCCESS) {                                                   \
+      const char* name_ = nullptr;                                               \
+      cuGetErrorName(rc_, &name_);                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #call, name_ ? name_ : "unknown"); \
+      return json{{"error", std::string(#call) + ": " + (name_ ? name_ : "?")}}; \
+    }                                                                            \
   } while (0)
 
 // GIB GiB in 1 GiB allocations, each filled with its own 32-bit value; verify_pattern checks them.
@@ -126,7 +128,8 @@ json measure_naive(size_t count, const std::string& dir) {
   CHECK_CU(verify_pattern(mem, &intact));
   for (CUdeviceptr p : mem) cuMemFree(p);
   const double bytes = static_cast<double>(count * kPiece);
-  return json{{"naive_save_gb_s", bytes / save_s / 1e9}, {"naive_restore_gb_s", bytes / restore_s / 1e9},
+  return json{{"naive_save_gb_s", bytes / save_s / 1e9},
+              {"naive_restore_gb_s", bytes / restore_s / 1e9},
               {"naive_intact", intact}};
 }
 
@@ -154,12 +157,14 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
   CHECK_CU(cuMemAlloc(&dbuf, copy_bytes));
   std::memset(host, 0x5A, copy_bytes);
   for (int dir = 0; dir < 2; ++dir) {
-    CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream) : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
+    CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream)
+                 : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
     CHECK_CU(cuStreamSynchronize(stream));
     const int reps = 8;
     auto t = Clock::now();
     for (int i = 0; i < reps; ++i)
-      CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream) : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
+      CHECK_CU(dir ? cuMemcpyHtoDAsync(dbuf, host, copy_bytes, stream)
+                   : cuMemcpyDtoHAsync(host, dbuf, copy_bytes, stream));
     CHECK_CU(cuStreamSynchronize(stream));
     out[dir ? "h2d_gb_s" : "d2h_gb_s"] = static_cast<double>(copy_bytes) * reps / seconds_since(t) / 1e9;
   }
@@ -256,11 +261,14 @@ json run_child(const std::string& self, double gib, const std::string& shim, con
   if (pid == 0) {
     ::dup2(fds[1], 1);
     ::close(fds[0]);
-    if (shim.empty()) ::unsetenv("LD_PRELOAD");
-    else ::setenv("LD_PRELOAD", shim.c_str(), 1);
+    if (shim.empty())
+      ::unsetenv("LD_PRELOAD");
+    else
+      ::setenv("LD_PRELOAD", shim.c_str(), 1);
     std::string g = std::to_string(gib), n = std::to_string(repeat);
-    const char* argv[] = {self.c_str(), "--child", shim.empty() ? "plain" : "shim", "--gib", g.c_str(),
-                          "--dir", dir.c_str(), "--repeat", n.c_str(), nullptr};
+    const char* argv[] = {
+        self.c_str(), "--child", shim.empty() ? "plain" : "shim", "--gib", g.c_str(), "--dir", dir.c_str(), "--repeat",
+        n.c_str(),    nullptr};
     ::execv(self.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
   }
@@ -278,7 +286,8 @@ json run_child(const std::string& self, double gib, const std::string& shim, con
 }
 
 double ratio(const json& a, const json& b, const char* key) {
-  return a.contains(key) && b.contains(key) && b[key].get<double>() > 0 ? a[key].get<double>() / b[key].get<double>() : 0.0;
+  return a.contains(key) && b.contains(key) && b[key].get<double>() > 0 ? a[key].get<double>() / b[key].get<double>()
+                                                                        : 0.0;
 }
 
 }  // namespace
@@ -294,7 +303,8 @@ int main(int argc, char** argv) {
   app.add_option("--gib", gib, "GiB of device memory to pause and resume")->capture_default_str();
   app.add_option("--shim", shim, "libtmsdisk.so to preload (default: $TMSDISK_LIBRARY)");
   app.add_option("--child", child, "internal: run the measurements in this process")->group("");
-  app.add_option("--overhead-rounds", overhead_rounds, "alternating plain/shim children for the overhead figures (best kept)")
+  app.add_option("--overhead-rounds", overhead_rounds,
+                 "alternating plain/shim children for the overhead figures (best kept)")
       ->capture_default_str()
       ->check(CLI::Range(1, 20));
   app.add_option("--repeat", repeat, "pause/resume cycles, each right after a raw disk pass (best of each compared)")
@@ -337,7 +347,8 @@ int main(int argc, char** argv) {
       return;
     }
     for (const char* key : {"d2h_gb_s", "h2d_gb_s", "launches_per_s"})
-      if (now.contains(key) && (!best.contains(key) || now[key].get<double>() > best[key].get<double>())) best[key] = now[key];
+      if (now.contains(key) && (!best.contains(key) || now[key].get<double>() > best[key].get<double>()))
+        best[key] = now[key];
     if (now.contains("alloc_free_us") && now["alloc_free_us"].get<double>() < best["alloc_free_us"].get<double>())
       best["alloc_free_us"] = now["alloc_free_us"];
     for (auto it = now.begin(); it != now.end(); ++it)
@@ -357,8 +368,11 @@ int main(int argc, char** argv) {
     raw->write_bytes_per_s = std::max(raw->write_bytes_per_s, shimmed["raw_write_gb_s"].get<double>() * 1e9);
     raw->read_bytes_per_s = std::max(raw->read_bytes_per_s, shimmed["raw_read_gb_s"].get<double>() * 1e9);
   }
-  json out = {{"raw", {{"write_gb_s", raw->write_bytes_per_s / 1e9}, {"read_gb_s", raw->read_bytes_per_s / 1e9},
-                       {"direct_io", raw->direct_io}, {"notes", raw->notes}}},
+  json out = {{"raw",
+               {{"write_gb_s", raw->write_bytes_per_s / 1e9},
+                {"read_gb_s", raw->read_bytes_per_s / 1e9},
+                {"direct_io", raw->direct_io},
+                {"notes", raw->notes}}},
               {"without_shim", plain},
               {"with_shim", shimmed}};
   if (plain.contains("error") || shimmed.contains("error")) {
@@ -399,12 +413,15 @@ int main(int argc, char** argv) {
               plain["h2d_gb_s"].get<double>());
   std::printf("freed by the pause   %.2f GiB of %.2f GiB paused; data %s\n",
               shimmed["freed_by_pause_bytes"].get<double>() / (1ull << 30),
-              shimmed["paused_bytes"].get<double>() / (1ull << 30), shimmed["intact"].get<bool>() ? "intact" : "CORRUPTED");
-  std::printf("cuMemAlloc+Free 64M  %.1f us with shim, %.1f us without (x%.2f)\n", shimmed["alloc_free_us"].get<double>(),
-              plain["alloc_free_us"].get<double>(), out["ratios"]["alloc_free_latency_shim_over_plain"].get<double>());
+              shimmed["paused_bytes"].get<double>() / (1ull << 30),
+              shimmed["intact"].get<bool>() ? "intact" : "CORRUPTED");
+  std::printf("cuMemAlloc+Free 64M  %.1f us with shim, %.1f us without (x%.2f)\n",
+              shimmed["alloc_free_us"].get<double>(), plain["alloc_free_us"].get<double>(),
+              out["ratios"]["alloc_free_latency_shim_over_plain"].get<double>());
   if (plain.contains("launches_per_s"))
-    std::printf("kernel launches      %.0f/s with shim, %.0f/s without (x%.3f)\n", shimmed["launches_per_s"].get<double>(),
-                plain["launches_per_s"].get<double>(), out["ratios"]["launch_rate_shim_over_plain"].get<double>());
+    std::printf("kernel launches      %.0f/s with shim, %.0f/s without (x%.3f)\n",
+                shimmed["launches_per_s"].get<double>(), plain["launches_per_s"].get<double>(),
+                out["ratios"]["launch_rate_shim_over_plain"].get<double>());
   else
     std::printf("kernel launches      not measured (no PTX JIT on this driver)\n");
   return shimmed["intact"].get<bool>() ? 0 : 1;

@@ -32,6 +32,8 @@ void notify(const char* state) noexcept {
   if (api().notify) api().notify(0, state);
 }
 
-int listen_fds() noexcept { return api().listen_fds ? api().listen_fds(1) : 0; }
+int listen_fds() noexcept {
+  return api().listen_fds ? api().listen_fds(1) : 0;
+}
 
 }  // namespace tmsdisk::systemd

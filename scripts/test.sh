@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Sets up and runs every test: installs dependencies, builds with -Werror, runs CTest; then builds
 # the daemon, tools and tests with ASan+UBSan and runs them again; then fuzzes the protocol decoder
-# for a bounded time. GPU tests are not part of this (see tests/gpu/).
+# for a bounded time; last, checks that the C/C++ files follow .clang-format (scripts/format.sh fixes
+# them). GPU tests are not part of this (see tests/gpu/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,3 +20,5 @@ ctest --test-dir build-asan --output-on-failure -j"$jobs"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DTMSDISK_BUILD_FUZZ=ON -DTMSDISK_FUZZ_SECONDS="${TMSDISK_FUZZ_SECONDS:-60}"
 cmake --build build-fuzz -j"$jobs" --target fuzz_decode
 ctest --test-dir build-fuzz --output-on-failure -R fuzz_decode
+
+scripts/format.sh --check

@@ -46,7 +46,8 @@ proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
 }
 
 proto::Message ChunkIo::pause_state(Session& s) {
-  return proto::PauseStateReply{.paused = static_cast<uint8_t>(s.store->paused() ? 1 : 0), .generation = s.store->generation()};
+  return proto::PauseStateReply{.paused = static_cast<uint8_t>(s.store->paused() ? 1 : 0),
+                                .generation = s.store->generation()};
 }
 
 std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::Write& m) {

@@ -17,23 +17,23 @@
 namespace tmsdisk::server {
 
 struct Config {
-  std::vector<std::string> roots;                       // one per NVMe; chunks stripe across them
+  std::vector<std::string> roots;  // one per NVMe; chunks stripe across them
   std::string socket_path = "/run/tmsdisk/tmsdiskd.sock";
-  uint64_t staging_budget_mb = 256;                            // default per-rank staging (staging budget)
-  uint64_t max_staging_budget_mb = 4096;                       // the most a rank may ask for
-  uint64_t max_staging_per_uid_mb = 32768;              // pinned staging one (non-root) user may hold
-  uint64_t max_total_staging_mb = 65536;                // pinned staging of all sessions together
-  uint32_t max_sessions_per_uid = 256;                  // sessions one (non-root) user may hold
-  uint32_t max_ipc_exports_per_uid = 4096;              // legacy IPC exports (one descriptor each) per user
-  uint32_t max_ipc_exports = 16384;                     // ... of all users together
-  uint32_t chunk_mb = 8;                                 // bytes per I/O request / slot
-  std::vector<uid_t> allowed_uids;                      // empty and no groups: every uid may connect
+  uint64_t staging_budget_mb = 256;         // default per-rank staging (staging budget)
+  uint64_t max_staging_budget_mb = 4096;    // the most a rank may ask for
+  uint64_t max_staging_per_uid_mb = 32768;  // pinned staging one (non-root) user may hold
+  uint64_t max_total_staging_mb = 65536;    // pinned staging of all sessions together
+  uint32_t max_sessions_per_uid = 256;      // sessions one (non-root) user may hold
+  uint32_t max_ipc_exports_per_uid = 4096;  // legacy IPC exports (one descriptor each) per user
+  uint32_t max_ipc_exports = 16384;         // ... of all users together
+  uint32_t chunk_mb = 8;                    // bytes per I/O request / slot
+  std::vector<uid_t> allowed_uids;          // empty and no groups: every uid may connect
   std::vector<gid_t> allowed_gids;
   bool allow_tmpfs = false;
-  unsigned sweep_interval_s = 60;                       // 0: sweep only at startup and on `tmsctl gc`
+  unsigned sweep_interval_s = 60;  // 0: sweep only at startup and on `tmsctl gc`
   unsigned queue_depth = 64;
-  bool exit_when_idle = false;                          // embedded per-user daemon: stop after last session
-  int listen_fd = -1;                                   // an already-listening socket (systemd activation)
+  bool exit_when_idle = false;                           // embedded per-user daemon: stop after last session
+  int listen_fd = -1;                                    // an already-listening socket (systemd activation)
   std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
 };
 

@@ -21,7 +21,7 @@ struct Config {
   std::string job;                        // TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, RAY_JOB_ID
   int64_t rank = -1;                      // RANK, SLURM_PROCID
   std::string backup_dir;                 // TMS_DISK_BACKUP_DIR
-  uint64_t staging_budget_bytes = 0;             // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
+  uint64_t staging_budget_bytes = 0;      // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
   OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
 };
 

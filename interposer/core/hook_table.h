@@ -235,28 +235,52 @@
     (devPtr, count, location, flags, hStream), "cuMemPrefetchAsync", 12020, Legacy, Optional)                          \
   X(cuMemPrefetchAsync_v2_ptsz,                                                                                        \
     (CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream),                  \
-    (devPtr, count, location, flags, hStream), "cuMemPrefetchAsync", 12020, PerThread, Optional) \
-  /* Stream memory operations read and write device memory from the stream, like copies. */ \
-  X(cuStreamWriteValue32, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue32", 8000, Legacy, Optional) \
-  X(cuStreamWriteValue32_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue32", 8000, PerThread, Optional) \
-  X(cuStreamWriteValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue32", 11070, Legacy, Optional) \
-  X(cuStreamWriteValue32_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue32", 11070, PerThread, Optional) \
-  X(cuStreamWaitValue32, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue32", 8000, Legacy, Optional) \
-  X(cuStreamWaitValue32_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue32", 8000, PerThread, Optional) \
-  X(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue32", 11070, Legacy, Optional) \
-  X(cuStreamWaitValue32_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue32", 11070, PerThread, Optional) \
-  X(cuStreamWriteValue64, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue64", 9000, Legacy, Optional) \
-  X(cuStreamWriteValue64_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue64", 9000, PerThread, Optional) \
-  X(cuStreamWriteValue64_v2, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue64", 11070, Legacy, Optional) \
-  X(cuStreamWriteValue64_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWriteValue64", 11070, PerThread, Optional) \
-  X(cuStreamWaitValue64, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue64", 9000, Legacy, Optional) \
-  X(cuStreamWaitValue64_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue64", 9000, PerThread, Optional) \
-  X(cuStreamWaitValue64_v2, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue64", 11070, Legacy, Optional) \
-  X(cuStreamWaitValue64_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), "cuStreamWaitValue64", 11070, PerThread, Optional) \
-  X(cuStreamBatchMemOp, (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags), (stream, count, paramArray, flags), "cuStreamBatchMemOp", 8000, Legacy, Optional) \
-  X(cuStreamBatchMemOp_ptsz, (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags), (stream, count, paramArray, flags), "cuStreamBatchMemOp", 8000, PerThread, Optional) \
-  X(cuStreamBatchMemOp_v2, (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags), (stream, count, paramArray, flags), "cuStreamBatchMemOp", 11070, Legacy, Optional) \
-  X(cuStreamBatchMemOp_v2_ptsz, (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags), (stream, count, paramArray, flags), "cuStreamBatchMemOp", 11070, PerThread, Optional)
+    (devPtr, count, location, flags, hStream), "cuMemPrefetchAsync", 12020, PerThread, Optional)                       \
+  /* Stream memory operations read and write device memory from the stream, like copies. */                            \
+  X(cuStreamWriteValue32, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                   \
+    (stream, addr, value, flags), "cuStreamWriteValue32", 8000, Legacy, Optional)                                      \
+  X(cuStreamWriteValue32_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),              \
+    (stream, addr, value, flags), "cuStreamWriteValue32", 8000, PerThread, Optional)                                   \
+  X(cuStreamWriteValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                \
+    (stream, addr, value, flags), "cuStreamWriteValue32", 11070, Legacy, Optional)                                     \
+  X(cuStreamWriteValue32_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),           \
+    (stream, addr, value, flags), "cuStreamWriteValue32", 11070, PerThread, Optional)                                  \
+  X(cuStreamWaitValue32, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                    \
+    (stream, addr, value, flags), "cuStreamWaitValue32", 8000, Legacy, Optional)                                       \
+  X(cuStreamWaitValue32_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),               \
+    (stream, addr, value, flags), "cuStreamWaitValue32", 8000, PerThread, Optional)                                    \
+  X(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                 \
+    (stream, addr, value, flags), "cuStreamWaitValue32", 11070, Legacy, Optional)                                      \
+  X(cuStreamWaitValue32_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),            \
+    (stream, addr, value, flags), "cuStreamWaitValue32", 11070, PerThread, Optional)                                   \
+  X(cuStreamWriteValue64, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),                   \
+    (stream, addr, value, flags), "cuStreamWriteValue64", 9000, Legacy, Optional)                                      \
+  X(cuStreamWriteValue64_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),              \
+    (stream, addr, value, flags), "cuStreamWriteValue64", 9000, PerThread, Optional)                                   \
+  X(cuStreamWriteValue64_v2, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),                \
+    (stream, addr, value, flags), "cuStreamWriteValue64", 11070, Legacy, Optional)                                     \
+  X(cuStreamWriteValue64_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),           \
+    (stream, addr, value, flags), "cuStreamWriteValue64", 11070, PerThread, Optional)                                  \
+  X(cuStreamWaitValue64, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),                    \
+    (stream, addr, value, flags), "cuStreamWaitValue64", 9000, Legacy, Optional)                                       \
+  X(cuStreamWaitValue64_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),               \
+    (stream, addr, value, flags), "cuStreamWaitValue64", 9000, PerThread, Optional)                                    \
+  X(cuStreamWaitValue64_v2, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),                 \
+    (stream, addr, value, flags), "cuStreamWaitValue64", 11070, Legacy, Optional)                                      \
+  X(cuStreamWaitValue64_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),            \
+    (stream, addr, value, flags), "cuStreamWaitValue64", 11070, PerThread, Optional)                                   \
+  X(cuStreamBatchMemOp,                                                                                                \
+    (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags),                   \
+    (stream, count, paramArray, flags), "cuStreamBatchMemOp", 8000, Legacy, Optional)                                  \
+  X(cuStreamBatchMemOp_ptsz,                                                                                           \
+    (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags),                   \
+    (stream, count, paramArray, flags), "cuStreamBatchMemOp", 8000, PerThread, Optional)                               \
+  X(cuStreamBatchMemOp_v2,                                                                                             \
+    (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags),                   \
+    (stream, count, paramArray, flags), "cuStreamBatchMemOp", 11070, Legacy, Optional)                                 \
+  X(cuStreamBatchMemOp_v2_ptsz,                                                                                        \
+    (CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags),                   \
+    (stream, count, paramArray, flags), "cuStreamBatchMemOp", 11070, PerThread, Optional)
 
 // Stream capture: gated like work submission, and recorded so a pause can refuse while a graph is
 // being captured (gated.cpp).
@@ -343,13 +367,13 @@
     4000, Any, Optional)
 
 // Legacy IPC: brokered by tmsdiskd for the shim's own allocations (ipc.cpp).
-#define TMSDISK_IPC_HOOKS(X)                                                                                         \
+#define TMSDISK_IPC_HOOKS(X)                                                                                          \
   X(cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr), "cuIpcGetMemHandle", 4010, Any, \
-    Optional)                                                                                                        \
-  X(cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags),    \
-    "cuIpcOpenMemHandle", 4010, Any, Optional)                                                                       \
-  X(cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags), \
-    "cuIpcOpenMemHandle", 11000, Any, Optional)                                                                      \
+    Optional)                                                                                                         \
+  X(cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags),     \
+    "cuIpcOpenMemHandle", 4010, Any, Optional)                                                                        \
+  X(cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags),  \
+    "cuIpcOpenMemHandle", 11000, Any, Optional)                                                                       \
   X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr), "cuIpcCloseMemHandle", 4010, Any, Optional)
 
 // Entry points the shim calls but does not intercept: X(name, params, need). cuGetExportTable is

@@ -18,8 +18,9 @@ namespace tmsdisk::shim {
 Status StagingSlots::map(int memfd, const proto::Welcome& w) {
   release();
   struct stat st {};
-  if (memfd < 0 || w.chunk_bytes == 0 || w.slot_count == 0 || uint64_t{w.slot_count} * w.chunk_bytes > w.staging_budget_bytes ||
-      ::fstat(memfd, &st) != 0 || static_cast<uint64_t>(st.st_size) < w.staging_budget_bytes)
+  if (memfd < 0 || w.chunk_bytes == 0 || w.slot_count == 0 ||
+      uint64_t{w.slot_count} * w.chunk_bytes > w.staging_budget_bytes || ::fstat(memfd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < w.staging_budget_bytes)
     return make_error(EPROTO, "tmsdiskd's WELCOME has no usable staging buffer");
   void* p = ::mmap(nullptr, w.staging_budget_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (p == MAP_FAILED) {

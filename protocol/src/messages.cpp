@@ -20,7 +20,9 @@ template <class T, std::size_t N>
 struct is_array<std::array<T, N>> : std::true_type {};
 
 template <class T>
-concept HasFields = requires(T& t) { t.fields([](auto&&...) {}); };
+concept HasFields = requires(T& t) {
+  t.fields([](auto&&...) {});
+};
 template <class T>
 concept HasCheck = requires(const T& t, std::string& why) {
   { t.check(why) } -> std::same_as<bool>;
@@ -33,7 +35,7 @@ class Writer {
   bool failed = false;
 
   template <class T>
-    requires std::is_integral_v<T>
+  requires std::is_integral_v<T>
   void operator()(const T& v) {
     using U = std::make_unsigned_t<T>;
     U u = static_cast<U>(v);
@@ -79,7 +81,7 @@ class Reader {
   std::size_t remaining() const { return in_.size() - pos_; }
 
   template <class T>
-    requires std::is_integral_v<T>
+  requires std::is_integral_v<T>
   void operator()(T& v) {
     if (!need(sizeof(T))) return;
     using U = std::make_unsigned_t<T>;
@@ -92,7 +94,8 @@ class Reader {
     uint16_t len = 0;
     (*this)(len);
     if (!ok()) return;
-    if (len > max) return fail("string of " + std::to_string(len) + " bytes exceeds its limit of " + std::to_string(max));
+    if (len > max)
+      return fail("string of " + std::to_string(len) + " bytes exceeds its limit of " + std::to_string(max));
     if (!need(len)) return;
     s.assign(reinterpret_cast<const char*>(in_.data() + pos_), len);
     pos_ += len;
@@ -501,8 +504,12 @@ bool valid_ipc_memory(uint64_t bytes, int32_t device, std::string& why) {
 
 }  // namespace
 
-bool IpcExport::check(std::string& why) const { return valid_ipc_memory(bytes, device, why); }
-bool IpcExported::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcExport::check(std::string& why) const {
+  return valid_ipc_memory(bytes, device, why);
+}
+bool IpcExported::check(std::string& why) const {
+  return valid_export_id(export_id, why);
+}
 bool IpcRevoke::check(std::string& why) const {
   if (freed > 1) {
     why = "freed must be 0 or 1";
@@ -510,7 +517,9 @@ bool IpcRevoke::check(std::string& why) const {
   }
   return valid_export_id(export_id, why);
 }
-bool IpcOpen::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcOpen::check(std::string& why) const {
+  return valid_export_id(export_id, why);
+}
 bool IpcOpened::check(std::string& why) const {
   if (exporter_pid < 0) {  // 0: the exporter is outside the daemon's pid namespace
     why = "negative exporter pid";
@@ -518,8 +527,12 @@ bool IpcOpened::check(std::string& why) const {
   }
   return valid_export_id(export_id, why) && valid_ipc_memory(bytes, device, why);
 }
-bool IpcClose::check(std::string& why) const { return valid_export_id(export_id, why); }
-bool IpcUsers::check(std::string& why) const { return valid_export_id(export_id, why); }
+bool IpcClose::check(std::string& why) const {
+  return valid_export_id(export_id, why);
+}
+bool IpcUsers::check(std::string& why) const {
+  return valid_export_id(export_id, why);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Names

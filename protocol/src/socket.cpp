@@ -79,8 +79,10 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
     }
   }
   for (std::size_t i = first_extra; i < count; ++i) {
-    if (to_extra) extra->push_back(passed[i]);  // reserved: cannot throw
-    else ::close(passed[i]);
+    if (to_extra)
+      extra->push_back(passed[i]);  // reserved: cannot throw
+    else
+      ::close(passed[i]);
   }
   const int kept = first_extra ? passed[0] : -1;
   if (truncated) {

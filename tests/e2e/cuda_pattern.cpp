@@ -139,8 +139,10 @@ int main() {
       uint64_t id = 0;
       in >> id;
       auto it = allocs.find(id);
-      if (it == allocs.end()) std::printf("err addr\n");
-      else std::printf("ok 0x%llx\n", static_cast<unsigned long long>(it->second.ptr));
+      if (it == allocs.end())
+        std::printf("err addr\n");
+      else
+        std::printf("ok 0x%llx\n", static_cast<unsigned long long>(it->second.ptr));
     } else if (cmd == "api") {
       std::string what;
       in >> what;
@@ -151,8 +153,10 @@ int main() {
         continue;
       }
       int rc = fn();
-      if (rc == 0) std::printf("ok\n");
-      else std::printf("err %d\n", -rc);
+      if (rc == 0)
+        std::printf("ok\n");
+      else
+        std::printf("err %d\n", -rc);
     } else if (cmd == "exit") {
       break;
     } else {

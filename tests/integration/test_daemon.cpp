@@ -303,8 +303,8 @@ TEST_CASE("job names with path traversal, backup dirs outside the roots and over
   REQUIRE_FALSE(outside);
   auto traversal = ShimClient::connect(d.socket, {.backup_dir = d.roots[0] + "/../../etc"});
   REQUIRE_FALSE(traversal);
-  auto inside =
-      ShimClient::connect(d.socket, {.staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB, .backup_dir = d.roots[0]});
+  auto inside = ShimClient::connect(
+      d.socket, {.staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB, .backup_dir = d.roots[0]});
   CHECK(inside);
   auto huge = ShimClient::connect(d.socket, {.staging_budget_bytes = 1ull << 40});
   REQUIRE_FALSE(huge);
@@ -463,7 +463,8 @@ TEST_CASE("files of a live rank survive a daemon restart and the rank resumes fr
   d.start();  // the startup sweep must keep a live owner's files
   CHECK(fs::exists(dir + "/manifest"));
   auto wrong = ShimClient::connect(
-      d.socket, {.job = "restart", .rank = 2, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB, .token = token + 1});
+      d.socket,
+      {.job = "restart", .rank = 2, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB, .token = token + 1});
   REQUIRE_FALSE(wrong);
   auto again = d.shim({.job = "restart", .rank = 2, .token = token});
   CHECK(again.welcome().restored == 1);
@@ -545,13 +546,15 @@ TEST_CASE("EIO during a write reaches the client - other sessions are unaffected
     if (r.op == io::Op::Write && fail_next_write.exchange(false)) return -EIO;
     return raw;
   });
-  auto bystander = ShimClient::connect(d.socket, {.job = "ok", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
+  auto bystander =
+      ShimClient::connect(d.socket, {.job = "ok", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
   REQUIRE(bystander);
   fail_next_write = true;
   // The victim is another process, so that "dead session" means what it says.
   pid_t child = ::fork();
   if (child == 0) {
-    auto victim = ShimClient::connect(d.socket, {.job = "eio", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
+    auto victim =
+        ShimClient::connect(d.socket, {.job = "eio", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     if (!victim || !victim->reserve({{1, 16 * MiB}})) ::_exit(1);
     auto w = victim->write_all({{1, 16 * MiB}}, fill_pattern);
     if (w || w.error().errnum() != EIO) ::_exit(2);
@@ -739,8 +742,8 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
     REQUIRE(eventually([&] { return d.session_count() == 0; }));
     CHECK(fs::exists(dir + "/data"));
-    auto wrong =
-        ShimClient::connect(d.socket, {.job = "orphan", .rank = 4, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+    auto wrong = ShimClient::connect(
+        d.socket, {.job = "orphan", .rank = 4, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
     REQUIRE_FALSE(wrong);  // without the token nobody takes them over
     CHECK(wrong.error().errnum() == EPERM);
     auto again = d.shim({.job = "orphan", .rank = 4, .token = token});
@@ -756,8 +759,8 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   pid_t child = ::fork();
   if (child == 0) {
     ::close(go[1]);
-    auto c =
-        ShimClient::connect(d.socket, {.job = "orphan", .rank = 5, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
+    auto c = ShimClient::connect(
+        d.socket, {.job = "orphan", .rank = 5, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused))
       ::_exit(1);
     c->close();
@@ -791,17 +794,17 @@ TEST_CASE("per-user limits on sessions and pinned staging are enforced with a cl
   Daemon d;
   d.start({"--max-sessions-per-uid", "2", "--max-staging-per-uid-mb", "48"});
   CHECK(as_other_user([&] {
-          auto a = ShimClient::connect(d.socket,
-                                       {.job = "lim", .rank = 0, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+          auto a = ShimClient::connect(
+              d.socket, {.job = "lim", .rank = 0, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
           if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
-          auto b = ShimClient::connect(d.socket,
-                                       {.job = "lim", .rank = 1, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+          auto b = ShimClient::connect(
+              d.socket, {.job = "lim", .rank = 1, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
           if (b || b.error().errnum() != EDQUOT) return 12;  // 64 MiB > 48 MiB of staging
-          auto c =
-              ShimClient::connect(d.socket, {.job = "lim", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+          auto c = ShimClient::connect(
+              d.socket, {.job = "lim", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (!c) return 13;
-          auto e =
-              ShimClient::connect(d.socket, {.job = "lim", .rank = 3, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+          auto e = ShimClient::connect(
+              d.socket, {.job = "lim", .rank = 3, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (e || e.error().errnum() != EDQUOT) return 14;  // a third session
           return 0;
         }) == 0);
@@ -858,7 +861,8 @@ TEST_CASE("the daemon takes its settings from a TOML config file") {
 
   // Keys renamed so that each quantity has one name are refused with their new name, not ignored
   // (an old file would otherwise run with the built-in staging budget and chunk size).
-  for (const auto& [old_key, new_key] : {std::pair{"staging-mb", "staging-budget-mb"}, std::pair{"slot-mb", "chunk-mb"}}) {
+  for (const auto& [old_key, new_key] :
+       {std::pair{"staging-mb", "staging-budget-mb"}, std::pair{"slot-mb", "chunk-mb"}}) {
     const std::string old_conf = d.dir / (std::string(old_key) + ".conf");
     std::ofstream(old_conf) << "root = [\"" << d.roots[0] << "\"]\n" << old_key << " = 4\n";
     DaemonProcess renamed;
@@ -946,7 +950,8 @@ TEST_CASE(
   // An importer that exits releases what it had open.
   pid_t child = ::fork();
   if (child == 0) {
-    auto c = ShimClient::connect(d.socket, {.job = "ipc", .rank = 4, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+    auto c = ShimClient::connect(d.socket,
+                                 {.job = "ipc", .rank = 4, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
     if (!c) ::_exit(11);
     UniqueFd mine;
     ::_exit(c->call(proto::IpcOpen{.export_id = id}, -1, &mine) ? 0 : 12);
@@ -980,8 +985,8 @@ TEST_CASE("legacy IPC through the daemon - a user of another uid cannot open an 
   REQUIRE(exported);
   const uint64_t id = std::get<proto::IpcExported>(*exported).export_id;
   CHECK(as_other_user([&] {
-          auto c =
-              ShimClient::connect(d.socket, {.job = "ipc", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+          auto c = ShimClient::connect(
+              d.socket, {.job = "ipc", .rank = 2, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
           if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
           auto r = c->call(proto::IpcOpen{.export_id = id});
           return !r && r.error().errnum() == ENOENT ? 0 : 12;

@@ -47,7 +47,7 @@ TEST_CASE("ipc exports - only another process of the same uid may open an export
   IpcExports ipc = make();
   auto id = ipc.add(kOwner, kUid, 4242, memfd(), 2 << 20, 0);
   REQUIRE(id);
-  CHECK(ipc.open(*id, kOwner, kUid).error().errnum() == EINVAL);           // its own handle
+  CHECK(ipc.open(*id, kOwner, kUid).error().errnum() == EINVAL);         // its own handle
   CHECK(ipc.open(*id, kStranger, kUid + 1).error().errnum() == ENOENT);  // another user: not even seen
   CHECK(ipc.open(*id + 1, kImporter, kUid).error().errnum() == ENOENT);
   auto o = ipc.open(*id, kImporter, kUid);
@@ -67,7 +67,7 @@ TEST_CASE("ipc exports - a revoke is refused while the export is open and closes
   auto id = ipc.add(kOwner, kUid, 1, std::move(given), 4096, 0);
   REQUIRE(id);
   REQUIRE(ipc.open(*id, kImporter, kUid));
-  REQUIRE(ipc.open(*id, kImporter, kUid));  // twice by one process: one importer, two opens
+  REQUIRE(ipc.open(*id, kImporter, kUid));                       // twice by one process: one importer, two opens
   CHECK(ipc.revoke(*id, kImporter).error().errnum() == ENOENT);  // not the owner
   CHECK(ipc.revoke(*id, kOwner).error().errnum() == EBUSY);
   auto u = ipc.close(*id, kImporter);

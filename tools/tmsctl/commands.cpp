@@ -24,17 +24,23 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string socket_of(const Common& c) { return c.socket.empty() ? default_socket_path() : c.socket; }
+std::string socket_of(const Common& c) {
+  return c.socket.empty() ? default_socket_path() : c.socket;
+}
 
 int fail(const std::string& what, const Error& e) {
   std::fprintf(stderr, "tmsctl %s: %s\n", what.c_str(), e.describe().c_str());
   return 1;
 }
 
-double gb_per_s(uint64_t bytes, uint64_t nanos) { return nanos ? static_cast<double>(bytes) / static_cast<double>(nanos) : 0.0; }
+double gb_per_s(uint64_t bytes, uint64_t nanos) {
+  return nanos ? static_cast<double>(bytes) / static_cast<double>(nanos) : 0.0;
+}
 
 // A rank that declared none (no RANK/SLURM_PROCID) is shown as "-".
-std::string rank_text(int64_t rank) { return rank < 0 ? "-" : std::to_string(rank); }
+std::string rank_text(int64_t rank) {
+  return rank < 0 ? "-" : std::to_string(rank);
+}
 
 std::string rate_text(uint64_t bytes, uint64_t nanos) {
   if (!nanos) return "-";
@@ -88,7 +94,8 @@ int cmd_status(const Common& common) {
     for (const auto& s : *sessions) {
       json unmanaged = json::object();
       for (std::size_t i = 0; i < proto::kUnmanagedReasons; ++i)
-        if (s.stats.unmanaged_bytes[i]) unmanaged[proto::unmanaged_name(static_cast<proto::Unmanaged>(i))] = s.stats.unmanaged_bytes[i];
+        if (s.stats.unmanaged_bytes[i])
+          unmanaged[proto::unmanaged_name(static_cast<proto::Unmanaged>(i))] = s.stats.unmanaged_bytes[i];
       out.push_back({{"session", s.session_id},
                      {"pid", s.pid},
                      {"uid", s.uid},
@@ -119,9 +126,9 @@ int cmd_status(const Common& common) {
       last = human_bytes(s.stats.last_pause_bytes) + " " + rate_text(s.stats.last_pause_bytes, s.stats.last_pause_ns) +
              " / " + rate_text(s.stats.last_resume_bytes, s.stats.last_resume_ns);
     std::printf("%-16s %5s %8d %-16s %10s %10s %10s %10s %s\n", s.job.c_str(), rank_text(s.rank).c_str(), s.pid,
-                proto::state_name(static_cast<proto::RankState>(s.stats.state)), human_bytes(s.stats.resident_bytes).c_str(),
-                human_bytes(s.stats.paused_bytes).c_str(), human_bytes(unmanaged_total(s.stats)).c_str(),
-                human_bytes(s.disk_bytes).c_str(), last.c_str());
+                proto::state_name(static_cast<proto::RankState>(s.stats.state)),
+                human_bytes(s.stats.resident_bytes).c_str(), human_bytes(s.stats.paused_bytes).c_str(),
+                human_bytes(unmanaged_total(s.stats)).c_str(), human_bytes(s.disk_bytes).c_str(), last.c_str());
     // Why the unmanaged bytes are not paused, so that nobody has to guess what stayed on the GPU.
     std::string why;
     for (std::size_t i = 0; i < proto::kUnmanagedReasons; ++i) {
@@ -182,8 +189,15 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
   for (const auto& r : *results) {
     if (r.code != 0) ++failed;
     if (common.json) {
-      out.push_back({{"job", r.job}, {"rank", r.rank}, {"pid", r.pid}, {"ok", r.code == 0}, {"errno", r.code},
-                     {"bytes", r.bytes}, {"ns", r.nanos}, {"gb_per_s", gb_per_s(r.bytes, r.nanos)}, {"message", r.message}});
+      out.push_back({{"job", r.job},
+                     {"rank", r.rank},
+                     {"pid", r.pid},
+                     {"ok", r.code == 0},
+                     {"errno", r.code},
+                     {"bytes", r.bytes},
+                     {"ns", r.nanos},
+                     {"gb_per_s", gb_per_s(r.bytes, r.nanos)},
+                     {"message", r.message}});
     } else if (r.code == 0) {
       std::printf("%s rank %s (pid %d): %s in %.2f s (%.2f GB/s)\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
                   human_bytes(r.bytes).c_str(), static_cast<double>(r.nanos) / 1e9, gb_per_s(r.bytes, r.nanos));

@@ -22,11 +22,11 @@ struct Selector {
 };
 
 struct LaunchOptions {
-  std::string job;           // TMSDISK_JOB for the launch (default: launcher ids, else "default")
+  std::string job;                 // TMSDISK_JOB for the launch (default: launcher ids, else "default")
   uint64_t staging_budget_mb = 0;  // TMS_DISK_BACKUP_CHUNK_MB (0: the daemon's default)
-  uint64_t min_mb = 0;       // TMSDISK_MIN_BYTES in MiB (0: the shim's default)
-  std::string on_touch;      // TMSDISK_ON_TOUCH: wait | resume | fail (empty: the shim's default, wait)
-  bool start_daemon = true;  // run: start a private daemon when none answers
+  uint64_t min_mb = 0;             // TMSDISK_MIN_BYTES in MiB (0: the shim's default)
+  std::string on_touch;            // TMSDISK_ON_TOUCH: wait | resume | fail (empty: the shim's default, wait)
+  bool start_daemon = true;        // run: start a private daemon when none answers
 };
 
 int cmd_status(const Common& common);

@@ -31,7 +31,7 @@ inline std::string private_socket_path() {
 inline bool private_dir_trusted(const std::string& socket_path) noexcept {
   const auto slash = socket_path.rfind('/');
   if (slash == std::string::npos || slash == 0) return false;
-  struct stat st{};
+  struct stat st {};
   if (::lstat(socket_path.substr(0, slash).c_str(), &st) != 0) return false;
   return S_ISDIR(st.st_mode) && st.st_uid == ::getuid() && (st.st_mode & 077) == 0;
 }
@@ -42,7 +42,7 @@ inline bool private_dir_trusted(const std::string& socket_path) noexcept {
 inline std::string default_socket_path() {
   const char* env = std::getenv("TMSDISK_SOCKET");
   if (env && *env) return env;
-  struct stat st{};
+  struct stat st {};
   if (::stat(kSystemSocket, &st) == 0 && S_ISSOCK(st.st_mode)) return kSystemSocket;
   const std::string priv = private_socket_path();
   if (::stat(priv.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && private_dir_trusted(priv)) return priv;

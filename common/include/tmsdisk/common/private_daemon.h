@@ -53,7 +53,7 @@ inline bool socket_answers(const std::string& path) noexcept {
 // Returns 0 or a negative errno (-ETIMEDOUT if no daemon answered in time).
 inline int spawn_private_daemon(const std::string& tmsdiskd, const std::string& socket, int timeout_ms) noexcept {
   // A directory that exists but is not ours alone is refused, never used (see private_dir_trusted).
-  struct stat st{};
+  struct stat st {};
   const std::string dir = socket.substr(0, socket.rfind('/'));
   if (::lstat(dir.c_str(), &st) == 0 && !private_dir_trusted(socket)) return -EPERM;
   if (socket_answers(socket)) return 0;

@@ -30,8 +30,7 @@ struct Error {
 };
 
 // Builds an Error from an errno value (positive) and a message, recording where it was made.
-inline Error make_error(int errnum, std::string message,
-                        std::source_location where = std::source_location::current()) {
+inline Error make_error(int errnum, std::string message, std::source_location where = std::source_location::current()) {
   return Error{std::error_code(errnum, std::generic_category()), std::move(message), where.file_name(),
                static_cast<unsigned>(where.line())};
 }

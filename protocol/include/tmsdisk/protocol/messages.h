@@ -36,7 +36,7 @@ inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
 
-inline constexpr std::size_t kMaxNameLength = 64;     // job names
+inline constexpr std::size_t kMaxNameLength = 64;  // job names
 // Human-readable messages. Room for a refusal that quotes a full path (kMaxPathLength) with its
 // advice, so none reaches the user cut; every message stays far below kMaxMessageSize.
 inline constexpr std::size_t kMaxTextLength = 8192;
@@ -51,20 +51,20 @@ enum class MsgType : uint16_t {
   Error = 1,
   Ok = 2,
   // Session: shim <-> daemon.
-  Hello = 10,        // first message of every connection (shim or tmsctl)
-  Welcome = 11,      // daemon's answer; for a shim it carries the staging memfd
-  Reserve = 12,      // shim: the blobs this pause will write (may span several messages)
-  Write = 13,        // shim: write one staging slot to a blob chunk
-  Written = 14,      // daemon: the chunk is on disk and sealed (its checksum recorded by storage)
-  Read = 15,         // shim: read one blob chunk into a staging slot
-  ReadDone = 16,     // daemon: the slot holds the chunk, verified against storage's record
-  Commit = 17,       // shim: the pause (or resume) is complete; daemon syncs and commits the manifest
-  Report = 18,       // shim: its current accounting (no reply)
-  Command = 19,      // daemon -> shim: pause or resume, routed from tmsctl
-  CommandDone = 20,  // shim -> daemon: the outcome of a Command
-  Progress = 21,     // shim -> daemon -> tmsctl: bytes moved so far
-  PauseState = 22,   // shim: what the daemon's manifest says of this rank (answered with PAUSE_STATE_REPLY)
-  PauseStateReply = 23,       // daemon: whether a committed pause holds the rank's data, and its generation
+  Hello = 10,            // first message of every connection (shim or tmsctl)
+  Welcome = 11,          // daemon's answer; for a shim it carries the staging memfd
+  Reserve = 12,          // shim: the blobs this pause will write (may span several messages)
+  Write = 13,            // shim: write one staging slot to a blob chunk
+  Written = 14,          // daemon: the chunk is on disk and sealed (its checksum recorded by storage)
+  Read = 15,             // shim: read one blob chunk into a staging slot
+  ReadDone = 16,         // daemon: the slot holds the chunk, verified against storage's record
+  Commit = 17,           // shim: the pause (or resume) is complete; daemon syncs and commits the manifest
+  Report = 18,           // shim: its current accounting (no reply)
+  Command = 19,          // daemon -> shim: pause or resume, routed from tmsctl
+  CommandDone = 20,      // shim -> daemon: the outcome of a Command
+  Progress = 21,         // shim -> daemon -> tmsctl: bytes moved so far
+  PauseState = 22,       // shim: what the daemon's manifest says of this rank (answered with PAUSE_STATE_REPLY)
+  PauseStateReply = 23,  // daemon: whether a committed pause holds the rank's data, and its generation
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -139,8 +139,8 @@ struct RankStats {
 
   template <class F>
   void fields(F&& f) {
-    f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations),
-        f(last_pause_bytes), f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms);
+    f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations), f(last_pause_bytes),
+        f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms);
   }
   bool check(std::string& why) const;
 };
@@ -179,8 +179,7 @@ struct RankResult {
   std::string message;
   template <class F>
   void fields(F&& f) {
-    f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos),
-        f(message, kMaxResultText);
+    f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos), f(message, kMaxResultText);
   }
 };
 
@@ -210,10 +209,10 @@ struct Hello {
   int64_t rank = -1;
   uint32_t device_count = 0;
   std::string job;
-  std::string backup_dir;      // TMS_DISK_BACKUP_DIR as the rank sees it; honored only under a root
-  uint64_t token = 0;          // non-zero: reconnect to the session this token was issued for
+  std::string backup_dir;             // TMS_DISK_BACKUP_DIR as the rank sees it; honored only under a root
+  uint64_t token = 0;                 // non-zero: reconnect to the session this token was issued for
   uint64_t staging_budget_bytes = 0;  // 0: the daemon's default staging budget
-  uint32_t chunk_bytes = 0;     // 0: the daemon's default chunk size
+  uint32_t chunk_bytes = 0;           // 0: the daemon's default chunk size
   template <class F>
   void fields(F&& f) {
     f(role), f(rank), f(device_count), f(job, kMaxNameLength), f(backup_dir, kMaxPathLength), f(token),
@@ -515,10 +514,10 @@ struct IpcUsers {
   bool check(std::string& why) const;
 };
 
-using Message =
-    std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
-                 PauseStateReply, Report, Command, CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc,
-                 GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
+using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit,
+                             PauseState, PauseStateReply, Report, Command, CommandDone, Progress, ListSessions,
+                             Sessions, Control, ControlResult, Gc, GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen,
+                             IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;
