@@ -33,6 +33,20 @@ using proto::BlobSize;
 
 namespace {
 
+// Flips one bit of `path` at `offset`, as a failing disk would, and gets it to the disk.
+void flip_bit_on_disk(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char b = 0;
+  f.read(&b, 1);
+  b = static_cast<char>(b ^ 0x01);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&b, 1);
+  f.close();
+  ::sync();
+}
+
 constexpr uint64_t MiB = 1ull << 20;
 
 struct Daemon {
@@ -405,17 +419,7 @@ TEST_CASE("a corrupted byte in a backup file is detected on read") {
   REQUIRE(c.write_all(blobs, fill_pattern));
   REQUIRE(c.commit(proto::CommitState::Paused));
   const std::string data = d.rank_dir(0, "corrupt", 0, ::getpid()) + "/data";
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f);
-    f.seekg(4 * MiB + 100);
-    char b = 0;
-    f.read(&b, 1);
-    b = static_cast<char>(b ^ 0x01);
-    f.seekp(4 * MiB + 100);
-    f.write(&b, 1);
-  }
-  ::sync();
+  flip_bit_on_disk(data, 4 * MiB + 100);
   // The page cache may hold the old byte for a buffered fallback; O_DIRECT reads see the disk.
   auto r = c.read_all(blobs, check_pattern);
   REQUIRE_FALSE(r);
@@ -654,17 +658,7 @@ TEST_CASE("after a daemon restart mid-pause the store verifies chunks written be
   c.close();
   // The second chunk is corrupted on disk while no daemon runs.
   const std::string data = d.rank_dir(0, "sealed", 1, ::getpid()) + "/data";
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f);
-    f.seekg(4 * MiB + 100);
-    char b = 0;
-    f.read(&b, 1);
-    b = static_cast<char>(b ^ 0x01);
-    f.seekp(4 * MiB + 100);
-    f.write(&b, 1);
-  }
-  ::sync();
+  flip_bit_on_disk(data, 4 * MiB + 100);
   d.start();
   auto again = d.shim({.job = "sealed", .rank = 1, .token = token});
   CHECK(again.welcome().restored == 0);
