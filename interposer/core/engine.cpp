@@ -51,16 +51,10 @@ std::string cuda_failure(const char* what, CUresult r) {
 }
 
 // TMSDISK_ON_TOUCH=resume: a gated call found the gate closed (gate.h).
-int auto_resume(std::string* why) noexcept {
+Status auto_resume() noexcept {
   Engine* e = Engine::instance();
-  if (!e) return -ENOMEM;
-  const Status resumed = e->run(proto::CommandOp::Resume);
-  if (resumed) return 0;
-  try {
-    *why = resumed.error().message;
-  } catch (...) {
-  }
-  return -resumed.error().errnum();
+  if (!e) return make_error(ENOMEM, "no memory");  // short enough to need no allocation
+  return e->run(proto::CommandOp::Resume);
 }
 
 OpResult failed(const Error& e) {
@@ -388,7 +382,7 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
         gate::close();
         drained = gate::drain(kDrainTimeoutMs);
       }
-      std::string busy;
+      Status no_capture;
       if (!drained) {
         // A call inside the gate does not return (e.g. a copy queued behind a collective whose peer
         // is held at its own gate): give up rather than hold the process forever. Nothing moved;
@@ -397,8 +391,8 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
             ETIMEDOUT, fmt::format("CUDA calls in flight did not finish within {} s; pause refused (pause ranks that "
                                    "run collectives only while no collective is in flight)",
                                    kDrainTimeoutMs / 1000))};
-      } else if (pausing && gate::capture_active(&busy)) {
-        r = OpResult{make_error(EBUSY, busy)};
+      } else if (pausing && !(no_capture = gate::no_capture_active())) {
+        r = OpResult{std::move(no_capture).error()};
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);

@@ -140,12 +140,15 @@ CUresult held(const char* what) noexcept {
     lock.unlock();
     TMS_INFO("%s while paused: resuming automatically (TMSDISK_ON_TOUCH=resume)", what);
     const AutoResume resume = g_auto_resume.load(std::memory_order_acquire);
-    std::string why;
-    const int rc = resume ? resume(&why) : -ENOSYS;
-    if (rc == 0 || g_closed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
-    if (rc != -EBUSY) {
+    if (!resume) {
+      TMS_WARN("%s: no automatic resume is registered; the call returns CUDA_ERROR_NOT_PERMITTED", what);
+      return kGateClosedError;
+    }
+    const Status resumed = resume();
+    if (resumed || g_closed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    if (resumed.error().errnum() != EBUSY) {
       TMS_WARN("%s: the automatic resume failed (%s: %s); the call returns CUDA_ERROR_NOT_PERMITTED", what,
-               std::strerror(-rc), why.c_str());
+               std::strerror(resumed.error().errnum()), resumed.error().message.c_str());
       return kGateClosedError;
     }
     lock.lock();
@@ -259,7 +262,7 @@ void capture_end(CUstream stream, bool per_thread) noexcept {
   }
 }
 
-bool capture_active(std::string* why) {
+Status no_capture_active() {
   const DriverApi& api = driver().api;
   std::lock_guard lock(g_capture_mu);
   for (auto it = g_captures.begin(); it != g_captures.end();) {
@@ -272,12 +275,11 @@ bool capture_active(std::string* why) {
         continue;
       }
     }
-    *why =
-        "a CUDA stream capture (graph recording) is active; pausing now would hold work the capture needs. "
-        "Retry once cuStreamEndCapture has been called";
-    return true;
+    return make_error(EBUSY,
+                      "a CUDA stream capture (graph recording) is active; pausing now would hold work the capture "
+                      "needs. Retry once cuStreamEndCapture has been called");
   }
-  return false;
+  return {};
 }
 
 void fork_prepare() noexcept {

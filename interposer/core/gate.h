@@ -10,6 +10,7 @@
 
 #include "cuda_api.h"
 #include "on_touch.h"
+#include "tmsdisk/common/result.h"
 
 namespace tmsdisk::shim {
 
@@ -24,8 +25,8 @@ CUresult enter(const char* what) noexcept;
 void leave() noexcept;
 
 // The automatic resume of TMSDISK_ON_TOUCH=resume, registered by whoever runs resumes (the engine)
-// so that the gate depends on nothing above it. Returns 0 or -errno with *why set.
-using AutoResume = int (*)(std::string* why) noexcept;
+// so that the gate depends on nothing above it. EBUSY: another pause or resume is running.
+using AutoResume = Status (*)() noexcept;
 void set_auto_resume(AutoResume fn) noexcept;
 
 // Engine side (control thread). An operation brackets close/drain/open with begin_op/end_op so that
@@ -41,9 +42,9 @@ bool is_closed() noexcept;
 // Stream captures seen through the hooks (cuStreamBeginCapture*/cuStreamEndCapture*).
 void capture_begin(CUstream stream, bool per_thread) noexcept;
 void capture_end(CUstream stream, bool per_thread) noexcept;
-// True (with a message) while a capture is still active. Asks the driver about each stream it can
-// (cuStreamIsCapturing) and forgets those whose capture ended or that were destroyed.
-bool capture_active(std::string* why);
+// EBUSY, saying why a pause must wait, while a capture is still active. Asks the driver about each
+// stream it can (cuStreamIsCapturing) and forgets those whose capture ended or that were destroyed.
+Status no_capture_active();
 
 // pthread_atfork: the child has only the forking thread, so no other thread can be inside.
 void fork_prepare() noexcept;

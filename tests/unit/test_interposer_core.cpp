@@ -229,15 +229,16 @@ TEST_CASE("gate: drain gives up after its deadline while a call stays inside") {
 }
 
 TEST_CASE("gate: stream captures are remembered until they end") {
-  std::string why;
-  CHECK_FALSE(gate::capture_active(&why));
+  CHECK(gate::no_capture_active());
   gate::capture_begin(nullptr, true);  // the per-thread stream: trusted, the driver is not asked
-  CHECK(gate::capture_active(&why));
-  CHECK(why.find("capture") != std::string::npos);
+  const tmsdisk::Status busy = gate::no_capture_active();
+  REQUIRE_FALSE(busy);
+  CHECK(busy.error().errnum() == EBUSY);
+  CHECK(busy.error().message.find("capture") != std::string::npos);
   gate::capture_end(nullptr, false);  // another stream
-  CHECK(gate::capture_active(&why));
+  CHECK_FALSE(gate::no_capture_active());
   gate::capture_end(nullptr, true);
-  CHECK_FALSE(gate::capture_active(&why));
+  CHECK(gate::no_capture_active());
 }
 
 TEST_CASE("settings: TMSDISK_ON_TOUCH") {
