@@ -86,22 +86,10 @@ Status TransferPipeline::start_copy(Direction dir, TransferJob& j, std::size_t s
 Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJob& j, std::size_t s) {
   const Slot& slot = slots_[s];
   const uint64_t id = session_.next_id();
-  int e;
-  if (dir == Direction::ToStorage) {
-    proto::Write w;
-    w.slot = static_cast<uint32_t>(s);
-    w.length = slot.length;
-    w.blob = j.a->id;
-    w.offset = slot.offset;
-    e = session_.send(id, w);
-  } else {
-    proto::Read m;
-    m.slot = static_cast<uint32_t>(s);
-    m.length = slot.length;
-    m.blob = j.a->id;
-    m.offset = slot.offset;
-    e = session_.send(id, m);
-  }
+  const proto::ChunkRef chunk{
+      .slot = static_cast<uint32_t>(s), .length = slot.length, .blob = j.a->id, .offset = slot.offset};
+  const int e =
+      dir == Direction::ToStorage ? session_.send(id, proto::Write{chunk}) : session_.send(id, proto::Read{chunk});
   if (e < 0)
     return make_error(-e, fmt::format("cannot send {} to tmsdiskd: {}", dir == Direction::ToStorage ? "WRITE" : "READ",
                                       std::strerror(-e)));

@@ -604,12 +604,7 @@ TEST_CASE("chunks acknowledged before the daemon died mid-pause can be read back
   std::vector<uint64_t> acked;
   for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {
     fill_pattern(1, off, c.slot(0), 4 * MiB);
-    proto::Write w;
-    w.slot = 0;
-    w.length = 4 * MiB;
-    w.blob = 1;
-    w.offset = off;
-    auto r = c.call(w);
+    auto r = c.call(proto::Write{{.slot = 0, .length = 4 * MiB, .blob = 1, .offset = off}});
     REQUIRE(r);
     REQUIRE(std::holds_alternative<proto::Written>(*r));
     acked.push_back(off);
@@ -647,12 +642,7 @@ TEST_CASE("after a daemon restart mid-pause the store verifies chunks written be
   REQUIRE(c.reserve(blobs));
   for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {
     fill_pattern(1, off, c.slot(0), 4 * MiB);
-    proto::Write w;
-    w.slot = 0;
-    w.length = 4 * MiB;
-    w.blob = 1;
-    w.offset = off;
-    REQUIRE(c.call(w));
+    REQUIRE(c.call(proto::Write{{.slot = 0, .length = 4 * MiB, .blob = 1, .offset = off}}));
   }
   d.proc.kill9();  // no commit, no graceful stop
   c.close();
