@@ -305,10 +305,14 @@ inline void eventfd_signals(Engine::Options opts) {
     for (const Completion& c : out) REQUIRE(results.emplace(c.tag, c.result).second);
   }
   require_all_ok(results, 4);
-  // Nothing is in flight, so nothing can signal: the counter must be clear.
+  REQUIRE(engine->in_flight() == 0);
+  // The kernel makes a CQE visible before it signals the eventfd for it, so the last signal can land
+  // after its completion was already reaped (seen under ASan on 2 loaded cores). Such a signal must
+  // be spurious: whatever woke the loop, nothing is left to reap.
   uint64_t count;
-  REQUIRE(::read(engine->event_fd(), &count, sizeof(count)) == -1);
-  REQUIRE(errno == EAGAIN);
+  if (::read(engine->event_fd(), &count, sizeof(count)) == -1) CHECK(errno == EAGAIN);
+  out.clear();
+  CHECK(engine->reap(out) == 0);
 }
 
 // Destroying the engine with requests queued and in the kernel neither crashes nor leaks.
