@@ -139,6 +139,67 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& argv, con
   return {p.wait(), out};
 }
 
+// What a command printed and how it ended (run_captured).
+struct Captured {
+  int rc = -1;      // exit status, 128 + signal if killed
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs a command to completion with stdin from /dev/null, collecting stdout and stderr apart (the CLI
+// tests assert on each). A command still running after `timeout_ms` is killed (rc 128 + SIGKILL).
+inline Captured run_captured(const std::vector<std::string>& argv, const Env& env, int timeout_ms = 120000) {
+  int out[2], err[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+  auto envs = make_env(env);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
+    e.push_back(nullptr);
+    ::execve(a[0], a.data(), e.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  UniqueFd from_out(out[0]), from_err(err[0]);
+  Captured c;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool killed = false;
+  while (from_out || from_err) {
+    pollfd p[2] = {{from_out ? from_out.get() : -1, POLLIN, 0}, {from_err ? from_err.get() : -1, POLLIN, 0}};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || ::poll(p, 2, static_cast<int>(left)) == 0) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char tmp[4096];
+      ssize_t n = ::read(p[i].fd, tmp, sizeof(tmp));
+      if (n > 0) {
+        (i == 0 ? c.out : c.err).append(tmp, static_cast<size_t>(n));
+      } else {
+        (i == 0 ? from_out : from_err).reset();
+      }
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  c.rc = killed || WIFSIGNALED(status) ? 128 + (killed ? SIGKILL : WTERMSIG(status)) : WEXITSTATUS(status);
+  return c;
+}
+
 // One rank's accounting as `tmsctl status` shows it.
 struct Totals {
   uint64_t resident = 0, paused = 0;
