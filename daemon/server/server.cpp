@@ -544,6 +544,9 @@ struct Server::Impl {
       c.hello_done = true;
       proto::Welcome w;
       w.rank_dir = roots[0].path;  // tmsctl env offers it as TMS_DISK_BACKUP_DIR
+      w.staging_budget_bytes = config.staging_budget_mb * kMiB;
+      w.chunk_bytes = static_cast<uint32_t>(config.chunk_mb * kMiB);
+      w.max_staging_budget_bytes = config.max_staging_budget_mb * kMiB;
       send(c, rid, w);
       return;
     }

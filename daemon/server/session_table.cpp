@@ -76,10 +76,8 @@ Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
 }
 
 Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const proto::Hello& h) {
-  if (!storage::valid_name(h.job))
-    return make_error(EINVAL, fmt::format("job name '{}' is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
-                                          "not starting with '.'",
-                                          h.job));
+  if (!proto::valid_job_name(h.job))
+    return make_error(EINVAL, fmt::format("job name '{}' is not allowed: {}", h.job, proto::kJobNameRule));
   if (!h.backup_dir.empty()) {
     auto root = roots_.root_for(h.backup_dir);
     if (!root) return std::move(root).error();
@@ -93,7 +91,9 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
                                           "(TMS_DISK_BACKUP_CHUNK_MB)",
                                           staging / kMiB, config_.max_staging_budget_mb));
   if (staging < 2 * slot)
-    return make_error(EINVAL, fmt::format("staging of {} bytes holds fewer than two slots of {}", staging, slot));
+    return make_error(EINVAL, fmt::format("a staging budget of {} KiB (TMS_DISK_BACKUP_CHUNK_MB) holds fewer than two "
+                                          "chunks of {} KiB; ask for {} MiB or more",
+                                          staging >> 10, slot >> 10, (2 * slot + kMiB - 1) / kMiB));
   if (auto st = check_quotas(cred, staging); !st) return std::move(st).error();
   const auto start_time = process_start_time(cred.pid);
   if (!start_time) return make_error(ESRCH, fmt::format("cannot read the start time of pid {}", cred.pid));

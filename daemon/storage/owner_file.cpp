@@ -10,14 +10,6 @@
 
 namespace tmsdisk::storage {
 
-bool valid_name(std::string_view name) noexcept {
-  if (name.empty() || name.size() > proto::kMaxNameLength || name.front() == '.') return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
-  });
-}
-
 std::string rank_dir_name(const RankIdentity& id) {
   int64_t r = id.rank >= 0 ? id.rank : static_cast<int64_t>(id.pid);
   return fmt::format("rank{}-{}", r, id.pid);
@@ -70,7 +62,7 @@ std::optional<Owner> parse_owner(std::string_view text) {
       ok = parse_number(value, o.uid);
       seen |= 8;
     } else if (key == "job") {
-      ok = valid_name(value);
+      ok = proto::valid_job_name(value);
       o.job = std::string(value);
       seen |= 16;
     } else if (key == "rank") {

@@ -181,7 +181,7 @@ namespace {
 
 Status check_identity(const Roots& roots, const RankIdentity& id, uint32_t chunk_bytes) {
   if (roots.size() == 0) return make_error(EINVAL, "no storage root configured");
-  if (!valid_name(id.job)) {
+  if (!proto::valid_job_name(id.job)) {
     return make_error(EINVAL, "job name \"" + id.job +
                                   "\" is not usable as a directory name: use 1-64 characters of A-Z a-z 0-9 . _ -, "
                                   "not starting with '.'");

@@ -34,9 +34,8 @@ namespace tmsdisk::storage {
 // expect; 4 KiB covers NVMe and ext4/xfs).
 inline constexpr uint32_t kIoAlignment = 4096;
 
-// True if `name` may be used as one path component: 1..64 bytes of [A-Za-z0-9._-], not starting
-// with '.', so never "." or "..". Job names and every component we build pass through this.
-bool valid_name(std::string_view name) noexcept;
+// Job names are checked by proto::valid_job_name (one path component: never "." or ".."); every
+// other component is built here from numbers.
 
 struct Root {
   std::string path;       // as configured, made absolute and lexically normalised
@@ -72,7 +71,7 @@ class Roots {
 struct RankIdentity {
   uid_t uid = 0;
   gid_t gid = 0;
-  std::string job;  // must satisfy valid_name
+  std::string job;  // must satisfy proto::valid_job_name
   int64_t rank = 0;
   pid_t pid = 0;
   uint64_t start_time = 0;  // process_start_time(pid)

@@ -72,7 +72,7 @@ struct Sweeper {
 
   void job(int uid_fd, const std::string& root_path, const std::string& uid, const std::string& name) {
     std::string path = join_path(root_path, uid + "/" + name);
-    if (!valid_name(name)) {
+    if (!proto::valid_job_name(name)) {
       say("sweep: leaving " + path + " alone: not a job name tmsdiskd creates");
       return;
     }

@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -109,10 +110,8 @@ int64_t parse_rank(const char* text) noexcept {
 std::string sanitize_job(std::string_view job) {
   std::string out;
   for (char ch : job) {
-    if (out.size() == 64) break;
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                    ch == '_' || ch == '-';
-    out.push_back(ok ? ch : '_');
+    if (out.size() == proto::kMaxNameLength) break;
+    out.push_back(proto::job_name_char(ch) ? ch : '_');
   }
   if (!out.empty() && out[0] == '.') out[0] = '_';
   if (out.empty()) out = "default";

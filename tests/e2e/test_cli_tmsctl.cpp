@@ -1,13 +1,221 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsctl's command line as a user meets it: tmsctl run as a subprocess against a real tmsdiskd (and
 // simcuda ranks where a rank is needed), its exit status, stdout and stderr asserted (issue 12).
+#include <algorithm>
+#include <fstream>
+
 #include "e2e.h"
 
 using namespace tmsdisk::e2e;
 
+namespace {
+
+// `tmsctl args...` with nothing added (unlike Node::tmsctl, which puts --socket and --json first).
+Captured tmsctl(const std::vector<std::string>& args, const Env& env = {}) {
+  std::vector<std::string> argv{TMSCTL_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_captured(argv, env);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::size_t lines(const std::string& text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// A usage error: exit status 2, one line on stderr, nothing on stdout.
+void check_usage_error(const Captured& c, const std::vector<std::string>& must_name) {
+  INFO("stdout: " << c.out << "\nstderr: " << c.err);
+  CHECK(c.rc == 2);
+  CHECK(c.out.empty());
+  CHECK(lines(c.err) == 1);
+  for (const auto& part : must_name) CHECK(contains(c.err, part));
+}
+
+}  // namespace
+
 TEST_CASE("tmsctl --help exits 0 and lists the commands") {
-  Captured c = run_captured({TMSCTL_PATH, "--help"}, {});
+  Captured c = tmsctl({"--help"});
   INFO(c.out << c.err);
   CHECK(c.rc == 0);
-  for (const char* cmd : {"status", "pause", "resume", "gc", "env", "run"}) CHECK(c.out.find(cmd) != std::string::npos);
+  for (const char* cmd : {"status", "pause", "resume", "gc", "env", "run"}) CHECK(contains(c.out, cmd));
+}
+
+TEST_CASE("--json and --socket work before and after the command and every command's --help lists them") {
+  Node node;
+  node.start_daemon();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--json", "--socket", node.socket, "status"},
+        std::vector<std::string>{"status", "--json", "--socket", node.socket},
+        std::vector<std::string>{"--socket", node.socket, "status", "--json"},
+        std::vector<std::string>{"gc", "--json", "--socket", node.socket}}) {
+    Captured c = tmsctl(args);
+    INFO(c.out << c.err);
+    CHECK(c.rc == 0);
+    CHECK_FALSE(json::parse(c.out, nullptr, false).is_discarded());
+  }
+  Captured text = tmsctl({"status", "--socket", node.socket});
+  CHECK(text.rc == 0);
+  CHECK(contains(text.out, "no ranks connected to " + node.socket));
+
+  for (const char* cmd : {"status", "pause", "resume", "gc", "env", "run"}) {
+    Captured help = tmsctl({cmd, "--help"});
+    INFO(cmd << ": " << help.out);
+    CHECK(help.rc == 0);
+    CHECK(contains(help.out, "--json"));
+    CHECK(contains(help.out, "--socket"));
+  }
+}
+
+TEST_CASE("every usage error exits 2 with one line naming the mistake and the valid choices") {
+  SECTION("no command") { check_usage_error(tmsctl({}), {"no command given", "status", "pause", "run"}); }
+  SECTION("an unknown command") {
+    check_usage_error(tmsctl({"bogus"}), {"unknown command 'bogus'", "status", "resume", "gc"});
+  }
+  SECTION("an unknown option") {
+    check_usage_error(tmsctl({"pause", "--jbo", "x"}), {"unknown option --jbo", "--job", "--rank", "--all"});
+  }
+  SECTION("an option without its value") { check_usage_error(tmsctl({"pause", "--job"}), {"--job needs a value"}); }
+  SECTION("a negative rank") {
+    Captured c = tmsctl({"pause", "--rank", "-1"});
+    check_usage_error(c, {"--rank", "'-1' is not a rank number"});
+    CHECK(c.err.size() < 200);  // not a double's full range spelled out
+  }
+  SECTION("a value outside its choices") {
+    check_usage_error(tmsctl({"env", "--on-touch", "sometimes"}), {"--on-touch", "wait, resume, fail"});
+  }
+  SECTION("no ranks selected") {
+    check_usage_error(tmsctl({"resume"}), {"say which ranks", "--job", "--all"});
+  }
+  SECTION("run without a command") {
+    check_usage_error(tmsctl({"run", "--job", "j"}), {"no command given", "tmsctl run [options] -- COMMAND"});
+  }
+  SECTION("with --json the answer is a JSON object on stdout") {
+    Captured c = tmsctl({"--json", "bogus"});
+    INFO(c.out << c.err);
+    CHECK(c.rc == 2);
+    json j = json::parse(c.out, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j.value("ok", true) == false);
+    CHECK(j.value("usage", false) == true);
+    CHECK(contains(j.value("error", ""), "unknown command 'bogus'"));
+  }
+}
+
+TEST_CASE("run --help shows --no-start-daemon as a plain flag") {
+  Captured c = tmsctl({"run", "--help"});
+  CHECK(c.rc == 0);
+  CHECK(contains(c.out, "--no-start-daemon"));
+  CHECK_FALSE(contains(c.out, "{false}"));
+}
+
+TEST_CASE("a selector that matches no rank says so without a stray strerror, as JSON with --json") {
+  Node node;
+  node.start_daemon();
+  Captured c = tmsctl({"pause", "--job", "nobody", "--socket", node.socket});
+  INFO(c.out << c.err);
+  CHECK(c.rc == 1);
+  CHECK(contains(c.err, "tmsctl pause --job nobody: no running rank matches"));
+  CHECK_FALSE(contains(c.err, "No such file or directory"));
+
+  Captured j = tmsctl({"pause", "--job", "nobody", "--socket", node.socket, "--json"});
+  INFO(j.out << j.err);
+  CHECK(j.rc == 1);
+  json answer = json::parse(j.out, nullptr, false);
+  REQUIRE(answer.is_object());
+  CHECK(answer.value("ok", true) == false);
+  CHECK(answer.value("usage", true) == false);
+  CHECK(contains(answer.value("error", ""), "no running rank matches"));
+  CHECK(answer.value("errno", 0) == ENOENT);
+}
+
+TEST_CASE("result lines say paused, resumed and verified, or nothing to do; a no-op keeps the last figures") {
+  Node node;
+  node.device_mb = 256;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("said", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+  auto text = [&](const char* verb) { return tmsctl({verb, "--job", "said", "--socket", node.socket}); };
+  auto last_pause_bytes = [&] {
+    auto [rc, out] = node.tmsctl({"status"});
+    json j = json::parse(out, nullptr, false);
+    return j.is_array() && j.size() == 1 ? j[0]["last_pause"].value("bytes", uint64_t{0}) : uint64_t{0};
+  };
+
+  Captured paused = text("pause");
+  INFO(paused.out << paused.err);
+  CHECK(paused.rc == 0);
+  CHECK(contains(paused.out, "said rank 0 (pid " + std::to_string(prog.pid()) + "): paused 32.0 MiB in "));
+  CHECK(last_pause_bytes() == 32 * MiB);
+
+  Captured again = text("pause");
+  INFO(again.out << again.err);
+  CHECK(again.rc == 0);
+  CHECK(contains(again.out, "already paused (nothing to do)"));
+  CHECK(last_pause_bytes() == 32 * MiB);  // the no-op did not overwrite the real figures
+
+  Captured resumed = text("resume");
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.rc == 0);
+  CHECK(contains(resumed.out, "resumed and verified 32.0 MiB in "));
+
+  Captured running = text("resume");
+  INFO(running.out << running.err);
+  CHECK(running.rc == 0);
+  CHECK(contains(running.out, "(nothing to do)"));
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("tmsctl run refuses what cannot work before the program starts") {
+  Node node;
+  node.start_daemon();  // --chunk-mb 2: the staging budget must be 4 MiB or more
+  const std::string marker = node.dir / "started";
+  auto run_marked = [&](std::vector<std::string> options, const Env& env = {}) {
+    std::vector<std::string> args{"run", "--socket", node.socket};
+    args.insert(args.end(), options.begin(), options.end());
+    args.insert(args.end(), {"--", "/usr/bin/touch", marker});
+    Captured c = tmsctl(args, env);
+    if (c.rc != 0) CHECK_FALSE(fs::exists(marker));  // refused means the program never ran
+    return c;
+  };
+
+  SECTION("a staging budget below two chunks, by option name and in MiB") {
+    Captured c = run_marked({"--staging-budget-mb", "1"});
+    check_usage_error(c, {"--staging-budget-mb 1", "2 x 2.0 MiB", "use 4 or more"});
+  }
+  SECTION("the same budget inherited through TMS_DISK_BACKUP_CHUNK_MB") {
+    Captured c = run_marked({}, {{"TMS_DISK_BACKUP_CHUNK_MB", "1"}});
+    check_usage_error(c, {"TMS_DISK_BACKUP_CHUNK_MB=1"});
+  }
+  SECTION("a staging budget the daemon does not allow") {
+    Captured c = run_marked({"--staging-budget-mb", "999999"});
+    check_usage_error(c, {"--staging-budget-mb 999999", "max-staging-budget-mb"});
+  }
+  SECTION("a job name the daemon would refuse") {
+    check_usage_error(run_marked({"--job", "a/b"}), {"--job 'a/b'", "letters, digits"});
+  }
+  SECTION("a library that does not exist") {
+    Captured c = run_marked({}, {{"TMSDISK_LIBRARY", "/nonexistent/libtmsdisk.so"}});
+    INFO(c.err);
+    CHECK(c.rc == 1);
+    CHECK(contains(c.err, "TMSDISK_LIBRARY=/nonexistent/libtmsdisk.so cannot be preloaded"));
+    CHECK(contains(c.err, "No such file or directory"));
+  }
+  SECTION("a library that is not an ELF shared object") {
+    const std::string text = node.dir / "not-a-library.so";
+    std::ofstream(text) << "#!/bin/sh\n";
+    Captured c = run_marked({}, {{"TMSDISK_LIBRARY", text}});
+    INFO(c.err);
+    CHECK(c.rc == 1);
+    CHECK(contains(c.err, "not an ELF file"));
+  }
+  SECTION("and runs the program when all is well") {
+    Captured c = run_marked({"--staging-budget-mb", "4"});
+    INFO(c.out << c.err);
+    CHECK(c.rc == 0);
+    CHECK(fs::exists(marker));
+  }
 }

@@ -129,22 +129,22 @@ uint64_t offset_of(const RankStore& store, uint64_t blob, uint64_t off, uint64_t
 
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("valid_name accepts plain names and refuses traversal") {
-  CHECK(valid_name("job1"));
-  CHECK(valid_name("A-b_c.9"));
-  CHECK(valid_name(std::string(64, 'x')));
-  CHECK_FALSE(valid_name(std::string(65, 'x')));
-  CHECK_FALSE(valid_name(""));
-  CHECK_FALSE(valid_name("."));
-  CHECK_FALSE(valid_name(".."));
-  CHECK_FALSE(valid_name(".hidden"));
-  CHECK_FALSE(valid_name("../etc"));
-  CHECK_FALSE(valid_name("a/b"));
-  CHECK_FALSE(valid_name("/"));
-  CHECK_FALSE(valid_name(std::string_view("a\0b", 3)));
-  CHECK_FALSE(valid_name("a b"));
-  CHECK_FALSE(valid_name("caf\xc3\xa9"));
-  CHECK_FALSE(valid_name("a\nb"));
+TEST_CASE("valid_job_name accepts plain names and refuses traversal") {
+  CHECK(proto::valid_job_name("job1"));
+  CHECK(proto::valid_job_name("A-b_c.9"));
+  CHECK(proto::valid_job_name(std::string(64, 'x')));
+  CHECK_FALSE(proto::valid_job_name(std::string(65, 'x')));
+  CHECK_FALSE(proto::valid_job_name(""));
+  CHECK_FALSE(proto::valid_job_name("."));
+  CHECK_FALSE(proto::valid_job_name(".."));
+  CHECK_FALSE(proto::valid_job_name(".hidden"));
+  CHECK_FALSE(proto::valid_job_name("../etc"));
+  CHECK_FALSE(proto::valid_job_name("a/b"));
+  CHECK_FALSE(proto::valid_job_name("/"));
+  CHECK_FALSE(proto::valid_job_name(std::string_view("a\0b", 3)));
+  CHECK_FALSE(proto::valid_job_name("a b"));
+  CHECK_FALSE(proto::valid_job_name("caf\xc3\xa9"));
+  CHECK_FALSE(proto::valid_job_name("a\nb"));
 }
 
 TEST_CASE("rank directory names map an undeclared rank to the pid") {

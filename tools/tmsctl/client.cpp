@@ -2,6 +2,8 @@
 // tmsctl's connection to tmsdiskd: HELLO, then one request at a time.
 #include "client.h"
 
+#include <cstring>
+
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
@@ -14,7 +16,7 @@ Result<Client> Client::connect(const std::string& socket_path) {
                            ? "is tmsdiskd running? start it with `systemctl start tmsdiskd` or use `tmsctl run`, "
                              "or point TMSDISK_SOCKET/--socket at its socket"
                            : "check the path and its permissions";
-    return make_error(-fd, "cannot connect to tmsdiskd at " + socket_path + " (" + hint + ")");
+    return make_error(-fd, "cannot connect to tmsdiskd at " + socket_path + ": " + std::strerror(-fd) + " (" + hint + ")");
   }
   Client c(UniqueFd(fd), socket_path);
   proto::Hello hello;
@@ -22,9 +24,10 @@ Result<Client> Client::connect(const std::string& socket_path) {
   // No time limit, as for every other answer tmsctl waits for: a pause may legitimately take long.
   auto welcome = proto::say_hello(fd, hello, -1, c.next_request_);
   if (!welcome)
-    return make_error(welcome.error,
-                      welcome.refused ? welcome.message : "tmsdiskd at " + socket_path + ": " + welcome.message);
-  c.first_root_ = welcome.welcome.rank_dir;
+    return make_error(welcome.error, welcome.refused ? welcome.message
+                                                     : "tmsdiskd at " + socket_path + ": " + welcome.message + ": " +
+                                                           std::strerror(welcome.error));
+  c.welcome_ = welcome.welcome;
   return c;
 }
 
@@ -32,7 +35,7 @@ Status Client::send(const proto::Message& m) {
   auto bytes = proto::encode(next_request_, m);
   if (bytes.empty()) return make_error(EINVAL, "request does not fit in a protocol message");
   int rc = proto::send_message(fd_.get(), bytes);
-  if (rc < 0) return make_error(-rc, "cannot send to tmsdiskd at " + path_);
+  if (rc < 0) return make_error(-rc, "cannot send to tmsdiskd at " + path_ + ": " + std::strerror(-rc));
   return {};
 }
 
@@ -40,8 +43,10 @@ Result<proto::Message> Client::receive() {
   std::vector<uint8_t> buf;
   for (;;) {
     long n = proto::recv_message(fd_.get(), buf);
-    if (n == 0) return make_error(ECONNRESET, "tmsdiskd closed the connection");
-    if (n < 0) return make_error(static_cast<int>(-n), "cannot read from tmsdiskd");
+    if (n == 0) return make_error(ECONNRESET, "tmsdiskd at " + path_ + " closed the connection (see its log)");
+    if (n < 0)
+      return make_error(static_cast<int>(-n), "cannot read from tmsdiskd at " + path_ + ": " +
+                                                  std::strerror(static_cast<int>(-n)));
     auto d = proto::decode(buf);
     if (!d.envelope) return make_error(d.code, "bad message from tmsdiskd: " + d.error);
     if (d.envelope->request_id != next_request_ && d.envelope->request_id != 0) continue;  // stale answer

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// A blocking client of tmsdiskd's control protocol, as used by tmsctl (and by tests).
+// A blocking client of tmsdiskd's control protocol, as used by tmsctl (and by tests). Every error's
+// message is whole (the daemon's own words, or what failed here with its cause): print it as it is.
 #pragma once
 
 #include <chrono>
@@ -29,7 +30,9 @@ class Client {
   Result<proto::GcResult> gc();
 
   // The daemon's first storage root (from its WELCOME).
-  const std::string& first_root() const noexcept { return first_root_; }
+  const std::string& first_root() const noexcept { return welcome_.rank_dir; }
+  // The daemon's chunk size and staging budgets (default and largest), for checking a launch.
+  const proto::Welcome& welcome() const noexcept { return welcome_; }
   const std::string& socket_path() const noexcept { return path_; }
 
  private:
@@ -40,7 +43,7 @@ class Client {
 
   UniqueFd fd_;
   std::string path_;
-  std::string first_root_;
+  proto::Welcome welcome_;
   uint64_t next_request_ = 1;
 };
 

@@ -2,6 +2,8 @@
 // tmsctl's subcommands: status, pause/resume, gc, env, run.
 #include "commands.h"
 
+#include <elf.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -9,12 +11,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "client.h"
 #include "tmsdisk/common/human.h"
+#include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
 
@@ -28,9 +33,15 @@ std::string socket_of(const Common& c) {
   return c.socket.empty() ? default_socket_path() : c.socket;
 }
 
-int fail(const std::string& what, const Error& e) {
-  std::fprintf(stderr, "tmsctl %s: %s\n", what.c_str(), e.describe().c_str());
-  return 1;
+// A failure of `tmsctl WHAT`. The error's message is whole (client.h), so no strerror is appended.
+int fail(const Common& common, const std::string& what, const Error& e) {
+  print_failure(common.json, "tmsctl " + what, e.message, e.errnum(), false);
+  return kExitFailed;
+}
+
+int fail(const Common& common, const std::string& what, const std::string& message, int exit_status) {
+  print_failure(common.json, "tmsctl " + what, message, 0, exit_status == kExitUsage);
+  return exit_status;
 }
 
 double gb_per_s(uint64_t bytes, uint64_t nanos) {
@@ -80,15 +91,25 @@ std::string find_daemon() {
 
 }  // namespace
 
+void print_failure(bool json, const std::string& where, const std::string& message, int errnum, bool usage) {
+  if (!json) {
+    std::fprintf(stderr, "%s: %s\n", where.c_str(), message.c_str());
+    return;
+  }
+  nlohmann::json out = {{"ok", false}, {"error", message}, {"usage", usage}};
+  if (errnum) out["errno"] = errnum;
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
 std::string find_shim_library() {
   return find_next_to_self("TMSDISK_LIBRARY", find_shim_beside_tmsctl);
 }
 
 int cmd_status(const Common& common) {
   auto client = Client::connect(socket_of(common));
-  if (!client) return fail("status", client.error());
+  if (!client) return fail(common, "status", client.error());
   auto sessions = client->list_sessions();
-  if (!sessions) return fail("status", sessions.error());
+  if (!sessions) return fail(common, "status", sessions.error());
   if (common.json) {
     json out = json::array();
     for (const auto& s : *sessions) {
@@ -141,28 +162,46 @@ int cmd_status(const Common& common) {
   return 0;
 }
 
+// "--job J --rank R": the selector as the user typed it, for messages.
+std::string selector_text(const Selector& sel) {
+  if (sel.all) return "--all";
+  std::string out;
+  if (!sel.job.empty()) out += "--job " + sel.job;
+  if (sel.rank >= 0) out += (out.empty() ? "" : " ") + std::string("--rank ") + std::to_string(sel.rank);
+  if (sel.pid > 0) out += (out.empty() ? "" : " ") + std::string("--pid ") + std::to_string(sel.pid);
+  return out;
+}
+
+// What one rank's part came to, in words: "paused 256.0 MiB in 0.59 s (0.45 GB/s)".
+std::string result_text(const proto::RankResult& r, bool pause) {
+  if (r.code != 0) return "FAILED: " + r.message + " (" + std::strerror(r.code) + ")";
+  if (r.outcome == static_cast<uint8_t>(proto::Outcome::NoOp))
+    return (r.message.empty() ? std::string(pause ? "already paused" : "not paused") : r.message) +
+           " (nothing to do)";
+  char figures[96];
+  std::snprintf(figures, sizeof(figures), " in %.2f s (%.2f GB/s)", static_cast<double>(r.nanos) / 1e9,
+                gb_per_s(r.bytes, r.nanos));
+  // Every chunk a resume reads is checked against the checksum taken when it was written.
+  return std::string(pause ? "paused " : "resumed and verified ") + human_bytes(r.bytes) + figures;
+}
+
 int cmd_control(const Common& common, const Selector& sel, bool pause) {
-  const char* verb = pause ? "pause" : "resume";
+  const std::string verb = pause ? "pause" : "resume";
   proto::Control req;
   req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
   if (sel.all) {
-    if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0) {
-      std::fprintf(stderr, "tmsctl %s: --all cannot be combined with --job, --rank or --pid\n", verb);
-      return 2;
-    }
+    if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0)
+      return fail(common, verb, "--all cannot be combined with --job, --rank or --pid", kExitUsage);
     req.match = proto::kMatchAll;
   }
   if (!sel.job.empty()) req.match |= proto::kMatchJob, req.job = sel.job;
   if (sel.rank >= 0) req.match |= proto::kMatchRank, req.rank = sel.rank;
   if (sel.pid > 0) req.match |= proto::kMatchPid, req.pid = sel.pid;
-  if (req.match == 0) {
-    std::fprintf(stderr, "tmsctl %s: say which ranks: --job J, --rank R, --pid P, or --all\n", verb);
-    return 2;
-  }
+  if (req.match == 0) return fail(common, verb, "say which ranks: --job J, --rank R, --pid P, or --all", kExitUsage);
   req.timeout_ms = static_cast<uint32_t>(std::lround(sel.timeout_s * 1000));
 
   auto client = Client::connect(socket_of(common));
-  if (!client) return fail(verb, client.error());
+  if (!client) return fail(common, verb, client.error());
 
   const bool tty = !common.json && ::isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
@@ -177,12 +216,12 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
     const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
     const int width = 30;
     const int filled = total ? static_cast<int>(width * static_cast<double>(done) / static_cast<double>(total)) : 0;
-    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs ", verb, width, std::string(filled, '#').c_str(),
+    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs ", verb.c_str(), width, std::string(filled, '#').c_str(),
                  human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9, eta);
   };
   auto results = client->control(req, on_progress);
   if (tty && !progress.empty()) std::fprintf(stderr, "\n");
-  if (!results) return fail(verb, results.error());
+  if (!results) return fail(common, verb + " " + selector_text(sel), results.error());
 
   int failed = 0;
   json out = json::array();
@@ -198,25 +237,22 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
                      {"ns", r.nanos},
                      {"gb_per_s", gb_per_s(r.bytes, r.nanos)},
                      {"message", r.message}});
-    } else if (r.code == 0) {
-      std::printf("%s rank %s (pid %d): %s in %.2f s (%.2f GB/s)\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
-                  human_bytes(r.bytes).c_str(), static_cast<double>(r.nanos) / 1e9, gb_per_s(r.bytes, r.nanos));
     } else {
-      std::printf("%s rank %s (pid %d): FAILED: %s (%s)\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
-                  r.message.c_str(), std::strerror(r.code));
+      std::printf("%s rank %s (pid %d): %s\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
+                  result_text(r, pause).c_str());
     }
   }
   if (common.json) std::printf("%s\n", out.dump(2).c_str());
   if (failed && !common.json)
-    std::fprintf(stderr, "tmsctl %s: %d of %zu rank(s) failed\n", verb, failed, results->size());
-  return failed ? 1 : 0;
+    std::fprintf(stderr, "tmsctl %s: %d of %zu rank(s) failed\n", verb.c_str(), failed, results->size());
+  return failed ? kExitFailed : 0;
 }
 
 int cmd_gc(const Common& common) {
   auto client = Client::connect(socket_of(common));
-  if (!client) return fail("gc", client.error());
+  if (!client) return fail(common, "gc", client.error());
   auto r = client->gc();
-  if (!r) return fail("gc", r.error());
+  if (!r) return fail(common, "gc", r.error());
   if (common.json)
     std::printf("%s\n", json{{"removed_dirs", r->removed_dirs}, {"removed_bytes", r->removed_bytes}}.dump(2).c_str());
   else
@@ -226,15 +262,94 @@ int cmd_gc(const Common& common) {
 
 namespace {
 
+// Why a launch cannot work, found before the program starts (a program started without the shim, or
+// whose shim the daemon refuses, would run unmanaged after a warning few people read).
+struct Refusal {
+  std::string message;
+  int exit_status = kExitUsage;
+};
+
+// Whether `path` is an ELF shared object the dynamic loader can preload into programs like this one
+// (same class and machine as tmsctl itself). Empty when it is; else what is wrong.
+std::string shared_object_problem(const std::string& path) {
+  auto header_of = [](const char* file, Elf64_Ehdr& h) -> std::string {
+    UniqueFd fd(::open(file, O_RDONLY | O_CLOEXEC));
+    if (!fd) return std::string("cannot read it: ") + std::strerror(errno);
+    const ssize_t n = ::pread(fd.get(), &h, sizeof(h), 0);
+    if (n != static_cast<ssize_t>(sizeof(h)) || std::memcmp(h.e_ident, ELFMAG, SELFMAG) != 0)
+      return "it is not an ELF file";
+    return {};
+  };
+  Elf64_Ehdr lib{}, self{};
+  if (std::string why = header_of(path.c_str(), lib); !why.empty()) return why;
+  if (!header_of("/proc/self/exe", self).empty()) return {};  // nothing to compare with: let the loader judge
+  if (lib.e_ident[EI_CLASS] != self.e_ident[EI_CLASS] || lib.e_machine != self.e_machine)
+    return "it is built for another architecture";
+  if (lib.e_type != ET_DYN) return "it is an ELF file but not a shared library";
+  return {};
+}
+
+// A size in MiB as the shim reads it from the environment: a plain integer.
+std::optional<uint64_t> plain_mib(const char* text) {
+  if (!text || !*text) return std::nullopt;
+  uint64_t v = 0;
+  for (const char* p = text; *p; ++p) {
+    if (*p < '0' || *p > '9' || v > (uint64_t{1} << 40)) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(*p - '0');
+  }
+  return v;
+}
+
+// What can be checked without the daemon: the job name, the library, and the staging budget's form.
+std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::string& lib) {
+  if (!launch.job.empty() && !proto::valid_job_name(launch.job))
+    return Refusal{"--job '" + launch.job + "' is not a job name: " + proto::kJobNameRule};
+  const char* env_lib = std::getenv("TMSDISK_LIBRARY");
+  if (lib.empty())
+    return Refusal{"cannot find libtmsdisk.so next to tmsctl; set TMSDISK_LIBRARY to its path", kExitFailed};
+  if (std::string why = shared_object_problem(lib); !why.empty()) {
+    const std::string what = env_lib && *env_lib ? "TMSDISK_LIBRARY=" + lib : lib;
+    return Refusal{what + " cannot be preloaded: " + why +
+                       (env_lib && *env_lib ? "; point TMSDISK_LIBRARY at libtmsdisk.so, or unset it to use the one "
+                                              "installed beside tmsctl"
+                                            : "; reinstall tmsdisk, or set TMSDISK_LIBRARY to a good libtmsdisk.so"),
+                   kExitFailed};
+  }
+  if (!launch.staging_budget_mb) {
+    const char* inherited = std::getenv("TMS_DISK_BACKUP_CHUNK_MB");
+    if (inherited && !plain_mib(inherited))
+      return Refusal{std::string("TMS_DISK_BACKUP_CHUNK_MB=") + inherited +
+                     " is not a size in MiB (a plain integer, e.g. 256); fix it or pass --staging-budget-mb"};
+  }
+  return std::nullopt;
+}
+
+// The staging budget against the daemon's limits (from its WELCOME): two chunks at least, since one
+// chunk is on the disk while the next is copied, and no more than it allows.
+std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const proto::Welcome& daemon) {
+  uint64_t mib = launch.staging_budget_mb;
+  std::string named = "--staging-budget-mb " + std::to_string(mib);
+  if (!mib) {
+    const auto inherited = plain_mib(std::getenv("TMS_DISK_BACKUP_CHUNK_MB"));
+    if (!inherited || *inherited == 0) return std::nullopt;  // the daemon's default
+    mib = *inherited;
+    named = "TMS_DISK_BACKUP_CHUNK_MB=" + std::to_string(mib);
+  }
+  const uint64_t MiB = uint64_t{1} << 20;
+  const uint64_t least = (2 * uint64_t{daemon.chunk_bytes} + MiB - 1) / MiB;
+  if (daemon.chunk_bytes && mib < least)
+    return Refusal{named + " is too small: the staging budget must hold two of this daemon's chunks (2 x " +
+                   human_bytes(daemon.chunk_bytes) + "); use " + std::to_string(least) + " or more"};
+  if (daemon.max_staging_budget_bytes && mib * MiB > daemon.max_staging_budget_bytes)
+    return Refusal{named + " is more than this daemon allows per rank (max-staging-budget-mb = " +
+                   std::to_string(daemon.max_staging_budget_bytes / MiB) + ")"};
+  return std::nullopt;
+}
+
 // The variables a launch needs, in a stable order. `root` is where the daemon keeps files.
 std::vector<std::pair<std::string, std::string>> launch_env(const std::string& socket, const std::string& root,
-                                                            const LaunchOptions& launch, std::string& error) {
+                                                            const LaunchOptions& launch, const std::string& lib) {
   std::vector<std::pair<std::string, std::string>> env;
-  const std::string lib = find_shim_library();
-  if (lib.empty()) {
-    error = "cannot find libtmsdisk.so next to tmsctl; set TMSDISK_LIBRARY to its path";
-    return {};
-  }
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old && std::string(old).find(lib) == std::string::npos)
     preload += std::string(":") + old;
@@ -258,14 +373,17 @@ std::string shell_quote(const std::string& s) {
 
 int cmd_env(const Common& common, const LaunchOptions& launch) {
   const std::string socket = socket_of(common);
+  const std::string lib = find_shim_library();
+  if (auto refused = check_launch(launch, lib)) return fail(common, "env", refused->message, refused->exit_status);
+  // Without a daemon the environment is still printed (a launcher may start one later); with one, what
+  // it would refuse is refused here.
   std::string root;
-  if (auto client = Client::connect(socket)) root = client->first_root();
-  std::string error;
-  auto env = launch_env(socket, root, launch, error);
-  if (env.empty()) {
-    std::fprintf(stderr, "tmsctl env: %s\n", error.c_str());
-    return 1;
+  if (auto client = Client::connect(socket)) {
+    if (auto refused = check_staging_budget(launch, client->welcome()))
+      return fail(common, "env", refused->message, refused->exit_status);
+    root = client->first_root();
   }
+  auto env = launch_env(socket, root, launch, lib);
   if (common.json) {
     json out = json::object();
     for (auto& [k, v] : env) out[k] = v;
@@ -277,37 +395,35 @@ int cmd_env(const Common& common, const LaunchOptions& launch) {
 }
 
 int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector<std::string>& command) {
+  const std::string lib = find_shim_library();
+  if (auto refused = check_launch(launch, lib)) return fail(common, "run", refused->message, refused->exit_status);
   std::string socket = socket_of(common);
   auto client = Client::connect(socket);
   if (!client && launch.start_daemon && common.socket.empty() && !std::getenv("TMSDISK_SOCKET")) {
     // No system daemon: start (or join) this user's private one, as the shim itself would.
     const std::string daemon = find_daemon();
-    if (daemon.empty()) {
-      std::fprintf(stderr, "tmsctl run: no tmsdiskd answers and none was found next to tmsctl (set TMSDISK_DAEMON)\n");
-      return 1;
-    }
+    if (daemon.empty())
+      return fail(common, "run", "no tmsdiskd answers and none was found next to tmsctl (set TMSDISK_DAEMON)",
+                  kExitFailed);
     socket = private_socket_path();
-    if (int rc = spawn_private_daemon(daemon, socket, 10000); rc < 0) {
-      std::fprintf(stderr, "tmsctl run: could not start a private tmsdiskd (%s); see %s\n", std::strerror(-rc),
-                   (fs::path(socket).parent_path() / "tmsdiskd.log").c_str());
-      return 1;
-    }
+    if (int rc = spawn_private_daemon(daemon, socket, 10000); rc < 0)
+      return fail(common, "run",
+                  std::string("could not start a private tmsdiskd (") + std::strerror(-rc) + "); see " +
+                      (fs::path(socket).parent_path() / "tmsdiskd.log").string(),
+                  kExitFailed);
     client = Client::connect(socket);
   }
-  if (!client) return fail("run", client.error());
-  std::string error;
-  auto env = launch_env(socket, client->first_root(), launch, error);
-  if (env.empty()) {
-    std::fprintf(stderr, "tmsctl run: %s\n", error.c_str());
-    return 1;
-  }
+  if (!client) return fail(common, "run", client.error());
+  if (auto refused = check_staging_budget(launch, client->welcome()))
+    return fail(common, "run", refused->message, refused->exit_status);
+  auto env = launch_env(socket, client->first_root(), launch, lib);
   for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "tmsctl run: cannot run %s: %s\n", argv[0], std::strerror(errno));
-  return 127;
+  const int e = errno;
+  return fail(common, "run", std::string("cannot run ") + argv[0] + ": " + std::strerror(e), 127);
 }
 
 }  // namespace tmsdisk::ctl

@@ -8,6 +8,10 @@
 
 namespace tmsdisk::ctl {
 
+// Exit statuses, as the man page promises them.
+inline constexpr int kExitFailed = 1;  // the daemon could not be reached, or a rank failed
+inline constexpr int kExitUsage = 2;   // the command line is wrong; nothing was done
+
 struct Common {
   std::string socket;  // empty: default_socket_path()
   bool json = false;
@@ -28,6 +32,11 @@ struct LaunchOptions {
   std::string on_touch;            // TMSDISK_ON_TOUCH: wait | resume | fail (empty: the shim's default, wait)
   bool start_daemon = true;        // run: start a private daemon when none answers
 };
+
+// Tells a failure: "WHERE: MESSAGE" on stderr, or with --json a JSON object on stdout
+// ({"ok": false, "error": MESSAGE, "errno": N, "usage": true|false}), so that a script parsing the
+// output gets an answer for every outcome.
+void print_failure(bool json, const std::string& where, const std::string& message, int errnum, bool usage);
 
 int cmd_status(const Common& common);
 int cmd_control(const Common& common, const Selector& sel, bool pause);

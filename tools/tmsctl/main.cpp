@@ -1,34 +1,153 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsctl: the tmsdisk command line. Parses options and hands off to commands.cpp.
+//
+// Usage errors are tmsctl's own, not CLI11's: one line naming the mistake and the valid choices,
+// exit status 2 (the man page's promise), and a JSON object instead when --json was asked for.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands.h"
 
+namespace {
+
+using namespace tmsdisk::ctl;
+
+constexpr const char* kGlobalGroup = "Global options (before or after the command)";
+
+// Options whose value is the next argument, wherever they appear (to find the command word).
+bool takes_value(std::string_view arg) {
+  for (std::string_view o : {"--socket", "--job", "--rank", "--pid", "--timeout", "--staging-budget-mb", "--min-mb",
+                             "--on-touch", "--chunk-mb"})
+    if (arg == o) return true;
+  return false;
+}
+
+// "--a, --b, --c": the options `sub` accepts, as its --help lists them.
+std::string option_list(const CLI::App& sub) {
+  std::string out;
+  for (const CLI::Option* o : sub.get_options()) {
+    if (o->get_group().empty()) continue;  // hidden: renamed options kept only to explain the rename
+    std::string name = o->get_name(false, false);
+    if (name.empty() || name == "--help") continue;
+    if (name.find(',') != std::string::npos) name = name.substr(name.rfind(',') + 1);
+    out += (out.empty() ? "" : ", ") + name;
+  }
+  return out;
+}
+
+std::string command_list(const CLI::App& app) {
+  std::string out;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    out += (out.empty() ? "" : ", ") + sub->get_name();
+  return out;
+}
+
+// Rewrites CLI11's message into one line that names the mistake and what would be right.
+std::string usage_message(const CLI::ParseError& e, const CLI::App& app, const CLI::App* sub) {
+  const std::string what = e.what();
+  const std::string help = sub ? "tmsctl " + sub->get_name() + " --help" : "tmsctl --help";
+  const std::string_view kExtra1 = "The following argument was not expected: ";
+  const std::string_view kExtraN = "The following arguments were not expected: ";
+  if (what.rfind(kExtra1, 0) == 0 || what.rfind(kExtraN, 0) == 0) {
+    const std::string args = what.substr(what.find(": ") + 2);
+    if (!sub) return "unknown command '" + args + "' (commands: " + command_list(app) + ")";
+    if (args.rfind("-", 0) == 0)
+      return "unknown option " + args + " for " + sub->get_name() + " (options: " + option_list(*sub) + ")";
+    return "unexpected argument '" + args + "'" +
+           (sub->get_name() == "run" ? " (the command goes after --: tmsctl run [options] -- CMD ARGS...)"
+                                     : " (see " + help + ")");
+  }
+  if (dynamic_cast<const CLI::RequiredError*>(&e) && !sub)
+    return "no command given (commands: " + command_list(app) + "; see tmsctl --help)";
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e)) {
+    // "--job: 1 required TEXT missing": the option came last with no value.
+    const std::string opt = what.substr(0, what.find(':'));
+    return opt + " needs a value (see " + help + ")";
+  }
+  return what + " (see " + help + ")";
+}
+
+int usage_error(bool json, const std::string& where, const std::string& message) {
+  print_failure(json, where, message, 0, /*usage=*/true);
+  return kExitUsage;
+}
+
+// A validator for a whole number within [lo, hi], whose message names the option and the range in
+// words (CLI11's own would print a double's full range for "non-negative").
+CLI::Validator whole_number(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& s) -> std::string {
+        long long v = 0;
+        std::size_t used = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || v < lo || v > hi)
+          return "'" + s + "' is not " + what + " (" + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+        return {};
+      },
+      what);
+}
+
+CLI::Validator one_of(std::vector<std::string> choices) {
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  return CLI::Validator(
+      [choices, list](std::string& s) -> std::string {
+        for (const auto& c : choices)
+          if (s == c) return {};
+        return "'" + s + "' is not one of " + list;
+      },
+      "{" + list + "}");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace tmsdisk::ctl;
   CLI::App app{
       "tmsctl: pause a CUDA job's GPU memory to local NVMe and resume it, with no code changes.\n\n"
       "  tmsctl run -- python train.py        launch with the tmsdisk shim preloaded\n"
       "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
       "  tmsctl resume --job J                bring it back at the same addresses\n"
-      "  tmsctl status                        what each rank holds where"};
+      "  tmsctl status                        what each rank holds where\n\n"
+      "Exit status: 0 success (also when there was nothing to do), 1 a rank or the daemon failed,\n"
+      "2 a usage error."};
   app.require_subcommand(1);
   Common common;
-  app.add_option("--socket", common.socket,
-                 "tmsdiskd socket (default: $TMSDISK_SOCKET, the system socket, or the private one)");
-  app.add_flag("--json", common.json, "machine-readable output");
+  // --socket and --json are global: accepted before the command (`tmsctl --json status`) and after
+  // it (`tmsctl status --json`), and listed in every command's --help.
+  auto add_global = [&](CLI::App* a) {
+    a->add_option("--socket", common.socket,
+                  "tmsdiskd socket (default: $TMSDISK_SOCKET, else /run/tmsdisk/tmsdiskd.sock, else the private "
+                  "daemon's)")
+        ->type_name("PATH")
+        ->group(kGlobalGroup);
+    a->add_flag("--json", common.json, "machine-readable output, errors included")->group(kGlobalGroup);
+  };
+  add_global(&app);
 
   auto* status =
       app.add_subcommand("status", "list ranks: state, resident, paused and unmanaged bytes, last pause/resume");
 
   Selector sel;
   auto add_selector = [&](CLI::App* sub) {
-    sub->add_option("--job", sel.job, "ranks of this job (TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)");
-    sub->add_option("--rank", sel.rank, "only this rank")->check(CLI::NonNegativeNumber);
-    sub->add_option("--pid", sel.pid, "only this process")->check(CLI::PositiveNumber);
+    sub->add_option("--job", sel.job, "ranks of this job (TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)")
+        ->type_name("JOB");
+    sub->add_option("--rank", sel.rank, "only this rank")
+        ->type_name("R")
+        ->check(whole_number(0, INT64_MAX, "a rank number"));
+    sub->add_option("--pid", sel.pid, "only this process")
+        ->type_name("PID")
+        ->check(whole_number(1, INT32_MAX, "a process id"));
     sub->add_flag("--all", sel.all, "every rank you may act on");
-    sub->add_option("--timeout", sel.timeout_s, "seconds to wait for the ranks (0: no limit)")->capture_default_str();
+    sub->add_option("--timeout", sel.timeout_s, "seconds the daemon waits for the ranks (0: no limit; default 0)")
+        ->type_name("SECONDS")
+        ->check(CLI::Range(0.0, 1e6));
   };
   auto* pause = app.add_subcommand("pause", "write the selected ranks' GPU memory to disk and release it");
   add_selector(pause);
@@ -39,10 +158,13 @@ int main(int argc, char** argv) {
 
   LaunchOptions launch;
   auto add_launch = [&](CLI::App* sub) {
-    sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB)");
+    sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB; default: the launcher's job id)")
+        ->type_name("JOB");
     sub->add_option("--staging-budget-mb", launch.staging_budget_mb,
-                    "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; default: the "
-                    "daemon's staging-budget-mb)");
+                    "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; at least two of the "
+                    "daemon's chunks; default: the daemon's staging-budget-mb)")
+        ->type_name("MIB")
+        ->check(whole_number(1, 1 << 20, "a size in MiB"));
     // Its old name said "chunk", which is the unit of one request (the daemon's chunk-mb): refuse it
     // with the new one instead of guessing.
     sub->add_option_function<std::string>("--chunk-mb",
@@ -51,11 +173,15 @@ int main(int argc, char** argv) {
                                                 "--chunk-mb", "renamed --staging-budget-mb (pinned memory per rank)");
                                           })
         ->group("");
-    sub->add_option("--min-mb", launch.min_mb, "allocations below this many MiB stay native (TMSDISK_MIN_BYTES)");
+    sub->add_option("--min-mb", launch.min_mb,
+                    "allocations below this many MiB stay native (TMSDISK_MIN_BYTES; default: the shim's, 2 MiB)")
+        ->type_name("MIB")
+        ->check(whole_number(0, 1 << 30, "a size in MiB"));
     sub->add_option("--on-touch", launch.on_touch,
                     "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "
                     "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
-        ->check(CLI::IsMember({"wait", "resume", "fail"}));
+        ->type_name("MODE")
+        ->check(one_of({"wait", "resume", "fail"}));
   };
   auto* env =
       app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
@@ -65,36 +191,57 @@ int main(int argc, char** argv) {
       "run",
       "run a command with the shim preloaded (torchrun's children inherit it): tmsctl run [options] -- CMD ARGS...");
   add_launch(run);
-  run->add_flag("!--no-start-daemon", launch.start_daemon,
-                "fail instead of starting a private daemon when none answers");
+  bool no_start_daemon = false;
+  run->add_flag("--no-start-daemon", no_start_daemon, "fail instead of starting a private daemon when none answers");
+  for (CLI::App* sub : {status, pause, resume, gc, env, run}) add_global(sub);
 
   // `tmsctl run [options] -- CMD ARGS...`: everything after the first `--` is the command, untouched
   // by option parsing (its own flags may look like ours).
   int ours = argc;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--") {
+    if (std::string_view(argv[i]) == "--") {
       ours = i;
       break;
     }
   }
   for (int i = ours + 1; i < argc; ++i) command.emplace_back(argv[i]);
-  CLI11_PARSE(app, ours, argv);
 
+  // --json decides how a usage error is told, so it is looked for before parsing, which may fail.
+  std::string first_word;
+  bool json = false;
+  for (int i = 1; i < ours; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--json") json = true;
+    if (takes_value(a)) {
+      ++i;
+    } else if (first_word.empty() && !a.empty() && a[0] != '-') {
+      first_word = a;
+    }
+  }
+  if (!first_word.empty()) {
+    bool known = false;
+    for (CLI::App* sub : {status, pause, resume, gc, env, run}) known |= sub->get_name() == first_word;
+    if (!known)
+      return usage_error(json, "tmsctl", "unknown command '" + first_word + "' (commands: " + command_list(app) + ")");
+  }
+  try {
+    app.parse(ours, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    const std::vector<CLI::App*> parsed = app.get_subcommands();
+    const CLI::App* sub = parsed.empty() ? nullptr : parsed.back();
+    return usage_error(json, sub ? "tmsctl " + sub->get_name() : "tmsctl", usage_message(e, app, sub));
+  }
+  launch.start_daemon = !no_start_daemon;
+
+  if (!command.empty() && !run->parsed())
+    return usage_error(common.json, "tmsctl", "only `run` takes a command after --");
   if (status->parsed()) return cmd_status(common);
   if (pause->parsed()) return cmd_control(common, sel, true);
   if (resume->parsed()) return cmd_control(common, sel, false);
   if (gc->parsed()) return cmd_gc(common);
   if (env->parsed()) return cmd_env(common, launch);
-  if (!command.empty() && !run->parsed()) {
-    std::fprintf(stderr, "tmsctl: only `run` takes a command after --\n");
-    return 2;
-  }
-  if (run->parsed()) {
-    if (command.empty()) {
-      std::fprintf(stderr, "tmsctl run: no command given; usage: tmsctl run [options] -- COMMAND [ARGS...]\n");
-      return 2;
-    }
-    return cmd_run(common, launch, command);
-  }
-  return 2;
+  if (command.empty())
+    return usage_error(common.json, "tmsctl run", "no command given: tmsctl run [options] -- COMMAND [ARGS...]");
+  return cmd_run(common, launch, command);
 }

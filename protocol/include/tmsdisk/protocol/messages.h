@@ -37,6 +37,20 @@ inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
 
 inline constexpr std::size_t kMaxNameLength = 64;  // job names
+
+// A job name becomes a directory under each root, so it is kept to characters that are safe there:
+// 1-64 letters, digits, '.', '_' or '-', not starting with '.' (no "..", no hidden names).
+constexpr bool job_name_char(char c) noexcept {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
+constexpr bool valid_job_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > kMaxNameLength || name.front() == '.') return false;
+  for (char c : name)
+    if (!job_name_char(c)) return false;
+  return true;
+}
+inline constexpr const char* kJobNameRule = "use 1-64 letters, digits, '.', '_' or '-', not starting with '.'";
 // Human-readable messages. Room for a refusal that quotes a full path (kMaxPathLength) with its
 // advice, so none reaches the user cut; every message stays far below kMaxMessageSize.
 inline constexpr std::size_t kMaxTextLength = 8192;
@@ -233,10 +247,14 @@ struct Welcome {
   // 1: this session continues the one the rank lost its connection from (kept as an orphan): what
   // the daemon held for it (files, legacy IPC exports and opens) is still there.
   uint8_t adopted = 0;
+  // To a control client (which has no session): the daemon's defaults and limits, so that `tmsctl run`
+  // refuses a staging budget the daemon would refuse, before the program starts. staging_budget_bytes
+  // and chunk_bytes above are then the defaults a rank gets.
+  uint64_t max_staging_budget_bytes = 0;
   template <class F>
   void fields(F&& f) {
     f(session_id), f(token), f(staging_budget_bytes), f(chunk_bytes), f(slot_count), f(restored),
-        f(rank_dir, kMaxPathLength), f(adopted);
+        f(rank_dir, kMaxPathLength), f(adopted), f(max_staging_budget_bytes);
   }
   bool check(std::string& why) const;
 };
