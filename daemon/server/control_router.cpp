@@ -95,7 +95,7 @@ void ControlRouter::command_done(Session& s, uint64_t command_id, const proto::C
   if (it == s.commands.end()) return;  // the tmsctl that asked has gone; nothing to forward
   const uint64_t op_id = it->second;
   s.commands.erase(it);
-  finish_rank(op_id, s.id, m.code, m.bytes, m.nanos, m.message);
+  finish_rank(op_id, s.id, m);
 }
 
 void ControlRouter::progress(Session& s, uint64_t command_id, proto::Progress& m) {
@@ -108,8 +108,11 @@ void ControlRouter::progress(Session& s, uint64_t command_id, proto::Progress& m
 }
 
 void ControlRouter::session_lost(Session& s) {
-  for (auto& [cmd, op_id] : s.commands)
-    finish_rank(op_id, s.id, ECONNRESET, 0, 0, "the rank exited or lost its connection before answering");
+  proto::CommandDone lost;
+  lost.code = ECONNRESET;
+  lost.message = "the rank exited or lost its connection before answering";
+  lost.outcome = static_cast<uint8_t>(proto::Outcome::Done);
+  for (auto& [cmd, op_id] : s.commands) finish_rank(op_id, s.id, lost);
   s.commands.clear();
 }
 
@@ -125,19 +128,19 @@ void ControlRouter::connection_closed(uint64_t conn_id) {
   }
 }
 
-void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, int code, uint64_t bytes, uint64_t nanos,
-                                const std::string& message) {
+void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, const proto::CommandDone& answer) {
   auto it = ops_.find(op_id);
   if (it == ops_.end()) return;
   Op& op = it->second;
   if (!op.waiting.erase(sid)) return;
   auto& r = op.results[sid];
-  r.code = code;
-  r.bytes = bytes;
-  r.nanos = nanos;
+  r.code = answer.code;
+  r.bytes = answer.bytes;
+  r.nanos = answer.nanos;
   // The rank's whole message (it is bounded by kMaxTextLength, as is a result's text): a refusal
   // cut mid-sentence leaves the user without its advice (issue 8).
-  r.message = message.substr(0, proto::kMaxResultText);
+  r.message = answer.message.substr(0, proto::kMaxResultText);
+  r.outcome = answer.outcome;
   if (op.waiting.empty()) complete(it);
 }
 
@@ -179,6 +182,7 @@ int ControlRouter::expire() {
         auto& r = op.results[sid];
         r.code = ETIMEDOUT;
         r.message = "no answer before the timeout; the rank may still finish";
+        r.outcome = static_cast<uint8_t>(proto::Outcome::Done);  // asked, unanswered: not known to be a no-op
       }
       op.waiting.clear();
       complete(cur);

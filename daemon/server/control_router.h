@@ -53,7 +53,9 @@ class ControlRouter {
     Clock::time_point deadline = Clock::time_point::max();
   };
 
-  void finish_rank(uint64_t op_id, uint64_t sid, int code, uint64_t bytes, uint64_t nanos, const std::string& message);
+  // Records the rank's answer, or the one the daemon gives for a rank that cannot answer (Done, with
+  // the reason's code: it was asked, and nothing says it found nothing to do).
+  void finish_rank(uint64_t op_id, uint64_t sid, const proto::CommandDone& answer);
   void complete(std::map<uint64_t, Op>::iterator it);
 
   SessionTable& sessions_;

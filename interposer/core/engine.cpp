@@ -356,6 +356,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.bytes = r.bytes;
   done.nanos = r.nanos;
   done.message = proto::wire_text(r.message());  // what the daemon's decoder accepts
+  done.outcome = static_cast<uint8_t>(r.outcome);
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
@@ -411,14 +412,21 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   {
     std::lock_guard lock(mu_);
     last_.state = static_cast<uint8_t>(state);
-    if (r.code() == 0 && pausing) {
-      last_.last_pause_bytes = r.bytes;
-      last_.last_pause_ns = r.nanos;
-    } else if (r.code() == 0) {
-      last_.last_resume_bytes = r.bytes;
-      last_.last_resume_ns = r.nanos;
+    // A no-op changed nothing: the last pause and resume figures stay those of operations that ran
+    // (a repeated `tmsctl pause` must not turn them to zeros), and so does the time of the last change,
+    // which says since when the rank is in its state. A failure counts as a change: it may have
+    // released part of the memory. last_error_ and last_message_ are what the latest call said,
+    // no-op or not (tmsdisk_status documents them so).
+    if (r.outcome == proto::Outcome::Done) {
+      if (r.code() == 0 && pausing) {
+        last_.last_pause_bytes = r.bytes;
+        last_.last_pause_ns = r.nanos;
+      } else if (r.code() == 0) {
+        last_.last_resume_bytes = r.bytes;
+        last_.last_resume_ns = r.nanos;
+      }
+      last_.last_change_unix_ms = unix_ms();
     }
-    last_.last_change_unix_ms = unix_ms();
     last_error_ = r.code();
     last_message_ = r.message();
   }
@@ -429,6 +437,8 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
   const char* what = pausing ? "pause" : "resume";
   if (r.code()) {
     TMS_WARN("%s failed: %s (%s)", what, r.message().c_str(), std::strerror(r.code()));
+  } else if (r.outcome == proto::Outcome::NoOp) {
+    TMS_INFO("%s: nothing to do: %s", what, r.message().c_str());
   } else {
     const double secs = static_cast<double>(r.nanos) / 1e9;
     TMS_INFO("%s: %llu bytes in %.3f s (%.2f GB/s)%s%s", what, static_cast<unsigned long long>(r.bytes), secs,
@@ -448,8 +458,7 @@ OpResult Engine::pause(ProgressReporter& progress) {
     if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
     (a->state.load() == AllocState::Paused ? paused : resident).push_back(std::move(a));
   }
-  if (resident.empty())
-    return OpResult{{}, 0, 0, paused.empty() ? "no managed allocations to pause" : "already paused"};
+  if (resident.empty()) return OpResult::no_op(paused.empty() ? "no managed allocations to pause" : "already paused");
   Result<bool> committed = committed_pause();
   if (!committed) return failed(committed.error());
   if (*committed && !paused.empty()) {
@@ -489,7 +498,7 @@ OpResult Engine::resume(ProgressReporter& progress) {
     // or an earlier resume's commit failed) is closed here.
     Result<bool> committed = committed_pause();
     if (!committed) return failed(committed.error());
-    if (!*committed) return OpResult{{}, 0, 0, "nothing is paused"};
+    if (!*committed) return OpResult::no_op("nothing is paused");
   }
   return resume_all(std::move(paused), progress);
 }
@@ -588,6 +597,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     }
   } reexport{this, revoked};
   ipc_revoke(resident, revoked);
+  // Done, not a no-op: the rank was not paused, and stays running only because other processes hold
+  // its memory; 0 bytes is what this pause moved, and what its figures should say.
   if (resident.empty())
     return OpResult{{}, 0, 0, "every allocation stays resident: other processes have them open through legacy IPC"};
 

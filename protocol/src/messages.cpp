@@ -403,6 +403,24 @@ bool Command::check(std::string& why) const {
   return true;
 }
 
+namespace {
+
+// A no-op moved nothing and did not fail: it found the rank in the state asked for. One that claims
+// bytes or an error contradicts itself, and a reader could not tell which half to believe.
+bool valid_outcome(uint8_t outcome, int32_t code, uint64_t bytes, std::string& why) {
+  if (outcome > kOutcomeMax) {
+    why = "unknown outcome " + std::to_string(outcome);
+    return false;
+  }
+  if (outcome == static_cast<uint8_t>(Outcome::NoOp) && (code != 0 || bytes != 0)) {
+    why = "a no-op with an error code or moved bytes";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool CommandDone::check(std::string& why) const {
   if (code < 0) {
     why = "result code must be 0 or a positive errno value";
@@ -412,7 +430,7 @@ bool CommandDone::check(std::string& why) const {
     why = "result message has control characters";
     return false;
   }
-  return true;
+  return valid_outcome(outcome, code, bytes, why);
 }
 
 bool Progress::check(std::string& why) const {
@@ -477,6 +495,7 @@ bool ControlResult::check(std::string& why) const {
       why = "result text has control characters";
       return false;
     }
+    if (!valid_outcome(r.outcome, r.code, r.bytes, why)) return false;
   }
   return true;
 }
@@ -579,6 +598,14 @@ const char* state_name(RankState state) noexcept {
     case RankState::Paused: return "paused";
     case RankState::Resuming: return "resuming";
     case RankState::PartiallyPaused: return "partially-paused";
+  }
+  return "unknown";
+}
+
+const char* outcome_name(Outcome outcome) noexcept {
+  switch (outcome) {
+    case Outcome::Done: return "done";
+    case Outcome::NoOp: return "no-op";
   }
   return "unknown";
 }

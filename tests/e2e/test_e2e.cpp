@@ -135,6 +135,73 @@ TEST_CASE("tmsctl run starts two ranks of one job and tmsctl pause --job pauses 
   for (auto& p : ranks) CHECK(p->cmd("check") == "ok 1");
 }
 
+TEST_CASE("tmsctl says no-op for a pause or resume with nothing to do - status keeps the last real figures") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("noop", 0));
+  REQUIRE(prog.line() == "ready");
+  // The rank's last pause and resume as `tmsctl status` reports them: {bytes, ns} each.
+  auto last_figures = [&] {
+    auto [rc, out] = node.tmsctl({"status"});
+    INFO(out);
+    json j = json::parse(out, nullptr, false);
+    REQUIRE(rc == 0);
+    REQUIRE((j.is_array() && j.size() == 1));
+    return std::pair{j[0]["last_pause"], j[0]["last_resume"]};
+  };
+
+  // The first managed allocation connects the rank; once freed there is nothing to pause.
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 16777216 direct")).empty());
+  REQUIRE(prog.cmd("free 1") == "ok");
+  REQUIRE(eventually([&] { return node.status().size() == 1; }));
+  auto none = node.pause("noop");
+  INFO(none.text);
+  REQUIRE(none.ok());
+  REQUIRE(none.size() == 1);
+  CHECK(none[0].outcome == "no-op");
+  CHECK(none[0].message == "no managed allocations to pause");
+
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 33554432 direct")).empty());
+  auto first = node.pause("noop");
+  INFO(first.text);
+  REQUIRE(first.ok());
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].outcome == "done");
+  CHECK(first[0].bytes == 32 * MiB);
+  const json pause_figures = last_figures().first;
+  CHECK(pause_figures.value("bytes", uint64_t{0}) == 32 * MiB);
+  CHECK(pause_figures.value("ns", uint64_t{0}) > 0);
+
+  auto again = node.pause("noop");
+  INFO(again.text);
+  REQUIRE(again.ok());  // nothing to do is no failure: exit status 0
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].ok);
+  CHECK(again[0].outcome == "no-op");
+  CHECK(again[0].bytes == 0);
+  CHECK(again[0].message == "already paused");
+  CHECK(last_figures().first == pause_figures);
+
+  auto resumed = node.resume("noop");
+  INFO(resumed.text);
+  REQUIRE(resumed.ok());
+  CHECK(resumed[0].outcome == "done");
+  CHECK(resumed[0].bytes == 32 * MiB);
+  const auto [pause_kept, resume_figures] = last_figures();
+  CHECK(pause_kept == pause_figures);
+  CHECK(resume_figures.value("bytes", uint64_t{0}) == 32 * MiB);
+  CHECK(resume_figures.value("ns", uint64_t{0}) > 0);
+
+  auto resumed_again = node.resume("noop");
+  INFO(resumed_again.text);
+  REQUIRE(resumed_again.ok());
+  CHECK(resumed_again[0].outcome == "no-op");
+  CHECK(resumed_again[0].bytes == 0);
+  CHECK(resumed_again[0].message == "nothing is paused");
+  CHECK(last_figures() == std::pair{pause_figures, resume_figures});
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
 TEST_CASE("without a daemon the shim starts a private one, which leaves when the last process exits") {
   Node node;  // no daemon started
   if (fs::exists(kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");

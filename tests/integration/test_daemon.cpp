@@ -712,6 +712,53 @@ TEST_CASE("a long per-rank answer reaches tmsctl whole, over as many result page
   }
 }
 
+TEST_CASE("each rank's outcome reaches tmsctl: a no-op as the rank said, a rank that never answered as done") {
+  Daemon d;
+  d.start();
+  auto noop = d.shim({.job = "outcome", .rank = 0});
+  auto moved = d.shim({.job = "outcome", .rank = 1});
+  auto gone = d.shim({.job = "outcome", .rank = 2});
+  auto silent = d.shim({.job = "outcome", .rank = 3});
+  auto ctl = d.control();
+  Result<std::vector<proto::RankResult>> results = make_error(EINVAL, "not run");
+  std::thread asker([&] {
+    proto::Control req;
+    req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+    req.match = proto::kMatchJob;
+    req.job = "outcome";
+    req.timeout_ms = 3000;  // for the silent rank
+    results = ctl.control(req);
+  });
+  auto answer = [](ShimClient& rank, proto::CommandDone done) {
+    auto cmd = rank.receive();
+    REQUIRE(cmd);
+    REQUIRE(std::holds_alternative<proto::Command>(cmd->body));
+    REQUIRE(proto::send_message(rank.fd(), proto::encode(cmd->request_id, done)) == 0);
+  };
+  answer(noop, {.nanos = 1000, .message = "already paused", .outcome = static_cast<uint8_t>(proto::Outcome::NoOp)});
+  answer(moved, {.bytes = 4 * MiB, .nanos = 2000, .outcome = static_cast<uint8_t>(proto::Outcome::Done)});
+  auto cmd = gone.receive();
+  REQUIRE(cmd);
+  gone.close();  // asked, then gone without an answer
+  REQUIRE(silent.receive());
+  asker.join();
+  INFO((results ? "" : results.error().describe()));
+  REQUIRE(results);
+  REQUIRE(results->size() == 4);
+  const auto& r = *results;  // sorted by rank
+  CHECK(r[0].code == 0);
+  CHECK(r[0].outcome == static_cast<uint8_t>(proto::Outcome::NoOp));
+  CHECK(r[0].bytes == 0);
+  CHECK(r[0].message == "already paused");
+  CHECK(r[1].code == 0);
+  CHECK(r[1].outcome == static_cast<uint8_t>(proto::Outcome::Done));
+  CHECK(r[1].bytes == 4 * MiB);
+  CHECK(r[2].code == ECONNRESET);
+  CHECK(r[2].outcome == static_cast<uint8_t>(proto::Outcome::Done));
+  CHECK(r[3].code == ETIMEDOUT);
+  CHECK(r[3].outcome == static_cast<uint8_t>(proto::Outcome::Done));
+}
+
 TEST_CASE("a live rank that loses its connection while paused keeps its files until it reconnects or exits") {
   Daemon d;
   d.start();

@@ -516,6 +516,72 @@ TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
   c.free();
 }
 
+TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops that keep the last figures") {
+  // A no-op once answered like a pause of 0 bytes and overwrote the rank's last pause (or resume)
+  // with zeros: `tmsctl status` lost the figures of the operation that ran.
+  World& w = world();
+  Buffer a(3 * kSlotBytes + 17, 18), b(kSlotBytes, 19);
+  Engine* e = Engine::instance();
+  REQUIRE(e);
+  const auto noop = static_cast<uint8_t>(proto::Outcome::NoOp);
+  const auto done = static_cast<uint8_t>(proto::Outcome::Done);
+
+  const proto::CommandDone paused = w.daemon.command(proto::CommandOp::Pause);
+  INFO(paused.message);
+  REQUIRE(paused.code == 0);
+  CHECK(paused.outcome == done);
+  CHECK(paused.bytes == a.size + b.size);
+  const proto::RankStats after_pause = e->status().stats;
+  CHECK(after_pause.last_pause_bytes == a.size + b.size);
+  CHECK(after_pause.last_pause_ns > 0);
+  CHECK(after_pause.last_change_unix_ms > 0);
+
+  ::usleep(5000);  // a no-op that moved the time of the last change would show it
+  const int commits_paused = w.daemon.commits_paused.load();
+  const proto::CommandDone again = w.daemon.command(proto::CommandOp::Pause);
+  CHECK(again.code == 0);
+  CHECK(again.outcome == noop);
+  CHECK(again.bytes == 0);
+  CHECK(again.message == "already paused");
+  CHECK(w.daemon.commits_paused.load() == commits_paused);
+  proto::RankStats st = e->status().stats;
+  CHECK(st.state == static_cast<uint8_t>(proto::RankState::Paused));
+  CHECK(st.last_pause_bytes == after_pause.last_pause_bytes);
+  CHECK(st.last_pause_ns == after_pause.last_pause_ns);
+  CHECK(st.last_change_unix_ms == after_pause.last_change_unix_ms);
+  CHECK(status().last_pause_bytes == a.size + b.size);  // the C API reads the same figures
+
+  const proto::CommandDone resumed = w.daemon.command(proto::CommandOp::Resume);
+  INFO(resumed.message);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.outcome == done);
+  CHECK(resumed.bytes == a.size + b.size);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  const proto::RankStats after_resume = e->status().stats;
+  CHECK(after_resume.last_resume_bytes == a.size + b.size);
+  CHECK(after_resume.last_resume_ns > 0);
+  CHECK(after_resume.last_pause_ns == after_pause.last_pause_ns);
+
+  ::usleep(5000);
+  const proto::CommandDone again_resumed = w.daemon.command(proto::CommandOp::Resume);
+  CHECK(again_resumed.code == 0);
+  CHECK(again_resumed.outcome == noop);
+  CHECK(again_resumed.bytes == 0);
+  CHECK(again_resumed.message == "nothing is paused");
+  st = e->status().stats;
+  CHECK(st.state == static_cast<uint8_t>(proto::RankState::Running));
+  CHECK(st.last_resume_bytes == after_resume.last_resume_bytes);
+  CHECK(st.last_resume_ns == after_resume.last_resume_ns);
+  CHECK(st.last_pause_bytes == after_pause.last_pause_bytes);
+  CHECK(st.last_change_unix_ms == after_resume.last_change_unix_ms);
+  CHECK(status().last_resume_ns == after_resume.last_resume_ns);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
+}
+
 TEST_CASE("after a resume whose commit failed, the next pause pauses: the daemon's manifest is the one pause state") {
   // The data came back, only the manifest write failed (disk full). The shim once kept its own
   // "committed pause" flag, still set, and the next pause said "already paused; 2 allocation(s) made

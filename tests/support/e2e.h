@@ -225,6 +225,7 @@ struct RankOutcome {
   int error = 0;  // errno, 0 when ok
   uint64_t bytes = 0;
   std::string message;
+  std::string outcome;  // "done", or "no-op": the rank was already in the state asked for
 };
 
 // What a `tmsctl pause` or `resume` did: tmsctl's exit status and each rank's part, in rank order.
@@ -306,7 +307,8 @@ inline Outcome Node::control(const std::string& verb, const std::vector<std::str
                        .ok = r.value("ok", false),
                        .error = r.value("errno", 0),
                        .bytes = r.value("bytes", uint64_t{0}),
-                       .message = r.value("message", "")});
+                       .message = r.value("message", ""),
+                       .outcome = r.value("outcome", "")});
   return o;
 }
 

@@ -79,7 +79,7 @@ TEST_CASE("every message type round-trips with its fields") {
   rd.blob = 2;
   rd.offset = 3;
   CHECK(round_trip(rd).offset == 3);
-  // Acknowledgements only: checksums stay in the daemon's storage (version 3).
+  // Acknowledgements only: checksums stay in the daemon's storage (since version 3).
   CHECK(encode(9, Written{}).size() == kHeaderSize);
   CHECK(encode(9, ReadDone{}).size() == kHeaderSize);
   CHECK(std::holds_alternative<Written>(decode(encode(9, Written{})).envelope->body));
@@ -104,6 +104,10 @@ TEST_CASE("every message type round-trips with its fields") {
   cd.code = ENOSPC;
   cd.message = "no space";
   CHECK(round_trip(cd).message == "no space");
+  CHECK(round_trip(cd).outcome == static_cast<uint8_t>(Outcome::Done));
+  auto noop = round_trip(CommandDone{.message = "already paused", .outcome = static_cast<uint8_t>(Outcome::NoOp)});
+  CHECK(noop.outcome == static_cast<uint8_t>(Outcome::NoOp));
+  CHECK(noop.message == "already paused");
   CHECK(round_trip(Progress{.session_id = 1, .done_bytes = 5, .total_bytes = 10}).done_bytes == 5);
   CHECK(round_trip(ListSessions{.start = 4}).start == 4);
 
@@ -127,7 +131,15 @@ TEST_CASE("every message type round-trips with its fields") {
   rr.code = EIO;
   rr.message = "bad disk";
   cr.results.push_back(rr);
-  CHECK(round_trip(cr).results.at(0).message == "bad disk");
+  rr.code = 0;
+  rr.message = "nothing is paused";
+  rr.outcome = static_cast<uint8_t>(Outcome::NoOp);
+  cr.results.push_back(rr);
+  auto cr2 = round_trip(cr);
+  REQUIRE(cr2.results.size() == 2);
+  CHECK(cr2.results[0].message == "bad disk");
+  CHECK(cr2.results[0].outcome == static_cast<uint8_t>(Outcome::Done));
+  CHECK(cr2.results[1].outcome == static_cast<uint8_t>(Outcome::NoOp));
   CHECK(round_trip(GcResult{.removed_dirs = 2, .removed_bytes = 3}).removed_bytes == 3);
   ErrorReply e;
   e.code = EPERM;
@@ -163,6 +175,32 @@ TEST_CASE("IPC messages refuse ids, sizes and devices that cannot be right") {
   CHECK(refused(IpcOpened{.export_id = 1, .bytes = 4096, .device = 0, .exporter_pid = -1}));
   CHECK(refused(IpcClose{.export_id = 0}));
   CHECK(refused(IpcUsers{.export_id = 0, .importers = 1}));
+}
+
+TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither failed nor moved bytes") {
+  CHECK(std::string(outcome_name(Outcome::Done)) == "done");
+  CHECK(std::string(outcome_name(Outcome::NoOp)) == "no-op");
+  CHECK(std::string(outcome_name(static_cast<Outcome>(2))) == "unknown");
+
+  CHECK(decode_code(encode(1, CommandDone{.outcome = kOutcomeMax + 1})) == EBADMSG);
+  CHECK(decode_code(encode(1, CommandDone{.code = EIO, .outcome = static_cast<uint8_t>(Outcome::NoOp)})) == EBADMSG);
+  CHECK(decode_code(encode(1, CommandDone{.bytes = 1, .outcome = static_cast<uint8_t>(Outcome::NoOp)})) == EBADMSG);
+  // A no-op still took the time of finding out (it asks the daemon for the pause state).
+  CHECK(decode(encode(1, CommandDone{.nanos = 5, .outcome = static_cast<uint8_t>(Outcome::NoOp)})).envelope);
+
+  auto refused_result = [](RankResult r) {
+    ControlResult cr;
+    cr.results = {RankResult{}, std::move(r)};
+    return decode_code(encode(1, cr)) == EBADMSG;
+  };
+  CHECK(refused_result(RankResult{.outcome = kOutcomeMax + 1}));
+  CHECK(refused_result(RankResult{.code = ETIMEDOUT, .outcome = static_cast<uint8_t>(Outcome::NoOp)}));
+  CHECK(refused_result(RankResult{.bytes = 4096, .outcome = static_cast<uint8_t>(Outcome::NoOp)}));
+
+  // The outcome is the last byte of each: a result's size, by which ControlResult pages, counts it.
+  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1);
+  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1);
+  CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
 }
 
 TEST_CASE("encode refuses fields beyond their limits") {

@@ -232,6 +232,7 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
                      {"rank", r.rank},
                      {"pid", r.pid},
                      {"ok", r.code == 0},
+                     {"outcome", proto::outcome_name(static_cast<proto::Outcome>(r.outcome))},
                      {"errno", r.code},
                      {"bytes", r.bytes},
                      {"ns", r.nanos},

@@ -31,7 +31,9 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 // 2: legacy IPC brokered by the daemon (IPC_*).
 // 3: checksums and the pause state stay in the daemon's storage: READ, WRITTEN and READ_DONE carry no
 //    checksum, COMMIT no generation (the daemon assigns it); the shim asks with PAUSE_STATE.
-inline constexpr uint16_t kVersion = 3;
+// 4: COMMAND_DONE and each result of CONTROL_RESULT carry an Outcome: a pause or resume with nothing to
+//    do says so instead of passing for one that moved 0 bytes.
+inline constexpr uint16_t kVersion = 4;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -115,6 +117,14 @@ enum class Unmanaged : uint8_t {
 inline constexpr std::size_t kUnmanagedReasons = 8;
 
 enum class CommandOp : uint8_t { Pause = 1, Resume = 2 };
+
+// What a pause or resume amounted to. Done: it ran; bytes moved, or it failed (see the code). NoOp:
+// the rank was already in the state asked for and nothing moved; the message says which state
+// ("already paused", "nothing is paused", "no managed allocations to pause"). Apart, so that a no-op
+// does not pass for a pause of 0 bytes, and the rank's last figures stay those of a real one.
+enum class Outcome : uint8_t { Done = 0, NoOp = 1 };
+inline constexpr uint8_t kOutcomeMax = 1;
+
 enum class CommitState : uint8_t { Paused = 1, Resumed = 2 };
 
 // Reserve.flags
@@ -191,9 +201,11 @@ struct RankResult {
   uint64_t bytes = 0;
   uint64_t nanos = 0;
   std::string message;
+  uint8_t outcome = 0;  // Outcome: the rank's own; Done for a rank that never answered (timeout, exit)
   template <class F>
   void fields(F&& f) {
-    f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos), f(message, kMaxResultText);
+    f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos), f(message, kMaxResultText),
+        f(outcome);
   }
 };
 
@@ -364,9 +376,10 @@ struct CommandDone {
   uint64_t bytes = 0;
   uint64_t nanos = 0;
   std::string message;
+  uint8_t outcome = 0;  // Outcome; a NoOp has code 0 and moved no bytes
   template <class F>
   void fields(F&& f) {
-    f(code), f(bytes), f(nanos), f(message, kMaxTextLength);
+    f(code), f(bytes), f(nanos), f(message, kMaxTextLength), f(outcome);
   }
   bool check(std::string& why) const;
 };
@@ -571,6 +584,7 @@ std::string wire_text(std::string s, std::size_t max = kMaxTextLength);
 
 const char* type_name(MsgType type) noexcept;
 const char* state_name(RankState state) noexcept;
+const char* outcome_name(Outcome outcome) noexcept;  // "done", "no-op"
 const char* unmanaged_name(Unmanaged reason) noexcept;
 
 template <class T>
