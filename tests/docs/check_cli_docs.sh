@@ -10,9 +10,9 @@ status=0
 complain() { echo "$*"; status=1; }
 
 # The long options a --help lists ("  --job JOB  ..." and "  -h,--help ...").
-help_options() { grep -oE '^ +(-[a-z], ?)?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z][a-z0-9-]*' | grep -vx -- '--help'; }
+help_options() { grep -oE '^ +(-[a-z], ?)?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z][a-z0-9-]*' | { grep -vx -- '--help' || true; }; }
 # The long options a text names; man pages escape dashes (\-\-job).
-named_options() { sed 's/\\-/-/g' | grep -oE -- '--[a-z][a-z0-9-]*[a-z0-9]' | sort -u; }
+named_options() { sed 's/\\-/-/g' | grep -oE -- '--[a-z][a-z0-9-]*[a-z0-9]' | { grep -vx -- '--help' || true; } | sort -u; }
 
 ctl_help=$("$tmsctl" --help | help_options)
 for cmd in status pause resume gc env run; do

@@ -43,14 +43,14 @@ TEST_CASE("tmsctl --help exits 0 and lists the commands") {
   for (const char* cmd : {"status", "pause", "resume", "gc", "env", "run"}) CHECK(contains(c.out, cmd));
 }
 
-TEST_CASE("--json and --socket work before and after the command and every command's --help lists them") {
+TEST_CASE(
+    "the global options --json and --socket work before and after the command and every command's --help lists them") {
   Node node;
   node.start_daemon();
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--json", "--socket", node.socket, "status"},
-        std::vector<std::string>{"status", "--json", "--socket", node.socket},
-        std::vector<std::string>{"--socket", node.socket, "status", "--json"},
-        std::vector<std::string>{"gc", "--json", "--socket", node.socket}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--json", "--socket", node.socket, "status"},
+                                               std::vector<std::string>{"status", "--json", "--socket", node.socket},
+                                               std::vector<std::string>{"--socket", node.socket, "status", "--json"},
+                                               std::vector<std::string>{"gc", "--json", "--socket", node.socket}}) {
     Captured c = tmsctl(args);
     INFO(c.out << c.err);
     CHECK(c.rc == 0);
@@ -70,14 +70,18 @@ TEST_CASE("--json and --socket work before and after the command and every comma
 }
 
 TEST_CASE("every usage error exits 2 with one line naming the mistake and the valid choices") {
-  SECTION("no command") { check_usage_error(tmsctl({}), {"no command given", "status", "pause", "run"}); }
+  SECTION("no command") {
+    check_usage_error(tmsctl({}), {"no command given", "status", "pause", "run"});
+  }
   SECTION("an unknown command") {
     check_usage_error(tmsctl({"bogus"}), {"unknown command 'bogus'", "status", "resume", "gc"});
   }
   SECTION("an unknown option") {
     check_usage_error(tmsctl({"pause", "--jbo", "x"}), {"unknown option --jbo", "--job", "--rank", "--all"});
   }
-  SECTION("an option without its value") { check_usage_error(tmsctl({"pause", "--job"}), {"--job needs a value"}); }
+  SECTION("an option without its value") {
+    check_usage_error(tmsctl({"pause", "--job"}), {"--job needs a value"});
+  }
   SECTION("a negative rank") {
     Captured c = tmsctl({"pause", "--rank", "-1"});
     check_usage_error(c, {"--rank", "'-1' is not a rank number"});
@@ -131,7 +135,7 @@ TEST_CASE("a selector that matches no rank says so without a stray strerror, as 
   CHECK(answer.value("errno", 0) == ENOENT);
 }
 
-TEST_CASE("result lines say paused, resumed and verified, or nothing to do; a no-op keeps the last figures") {
+TEST_CASE("result lines say paused, resumed and verified, or nothing to do, and a no-op keeps the last figures") {
   Node node;
   node.device_mb = 256;
   node.start_daemon();

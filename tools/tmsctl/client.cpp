@@ -16,7 +16,8 @@ Result<Client> Client::connect(const std::string& socket_path) {
                            ? "is tmsdiskd running? start it with `systemctl start tmsdiskd` or use `tmsctl run`, "
                              "or point TMSDISK_SOCKET/--socket at its socket"
                            : "check the path and its permissions";
-    return make_error(-fd, "cannot connect to tmsdiskd at " + socket_path + ": " + std::strerror(-fd) + " (" + hint + ")");
+    return make_error(-fd,
+                      "cannot connect to tmsdiskd at " + socket_path + ": " + std::strerror(-fd) + " (" + hint + ")");
   }
   Client c(UniqueFd(fd), socket_path);
   proto::Hello hello;
@@ -45,8 +46,8 @@ Result<proto::Message> Client::receive() {
     long n = proto::recv_message(fd_.get(), buf);
     if (n == 0) return make_error(ECONNRESET, "tmsdiskd at " + path_ + " closed the connection (see its log)");
     if (n < 0)
-      return make_error(static_cast<int>(-n), "cannot read from tmsdiskd at " + path_ + ": " +
-                                                  std::strerror(static_cast<int>(-n)));
+      return make_error(static_cast<int>(-n),
+                        "cannot read from tmsdiskd at " + path_ + ": " + std::strerror(static_cast<int>(-n)));
     auto d = proto::decode(buf);
     if (!d.envelope) return make_error(d.code, "bad message from tmsdiskd: " + d.error);
     if (d.envelope->request_id != next_request_ && d.envelope->request_id != 0) continue;  // stale answer

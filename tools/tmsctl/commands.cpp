@@ -14,14 +14,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "client.h"
 #include "tmsdisk/common/human.h"
-#include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
+#include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk::ctl {
 namespace {
@@ -176,8 +176,7 @@ std::string selector_text(const Selector& sel) {
 std::string result_text(const proto::RankResult& r, bool pause) {
   if (r.code != 0) return "FAILED: " + r.message + " (" + std::strerror(r.code) + ")";
   if (r.outcome == static_cast<uint8_t>(proto::Outcome::NoOp))
-    return (r.message.empty() ? std::string(pause ? "already paused" : "not paused") : r.message) +
-           " (nothing to do)";
+    return (r.message.empty() ? std::string(pause ? "already paused" : "not paused") : r.message) + " (nothing to do)";
   char figures[96];
   std::snprintf(figures, sizeof(figures), " in %.2f s (%.2f GB/s)", static_cast<double>(r.nanos) / 1e9,
                 gb_per_s(r.bytes, r.nanos));
@@ -216,8 +215,9 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
     const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
     const int width = 30;
     const int filled = total ? static_cast<int>(width * static_cast<double>(done) / static_cast<double>(total)) : 0;
-    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs ", verb.c_str(), width, std::string(filled, '#').c_str(),
-                 human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9, eta);
+    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs ", verb.c_str(), width,
+                 std::string(filled, '#').c_str(), human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9,
+                 eta);
   };
   auto results = client->control(req, on_progress);
   if (tty && !progress.empty()) std::fprintf(stderr, "\n");

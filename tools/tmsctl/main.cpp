@@ -52,10 +52,18 @@ std::string usage_message(const CLI::ParseError& e, const CLI::App& app, const C
   const std::string_view kExtra1 = "The following argument was not expected: ";
   const std::string_view kExtraN = "The following arguments were not expected: ";
   if (what.rfind(kExtra1, 0) == 0 || what.rfind(kExtraN, 0) == 0) {
-    const std::string args = what.substr(what.find(": ") + 2);
+    // CLI11 lists the leftovers in no useful order ("x --jbo" for `--jbo x`): an option among them
+    // is the mistake to name, its value only followed it.
+    std::string args = what.substr(what.find(": ") + 2), option;
+    for (std::size_t at = 0; at < args.size();) {
+      std::size_t end = args.find(' ', at);
+      if (end == std::string::npos) end = args.size();
+      if (option.empty() && args[at] == '-') option = args.substr(at, end - at);
+      at = end + 1;
+    }
     if (!sub) return "unknown command '" + args + "' (commands: " + command_list(app) + ")";
-    if (args.rfind("-", 0) == 0)
-      return "unknown option " + args + " for " + sub->get_name() + " (options: " + option_list(*sub) + ")";
+    if (!option.empty())
+      return "unknown option " + option + " for " + sub->get_name() + " (options: " + option_list(*sub) + ")";
     return "unexpected argument '" + args + "'" +
            (sub->get_name() == "run" ? " (the command goes after --: tmsctl run [options] -- CMD ARGS...)"
                                      : " (see " + help + ")");

@@ -43,8 +43,7 @@ inline constexpr std::size_t kMaxNameLength = 64;  // job names
 // A job name becomes a directory under each root, so it is kept to characters that are safe there:
 // 1-64 letters, digits, '.', '_' or '-', not starting with '.' (no "..", no hidden names).
 constexpr bool job_name_char(char c) noexcept {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 constexpr bool valid_job_name(std::string_view name) noexcept {
   if (name.empty() || name.size() > kMaxNameLength || name.front() == '.') return false;
