@@ -57,6 +57,7 @@ Status configure_private(server::Config& config) {
   config.exit_when_idle = true;
   return {};
 }
+
 void on_signal(int) {
   if (g_server) g_server->stop();
 }
@@ -68,7 +69,7 @@ int run_daemon(DaemonOptions o) {
     pid_t child = ::fork();
     if (child < 0) {
       std::perror("tmsdiskd: fork");
-      return 1;
+      return kExitRuntimeFailure;
     }
     if (child > 0) return 0;
     ::setsid();
@@ -76,16 +77,11 @@ int run_daemon(DaemonOptions o) {
   if (o.private_mode) {
     if (auto st = configure_private(o.config); !st) {
       std::fprintf(stderr, "tmsdiskd --private: %s\n", st.error().describe().c_str());
-      return 1;
+      return kExitRuntimeFailure;
     }
     const std::string log = std::filesystem::path(o.config.socket_path).parent_path() / "tmsdiskd.log";
     spdlog::set_default_logger(spdlog::basic_logger_mt("tmsdiskd", log));
     spdlog::flush_on(spdlog::level::info);
-  } else if (o.config.roots.empty()) {
-    std::fprintf(stderr,
-                 "tmsdiskd: no storage root: pass --root DIR (once per NVMe), set root in %s, or use --private\n",
-                 o.config_file.c_str());
-    return 2;
   } else {
     spdlog::set_default_logger(spdlog::stderr_logger_mt("tmsdiskd"));
   }
@@ -109,7 +105,7 @@ int run_daemon(DaemonOptions o) {
   if (!created) {
     spdlog::error("cannot start: {}", created.error().describe());
     systemd::notify(fmt::format("STATUS=failed: {}", created.error().describe()).c_str());
-    return 1;
+    return kExitRuntimeFailure;
   }
   std::unique_ptr<server::Server> instance = std::move(created).value();
   g_server = instance.get();
@@ -126,7 +122,7 @@ int run_daemon(DaemonOptions o) {
   g_server = nullptr;
   if (!st) {
     spdlog::error("stopped on error: {}", st.error().describe());
-    return 1;
+    return kExitRuntimeFailure;
   }
   spdlog::info("stopped");
   return 0;
