@@ -62,7 +62,8 @@ constexpr Setting kSettings[] = {
     {.name = "socket",
      .value_name = "PATH",
      .target = [](DaemonOptions& o) -> Target { return &o.config.socket_path; },
-     .help = "Unix socket ranks and tmsctl connect to"},
+     .help = "Unix socket ranks and tmsctl connect to; a missing directory for it is created (one level, "
+             "mode 0755)"},
     {.name = "staging-budget-mb",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.staging_budget_mb; },

@@ -18,6 +18,7 @@
 
 #include "systemd.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk {
 namespace {
@@ -55,6 +56,28 @@ Status configure_private(server::Config& config) {
   }
   config.roots = {root};
   config.exit_when_idle = true;
+  return {};
+}
+
+// Creates the socket's directory when it is missing, as systemd's RuntimeDirectory= does for the
+// service: a daemon started by hand with the default socket would otherwise fail on a missing
+// /run/tmsdisk (issue 12). One level only, mode 0755 whatever the umask (every user connects
+// through it), and never through a symlink: mkdir() does not follow one, and the mode is set on the
+// directory opened with O_NOFOLLOW. A path that exists is left as it is.
+Status make_socket_dir(const std::string& socket_path) {
+  const std::filesystem::path dir = std::filesystem::path(socket_path).parent_path();
+  if (dir.empty()) return {};
+  const std::string remedy =
+      fmt::format("create it (mkdir -m 0755 {}), pass --socket PATH in a directory you can write to, or use --private",
+                  dir.string());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    if (errno == EEXIST) return {};
+    return errno_error(fmt::format("cannot create the socket directory {} ({})", dir.string(), remedy));
+  }
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd || ::fchmod(fd.get(), 0755) != 0)
+    return errno_error(fmt::format("cannot set mode 0755 on the socket directory {} ({})", dir.string(), remedy));
+  spdlog::info("created the socket directory {} (mode 0755)", dir.string());
   return {};
 }
 
@@ -101,7 +124,10 @@ int run_daemon(DaemonOptions o) {
     rl.rlim_cur = rl.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &rl);
   }
-  auto created = server::Server::create(o.config);
+  auto created = [&]() -> Result<std::unique_ptr<server::Server>> {
+    if (auto st = make_socket_dir(o.config.socket_path); !st) return std::move(st).error();
+    return server::Server::create(o.config);
+  }();
   if (!created) {
     spdlog::error("cannot start: {}", created.error().describe());
     systemd::notify(fmt::format("STATUS=failed: {}", created.error().describe()).c_str());

@@ -7,7 +7,8 @@
 namespace tmsdisk {
 
 // Detaches if asked, configures the private daemon and logging, adopts a socket systemd passed,
-// raises the descriptor limit, then serves until SIGTERM/SIGINT. Returns the process exit status (0, or kExitRuntimeFailure). The options are taken
+// creates the socket's directory if missing, raises the descriptor limit, then serves until
+// SIGTERM/SIGINT. Returns the process exit status (0, or kExitRuntimeFailure). The options are taken
 // as checked: parse_invocation() refuses what is wrong before anything starts.
 int run_daemon(DaemonOptions options);
 

@@ -232,6 +232,43 @@ TEST_CASE("the command line wins over the config file, which wins over the defau
   CHECK_THAT(c.out, Contains("\nqueue-depth = 64\n"));
 }
 
+TEST_CASE("a missing socket directory is created, mode 0755, as systemd's RuntimeDirectory= would") {
+  Files f;
+  fs::create_directories(f.dir / "run");
+  const std::string socket = f.dir / "run/tmsdisk/d.sock";
+  DaemonProcess d;
+  const mode_t old_umask = ::umask(077);  // the mode is the daemon's choice, not the umask's
+  const int rc = d.start(TMSDISK_DAEMON_PATH, {"--config", "/dev/null", "--root", f.root, "--socket", socket});
+  ::umask(old_umask);
+  INFO(d.log());
+  REQUIRE(rc == 0);
+  struct stat st {};
+  REQUIRE(::lstat((f.dir / "run/tmsdisk").c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  CHECK((st.st_mode & 07777) == 0755);
+  REQUIRE(::lstat(socket.c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("a socket directory that cannot be created is reported with what to do instead") {
+  Files f;
+  // Two levels missing: only one is created, as RuntimeDirectory= would.
+  Captured c = tmsdiskd({"--config", "/dev/null", "--root", f.root, "--socket", f.dir / "none/tmsdisk/d.sock"});
+  INFO(c.err);
+  CHECK(c.rc == 1);
+  CHECK_THAT(c.err, Contains("cannot create the socket directory " + f.dir / "none/tmsdisk"));
+  CHECK_THAT(c.err, Contains("mkdir -m 0755") && Contains("--socket PATH") && Contains("--private"));
+  CHECK_FALSE(fs::exists(f.dir / "none"));
+
+  // A dangling symlink where the directory goes is not followed: nothing is made where it points.
+  fs::create_directories(f.dir / "run");
+  fs::create_directory_symlink(f.dir / "elsewhere", f.dir / "run/tmsdisk");
+  c = tmsdiskd({"--config", "/dev/null", "--root", f.root, "--socket", f.dir / "run/tmsdisk/d.sock"});
+  CHECK(c.rc == 1);
+  CHECK_FALSE(fs::exists(f.dir / "elsewhere"));
+}
+
 TEST_CASE("an exit-when-idle daemon that no session reaches leaves after --idle-exit-s, with status 0") {
   Files f;
   Captured c = tmsdiskd(
