@@ -18,6 +18,7 @@
 
 #include "systemd.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk {
 namespace {
@@ -57,6 +58,29 @@ Status configure_private(server::Config& config) {
   config.exit_when_idle = true;
   return {};
 }
+
+// Creates the socket's directory when it is missing, as systemd's RuntimeDirectory= does for the
+// service: a daemon started by hand with the default socket would otherwise fail on a missing
+// /run/tmsdisk (issue 12). One level only, mode 0755 whatever the umask (every user connects
+// through it), and never through a symlink: mkdir() does not follow one, and the mode is set on the
+// directory opened with O_NOFOLLOW. A path that exists is left as it is.
+Status make_socket_dir(const std::string& socket_path) {
+  const std::filesystem::path dir = std::filesystem::path(socket_path).parent_path();
+  if (dir.empty()) return {};
+  const std::string remedy =
+      fmt::format("create it (mkdir -m 0755 {}), pass --socket PATH in a directory you can write to, or use --private",
+                  dir.string());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    if (errno == EEXIST) return {};
+    return errno_error(fmt::format("cannot create the socket directory {} ({})", dir.string(), remedy));
+  }
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd || ::fchmod(fd.get(), 0755) != 0)
+    return errno_error(fmt::format("cannot set mode 0755 on the socket directory {} ({})", dir.string(), remedy));
+  spdlog::info("created the socket directory {} (mode 0755)", dir.string());
+  return {};
+}
+
 void on_signal(int) {
   if (g_server) g_server->stop();
 }
@@ -68,7 +92,7 @@ int run_daemon(DaemonOptions o) {
     pid_t child = ::fork();
     if (child < 0) {
       std::perror("tmsdiskd: fork");
-      return 1;
+      return kExitRuntimeFailure;
     }
     if (child > 0) return 0;
     ::setsid();
@@ -76,16 +100,11 @@ int run_daemon(DaemonOptions o) {
   if (o.private_mode) {
     if (auto st = configure_private(o.config); !st) {
       std::fprintf(stderr, "tmsdiskd --private: %s\n", st.error().describe().c_str());
-      return 1;
+      return kExitRuntimeFailure;
     }
     const std::string log = std::filesystem::path(o.config.socket_path).parent_path() / "tmsdiskd.log";
     spdlog::set_default_logger(spdlog::basic_logger_mt("tmsdiskd", log));
     spdlog::flush_on(spdlog::level::info);
-  } else if (o.config.roots.empty()) {
-    std::fprintf(stderr,
-                 "tmsdiskd: no storage root: pass --root DIR (once per NVMe), set root in %s, or use --private\n",
-                 o.config_file.c_str());
-    return 2;
   } else {
     spdlog::set_default_logger(spdlog::stderr_logger_mt("tmsdiskd"));
   }
@@ -105,11 +124,14 @@ int run_daemon(DaemonOptions o) {
     rl.rlim_cur = rl.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &rl);
   }
-  auto created = server::Server::create(o.config);
+  auto created = [&]() -> Result<std::unique_ptr<server::Server>> {
+    if (auto st = make_socket_dir(o.config.socket_path); !st) return std::move(st).error();
+    return server::Server::create(o.config);
+  }();
   if (!created) {
     spdlog::error("cannot start: {}", created.error().describe());
     systemd::notify(fmt::format("STATUS=failed: {}", created.error().describe()).c_str());
-    return 1;
+    return kExitRuntimeFailure;
   }
   std::unique_ptr<server::Server> instance = std::move(created).value();
   g_server = instance.get();
@@ -126,7 +148,7 @@ int run_daemon(DaemonOptions o) {
   g_server = nullptr;
   if (!st) {
     spdlog::error("stopped on error: {}", st.error().describe());
-    return 1;
+    return kExitRuntimeFailure;
   }
   spdlog::info("stopped");
   return 0;

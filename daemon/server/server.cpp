@@ -47,7 +47,6 @@ constexpr std::size_t kReadPauseReplies = 256;     // stop reading a peer with t
 constexpr std::size_t kMaxQueuedFds = 16;          // descriptors queued for a peer that does not read them
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
 constexpr std::size_t kMaxConnectionsPerUid = 512;
-constexpr auto kIdleExitAfter = std::chrono::seconds(60);
 constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
@@ -148,13 +147,13 @@ struct Server::Impl {
 
   Status setup() {
     if (config.roots.empty())
-      return make_error(EINVAL, "no storage root configured: pass --root DIR (one per NVMe) or root= in the config");
+      return make_error(EINVAL,
+                        "no storage root configured: pass --root DIR (one per NVMe) or set root = [\"DIR\"] in the "
+                        "config file");
     if (config.chunk_mb == 0 || (config.chunk_mb * kMiB) > kMaxChunkBytes)
-      return make_error(EINVAL, "chunk size must be 1..64 MiB");
-    if (config.staging_budget_mb < config.chunk_mb * 2ull)
-      return make_error(EINVAL, "the staging buffer must hold at least two slots (staging >= 2 x slot)");
-    if (config.max_staging_budget_mb < config.staging_budget_mb)
-      return make_error(EINVAL, "max staging must be at least the default staging size");
+      return make_error(EINVAL,
+                        fmt::format("chunk-mb ({}) must be from 1 to {}", config.chunk_mb, kMaxChunkBytes / kMiB));
+    if (auto wrong = inconsistencies(config); !wrong.empty()) return make_error(EINVAL, wrong.front());
 
     auto r = storage::Roots::open(config.roots, config.allow_tmpfs);
     if (!r) return std::move(r).error();
@@ -688,9 +687,9 @@ struct Server::Impl {
   // Returns ms until it gives up, or -1.
   int idle_exit_timeout() {
     if (!config.exit_when_idle || sessions->had_session() || !sessions->empty() || !conns.empty()) return -1;
-    const auto left = started + kIdleExitAfter - Clock::now();
+    const auto left = started + std::chrono::seconds(config.idle_exit_s) - Clock::now();
     if (left <= Clock::duration::zero()) {
-      spdlog::info("no session came in {} s; exiting (idle exit)", kIdleExitAfter.count());
+      spdlog::info("no session came in {} s; exiting (idle exit, idle-exit-s)", config.idle_exit_s);
       stopping = true;
       return 0;
     }
@@ -767,6 +766,22 @@ struct Server::Impl {
     return {};
   }
 };
+
+std::vector<std::string> inconsistencies(const Config& config) {
+  std::vector<std::string> wrong;
+  // A rank streams through its staging budget one chunk per slot, and needs two slots so that one is
+  // filled while the other is written.
+  if (config.staging_budget_mb < 2ull * config.chunk_mb)
+    wrong.push_back(
+        fmt::format("staging-budget-mb ({}) must be at least 2 x chunk-mb ({}): raise staging-budget-mb "
+                    "or lower chunk-mb",
+                    config.staging_budget_mb, config.chunk_mb));
+  // Otherwise a rank that asks for nothing would be refused the daemon's own default.
+  if (config.staging_budget_mb > config.max_staging_budget_mb)
+    wrong.push_back(fmt::format("staging-budget-mb ({}) must be at most max-staging-budget-mb ({})",
+                                config.staging_budget_mb, config.max_staging_budget_mb));
+  return wrong;
+}
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;

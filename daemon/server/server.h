@@ -33,9 +33,14 @@ struct Config {
   unsigned sweep_interval_s = 60;  // 0: sweep only at startup and on `tmsctl gc`
   unsigned queue_depth = 64;
   bool exit_when_idle = false;                           // embedded per-user daemon: stop after last session
+  unsigned idle_exit_s = 60;                             // ... or when no session came this long after start
   int listen_fd = -1;                                    // an already-listening socket (systemd activation)
   std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
 };
+
+// What is wrong with `config` as a whole: settings each valid alone but not together, named by the
+// options that set them (tmsdiskd reports these before starting; Server::create() refuses them too).
+std::vector<std::string> inconsistencies(const Config& config);
 
 class Server {
  public:

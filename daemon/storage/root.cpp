@@ -61,7 +61,8 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
   if ((magic == TMPFS_MAGIC || magic == RAMFS_MAGIC) && !allow_tmpfs) {
     return make_error(EINVAL, "storage root " + root.path + " is on " + (magic == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
                                   ": paused GPU memory would sit in RAM, which defeats moving it to disk. Use a "
-                                  "directory on local NVMe, or pass --allow-tmpfs (allow_tmpfs) to accept this anyway");
+                                  "directory on local NVMe, or pass --allow-tmpfs (allow-tmpfs = true in the config "
+                                  "file) to accept this anyway");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error("cannot stat storage root " + root.path);

@@ -898,7 +898,7 @@ TEST_CASE("the daemon takes its settings from a TOML config file") {
     std::ofstream(old_conf) << "root = [\"" << d.roots[0] << "\"]\n" << old_key << " = 4\n";
     DaemonProcess renamed;
     CHECK(renamed.start(TMSDISK_DAEMON_PATH, {"--config", old_conf, "--socket", d.dir / "renamed.sock"}) != 0);
-    CHECK(renamed.log().find(std::string("use --") + new_key) != std::string::npos);
+    CHECK(renamed.log().find(std::string("use ") + new_key + " = ") != std::string::npos);
   }
 }
 

@@ -26,6 +26,8 @@ class DaemonProcess {
             std::chrono::milliseconds timeout = std::chrono::seconds(30));
   // SIGTERM and wait; returns the exit status.
   int stop();
+  // Waits up to `limit` for the daemon to exit on its own: its exit status, or -1 if it still runs.
+  int wait_exit(std::chrono::milliseconds limit);
   void kill9();
   pid_t pid() const { return pid_; }
   std::string log() const;
