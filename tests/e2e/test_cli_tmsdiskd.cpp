@@ -3,6 +3,7 @@
 // exit status and messages asserted (issue 12). No GPU or simcuda needed.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 
@@ -14,9 +15,9 @@ using Catch::Matchers::StartsWith;
 
 namespace {
 
-// What a daemon started with `args` and refused says. The config file is given explicitly in every
-// case (/dev/null when the case is about the command line), so that one installed on this machine
-// cannot change the outcome.
+// tmsdiskd run with `args` until it exits (killed after 60 s): its status and what it printed. Every
+// case names its config file (/dev/null when the case is about the command line), so that one
+// installed on this machine cannot change the outcome.
 Captured tmsdiskd(std::vector<std::string> args, const Env& env = {}) {
   args.insert(args.begin(), TMSDISK_DAEMON_PATH);
   return run_captured(args, env, 60000);
