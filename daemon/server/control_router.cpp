@@ -13,9 +13,6 @@ namespace tmsdisk::server {
 namespace {
 
 constexpr std::size_t kSessionsPerPage = 128;
-// A ControlResult page holds results while their encoding fits the protocol's payload; this much
-// is kept back for the page's own fields.
-constexpr std::size_t kPageOverhead = 64;
 
 }  // namespace
 
@@ -62,12 +59,7 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
       continue;
     }
     op.waiting.insert(sid);
-    proto::RankResult r;
-    r.session_id = sid;
-    r.pid = s.cred.pid;
-    r.rank = s.rank;
-    r.job = s.job;
-    op.results.emplace(sid, r);
+    op.asked.emplace(sid, proto::RankTarget{.session_id = sid, .pid = s.cred.pid, .rank = s.rank, .job = s.job});
   }
   if (op.waiting.empty()) {
     if (denied)
@@ -76,6 +68,23 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
                                                   "owner may pause or resume them",
                                                   denied)));
     return send_(conn_id, request_id, error_reply(ENOENT, "no running rank matches; see `tmsctl status`"));
+  }
+  // Who was asked goes out before any answer can (the answers come in on later turns of the loop),
+  // sorted as tmsctl prints them.
+  std::vector<proto::RankTarget> targets;
+  targets.reserve(op.asked.size());
+  for (auto& [sid, t] : op.asked) targets.push_back(t);
+  std::sort(targets.begin(), targets.end(), [](const auto& a, const auto& b) {
+    return a.job != b.job ? a.job < b.job : a.rank != b.rank ? a.rank < b.rank : a.pid < b.pid;
+  });
+  for (std::size_t i = 0; i < targets.size();) {
+    proto::ControlTargets page;
+    const std::size_t end = std::min(targets.size(), i + proto::kTargetsPerPage);
+    page.ranks.assign(targets.begin() + static_cast<std::ptrdiff_t>(i),
+                      targets.begin() + static_cast<std::ptrdiff_t>(end));
+    i = end;
+    page.last = i >= targets.size() ? 1 : 0;
+    send_(conn_id, request_id, page);
   }
   const uint64_t op_id = op.id;
   auto waiting = op.waiting;
@@ -117,10 +126,11 @@ void ControlRouter::session_lost(Session& s) {
 }
 
 void ControlRouter::connection_closed(uint64_t conn_id) {
+  // Nobody reads the results any more: the operation goes, and so do its COMMANDs' entries at the
+  // ranks, whose answers would otherwise find a stale entry (or, worse, keep it forever).
   for (auto op = ops_.begin(); op != ops_.end();) {
     if (op->second.conn_id == conn_id) {
-      for (auto& [sid, s] : sessions_.all())
-        std::erase_if(s.commands, [&](const auto& kv) { return kv.second == op->first; });
+      forget_commands(op->first);
       op = ops_.erase(op);
     } else {
       ++op;
@@ -128,12 +138,21 @@ void ControlRouter::connection_closed(uint64_t conn_id) {
   }
 }
 
+void ControlRouter::forget_commands(uint64_t op_id) {
+  for (auto& [sid, s] : sessions_.all()) std::erase_if(s.commands, [&](const auto& kv) { return kv.second == op_id; });
+}
+
 void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, const proto::CommandDone& answer) {
   auto it = ops_.find(op_id);
   if (it == ops_.end()) return;
   Op& op = it->second;
   if (!op.waiting.erase(sid)) return;
-  auto& r = op.results[sid];
+  const proto::RankTarget& who = op.asked.at(sid);
+  proto::RankResult r;
+  r.session_id = sid;
+  r.pid = who.pid;
+  r.rank = who.rank;
+  r.job = who.job;
   r.code = answer.code;
   r.bytes = answer.bytes;
   r.nanos = answer.nanos;
@@ -141,53 +160,28 @@ void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, const proto::Comma
   // cut mid-sentence leaves the user without its advice (issue 8).
   r.message = answer.message.substr(0, proto::kMaxResultText);
   r.outcome = answer.outcome;
-  if (op.waiting.empty()) complete(it);
-}
-
-// Results go back sorted, in as many pages as their size needs: each page fits in one message.
-void ControlRouter::complete(std::map<uint64_t, Op>::iterator it) {
-  Op& op = it->second;
-  std::vector<proto::RankResult> all;
-  all.reserve(op.results.size());
-  for (auto& [sid, r] : op.results) all.push_back(r);
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.job != b.job ? a.job < b.job : a.rank != b.rank ? a.rank < b.rank : a.pid < b.pid;
-  });
-  std::size_t i = 0;
-  do {
-    proto::ControlResult out;
-    std::size_t bytes = kPageOverhead;
-    while (i < all.size()) {
-      const std::size_t size = proto::encoded_size(all[i]);
-      if (!out.results.empty() && bytes + size > proto::kMaxPayload) break;
-      bytes += size;
-      out.results.push_back(std::move(all[i++]));
-    }
-    out.last = i >= all.size() ? 1 : 0;
-    send_(op.conn_id, op.request_id, out);
-  } while (i < all.size());
-  ops_.erase(it);
+  // Its own page, now: a result at most kMaxResultText long always fits in one.
+  proto::ControlResult page;
+  page.results.push_back(std::move(r));
+  page.last = op.waiting.empty() ? 1 : 0;
+  send_(op.conn_id, op.request_id, page);
+  if (op.waiting.empty()) ops_.erase(it);
 }
 
 int ControlRouter::expire() {
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
   for (auto it = ops_.begin(); it != ops_.end();) {
-    auto cur = it++;
-    Op& op = cur->second;
+    Op& op = it->second;
     if (op.deadline <= now) {
-      for (uint64_t sid : std::vector<uint64_t>(op.waiting.begin(), op.waiting.end())) {
-        if (Session* s = sessions_.find(sid))
-          std::erase_if(s->commands, [&](const auto& kv) { return kv.second == cur->first; });
-        auto& r = op.results[sid];
-        r.code = ETIMEDOUT;
-        r.message = "no answer before the timeout; the rank may still finish";
-        r.outcome = static_cast<uint8_t>(proto::Outcome::Done);  // asked, unanswered: not known to be a no-op
-      }
-      op.waiting.clear();
-      complete(cur);
+      // The ranks still silent get no result: tmsctl names them from CONTROL_TARGETS, as ranks that
+      // did not answer (they may still finish; `tmsctl status` shows their state).
+      forget_commands(it->first);
+      send_(op.conn_id, op.request_id, proto::ControlResult{.last = 1, .results = {}});
+      it = ops_.erase(it);
     } else {
       next = std::min(next, op.deadline);
+      ++it;
     }
   }
   if (next == Clock::time_point::max()) return -1;

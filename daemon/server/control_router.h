@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The control router: a tmsctl's pause or resume fanned out to the matching sessions as COMMANDs,
-// their progress and results routed back, and the per-rank results returned in pages that each fit
-// in a message. Also lists sessions for `tmsctl status`.
+// their progress and results routed back. tmsctl first hears which ranks were asked (CONTROL_TARGETS),
+// then each rank's result as soon as it answers, so that one rank that never answers holds back no
+// other's result, and a tmsctl that gives up at its own deadline can print every answer it has and
+// name the ranks still silent (issue 11). Also lists sessions for `tmsctl status`.
 #pragma once
 
 #include <sys/types.h>
@@ -39,7 +41,8 @@ class ControlRouter {
   // A tmsctl that went away no longer waits for its results.
   void connection_closed(uint64_t conn_id);
 
-  // Fails ranks that did not answer before their tmsctl's deadline; returns ms until the next one,
+  // Ends the operations whose deadline (Control.timeout_ms) passed: their last page goes out without
+  // the ranks still silent, and their late answers are dropped. Returns ms until the next deadline,
   // or -1.
   int expire();
 
@@ -48,15 +51,17 @@ class ControlRouter {
     uint64_t id = 0;
     uint64_t conn_id = 0;
     uint64_t request_id = 0;
-    std::map<uint64_t, proto::RankResult> results;  // by session id
-    std::set<uint64_t> waiting;                     // session ids that have not answered
+    std::map<uint64_t, proto::RankTarget> asked;  // by session id
+    std::set<uint64_t> waiting;                   // session ids that have not answered
     Clock::time_point deadline = Clock::time_point::max();
   };
 
-  // Records the rank's answer, or the one the daemon gives for a rank that cannot answer (Done, with
-  // the reason's code: it was asked, and nothing says it found nothing to do).
+  // Sends the rank's answer, or the one the daemon gives for a rank that cannot answer (Done, with
+  // the reason's code: it was asked, and nothing says it found nothing to do), on its own page; the
+  // page of the last rank ends the operation.
   void finish_rank(uint64_t op_id, uint64_t sid, const proto::CommandDone& answer);
-  void complete(std::map<uint64_t, Op>::iterator it);
+  // Drops the COMMANDs of `op_id` still pending at the ranks: an answer that comes later is not routed.
+  void forget_commands(uint64_t op_id);
 
   SessionTable& sessions_;
   Send send_;

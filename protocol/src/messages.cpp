@@ -500,6 +500,24 @@ bool ControlResult::check(std::string& why) const {
   return true;
 }
 
+bool ControlTargets::check(std::string& why) const {
+  if (last > 1) {
+    why = "last must be 0 or 1";
+    return false;
+  }
+  for (const auto& t : ranks) {
+    if (!printable(t.job)) {
+      why = "target job name has control characters";
+      return false;
+    }
+    if (t.rank < -1 || t.pid < 0) {
+      why = "target rank below -1 or negative pid";
+      return false;
+    }
+  }
+  return true;
+}
+
 namespace {
 
 // Export ids are random and never 0 (0 means "none" on both ends).
@@ -580,6 +598,7 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::ControlResult: return "CONTROL_RESULT";
     case MsgType::Gc: return "GC";
     case MsgType::GcResult: return "GC_RESULT";
+    case MsgType::ControlTargets: return "CONTROL_TARGETS";
     case MsgType::IpcExport: return "IPC_EXPORT";
     case MsgType::IpcExported: return "IPC_EXPORTED";
     case MsgType::IpcRevoke: return "IPC_REVOKE";

@@ -94,22 +94,35 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
   return n;
 }
 
-int connect_seqpacket(const std::string& path) noexcept {
+int connect_seqpacket(const std::string& path, int timeout_ms) noexcept {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return -ENAMETOOLONG;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (s < 0) return -errno;
+  // A Unix socket's connect waits for room in the listener's backlog for as long as the send timeout
+  // allows (and then fails with EAGAIN): the one way to bound it without a non-blocking socket, whose
+  // connect would fail at once instead of waiting at all. A zero timeout would mean "forever".
+  auto set_send_timeout = [s](int ms) {
+    timeval tv{ms / 1000, (ms % 1000) * 1000};
+    return ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  };
+  if (timeout_ms >= 0 && set_send_timeout(timeout_ms > 0 ? timeout_ms : 1) != 0) {
+    int e = errno;
+    ::close(s);
+    return -e;
+  }
   int rc;
   do {
     rc = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   } while (rc < 0 && errno == EINTR);
   if (rc < 0) {
-    int e = errno;
+    int e = errno == EAGAIN && timeout_ms >= 0 ? ETIMEDOUT : errno;
     ::close(s);
     return -e;
   }
+  if (timeout_ms >= 0) (void)set_send_timeout(0);  // sends are the caller's to bound
   return s;
 }
 

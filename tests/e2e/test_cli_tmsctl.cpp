@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsctl's command line as a user meets it: tmsctl run as a subprocess against a real tmsdiskd (and
 // simcuda ranks where a rank is needed), its exit status, stdout and stderr asserted (issue 12).
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 
 #include "e2e.h"
@@ -66,6 +70,7 @@ TEST_CASE(
     CHECK(help.rc == 0);
     CHECK(contains(help.out, "--json"));
     CHECK(contains(help.out, "--socket"));
+    CHECK(contains(help.out, "--timeout"));  // every command gives up in time (issue 11)
   }
 }
 
@@ -222,4 +227,110 @@ TEST_CASE("tmsctl run refuses what cannot work before the program starts") {
     CHECK(c.rc == 0);
     CHECK(fs::exists(marker));
   }
+}
+
+namespace {
+
+// Seconds since `start`, for checking that a command gave up when it should have.
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket (issue 11)") {
+  Node node;
+  node.start_daemon();
+  REQUIRE(::kill(node.daemon.pid(), SIGSTOP) == 0);
+  // Continued before the node stops it, whatever fails below.
+  struct Continue {
+    pid_t pid;
+    ~Continue() { ::kill(pid, SIGCONT); }
+  } resume_daemon{node.daemon.pid()};
+
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"status"}, std::vector<std::string>{"gc"}, std::vector<std::string>{"pause", "--all"},
+        std::vector<std::string>{"resume", "--job", "j"}, std::vector<std::string>{"run"}}) {
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"--timeout", "1", "--socket", node.socket});
+    if (command[0] == "run") args.insert(args.end(), {"--", "/bin/true"});
+    const auto start = std::chrono::steady_clock::now();
+    Captured c = tmsctl(args);
+    INFO(command[0] << ": " << c.out << c.err);
+    CHECK(c.rc == 1);  // not killed by run_captured's own limit (137), which it was before: it waited forever
+    CHECK(seconds_since(start) < 30);
+    CHECK(contains(c.err, "tmsdiskd at " + node.socket + " did not answer within 1 s"));
+    CHECK(contains(c.err, "systemctl status tmsdiskd"));
+    CHECK(lines(c.err) == 1);
+  }
+  // env prints the environment even without a daemon (a launcher may start one later): in time.
+  const auto env_start = std::chrono::steady_clock::now();
+  Captured env = tmsctl({"env", "--timeout", "1", "--socket", node.socket});
+  INFO(env.out << env.err);
+  CHECK(env.rc == 0);
+  CHECK(seconds_since(env_start) < 30);
+  CHECK(contains(env.out, "export TMSDISK_SOCKET="));
+
+  Captured j = tmsctl({"--json", "status", "--timeout", "0.5", "--socket", node.socket});
+  INFO(j.out << j.err);
+  CHECK(j.rc == 1);
+  json answer = json::parse(j.out, nullptr, false);
+  REQUIRE(answer.is_object());
+  CHECK(answer.value("ok", true) == false);
+  CHECK(answer.value("errno", 0) == ETIMEDOUT);
+  CHECK(contains(answer.value("error", ""), "did not answer within 0.5 s"));
+}
+
+TEST_CASE("a rank that never answers: pause prints the answers it has, names the silent rank, exits 1 (issue 11)") {
+  Node node;
+  node.device_mb = 256;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("quiet", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());
+  // A session that takes its COMMANDs and never answers them: a wedged rank, or, under root's
+  // `pause --all`, another user's process.
+  auto silent = ShimClient::connect(node.socket, {.job = "quiet", .rank = 1});
+  INFO((silent ? "" : silent.error().describe()));
+  REQUIRE(silent);
+  const std::string silent_pid = std::to_string(::getpid());
+
+  const auto start = std::chrono::steady_clock::now();
+  Captured text = tmsctl({"pause", "--all", "--timeout", "4", "--socket", node.socket});
+  INFO(text.out << text.err);
+  CHECK(text.rc == 1);
+  CHECK(seconds_since(start) < 60);  // it used to wait for the silent rank forever
+  const std::string answered = "quiet rank 0 (pid " + std::to_string(prog.pid()) + "): paused 8.0 MiB in ";
+  const std::string unanswered =
+      "quiet rank 1 (pid " + silent_pid + "): no answer within 4 s (still pausing? see `tmsctl status`)";
+  CHECK(contains(text.out, answered));
+  CHECK(contains(text.out, unanswered));
+  CHECK(text.out.find(answered) < text.out.find(unanswered));  // the answers first, then who gave none
+  CHECK(lines(text.out) == 2);
+  CHECK(contains(text.err, "tmsctl pause: 1 of 2 rank(s) did not answer in time"));
+
+  Captured j = tmsctl({"pause", "--job", "quiet", "--timeout", "4", "--json", "--socket", node.socket});
+  INFO(j.out << j.err);
+  CHECK(j.rc == 1);
+  json ranks = json::parse(j.out, nullptr, false);
+  REQUIRE(ranks.is_array());
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[0].value("rank", -1) == 0);
+  CHECK(ranks[0].value("ok", false) == true);
+  CHECK(ranks[0].value("answered", false) == true);
+  CHECK(ranks[0].value("outcome", "") == "no-op");  // already paused by the first command
+  CHECK(ranks[1].value("rank", -1) == 1);
+  CHECK(ranks[1].value("pid", 0) == ::getpid());
+  CHECK(ranks[1].value("ok", true) == false);
+  CHECK(ranks[1].value("answered", true) == false);
+  CHECK(ranks[1].value("outcome", "") == "unknown");
+  CHECK(ranks[1].value("errno", 0) == ETIMEDOUT);
+  CHECK(contains(ranks[1].value("message", ""), "no answer within 4 s"));
+
+  // The requests tmsctl gave up on left the daemon serving: the rank that answered resumes intact.
+  Captured resumed = tmsctl({"resume", "--pid", std::to_string(prog.pid()), "--socket", node.socket});
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.rc == 0);
+  CHECK(contains(resumed.out, "resumed and verified 8.0 MiB in "));
+  CHECK(prog.cmd("check") == "ok 1");
 }

@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "client.h"
 #include "in_process_daemon.h"
@@ -24,6 +26,7 @@
 #include "server.h"
 #include "small_filesystem.h"
 #include "test_support.h"
+#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace fs = std::filesystem;
@@ -684,7 +687,7 @@ TEST_CASE("a long per-rank answer reaches tmsctl whole, over as many result page
     return t;
   };
   auto ctl = d.control();
-  Result<std::vector<proto::RankResult>> results = make_error(EINVAL, "not run");
+  Result<ctl::ControlAnswer> results = make_error(EINVAL, "not run");
   std::thread asker([&] {
     proto::Control req;
     req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
@@ -705,14 +708,17 @@ TEST_CASE("a long per-rank answer reaches tmsctl whole, over as many result page
   asker.join();
   INFO((results ? "" : results.error().describe()));
   REQUIRE(results);
-  REQUIRE(results->size() == kRanks);
-  for (const auto& r : *results) {
+  REQUIRE(results->results.size() == kRanks);
+  CHECK(results->unanswered.empty());
+  for (const auto& r : results->results) {
     CHECK(r.code == ENOSPC);
     CHECK(r.message == text_of(static_cast<int>(r.rank)));
   }
 }
 
-TEST_CASE("each rank's outcome reaches tmsctl: a no-op as the rank said, a rank that never answered as done") {
+TEST_CASE(
+    "each rank's outcome reaches tmsctl: a no-op as the rank said, a rank that exited as done, a silent one "
+    "as unanswered at the daemon's deadline") {
   Daemon d;
   d.start();
   auto noop = d.shim({.job = "outcome", .rank = 0});
@@ -720,14 +726,14 @@ TEST_CASE("each rank's outcome reaches tmsctl: a no-op as the rank said, a rank 
   auto gone = d.shim({.job = "outcome", .rank = 2});
   auto silent = d.shim({.job = "outcome", .rank = 3});
   auto ctl = d.control();
-  Result<std::vector<proto::RankResult>> results = make_error(EINVAL, "not run");
+  Result<ctl::ControlAnswer> results = make_error(EINVAL, "not run");
   std::thread asker([&] {
     proto::Control req;
     req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
     req.match = proto::kMatchJob;
     req.job = "outcome";
-    req.timeout_ms = 3000;  // for the silent rank
-    results = ctl.control(req);
+    req.timeout_ms = 3000;  // the daemon's deadline, for the silent rank; the client's own is far longer
+    results = ctl.control(req, ctl::Deadline::fixed(std::chrono::seconds(120)));
   });
   auto answer = [](ShimClient& rank, proto::CommandDone done) {
     auto cmd = rank.receive();
@@ -744,8 +750,8 @@ TEST_CASE("each rank's outcome reaches tmsctl: a no-op as the rank said, a rank 
   asker.join();
   INFO((results ? "" : results.error().describe()));
   REQUIRE(results);
-  REQUIRE(results->size() == 4);
-  const auto& r = *results;  // sorted by rank
+  REQUIRE(results->results.size() == 3);
+  const auto& r = results->results;  // sorted by rank
   CHECK(r[0].code == 0);
   CHECK(r[0].outcome == static_cast<uint8_t>(proto::Outcome::NoOp));
   CHECK(r[0].bytes == 0);
@@ -755,8 +761,133 @@ TEST_CASE("each rank's outcome reaches tmsctl: a no-op as the rank said, a rank 
   CHECK(r[1].bytes == 4 * MiB);
   CHECK(r[2].code == ECONNRESET);
   CHECK(r[2].outcome == static_cast<uint8_t>(proto::Outcome::Done));
-  CHECK(r[3].code == ETIMEDOUT);
-  CHECK(r[3].outcome == static_cast<uint8_t>(proto::Outcome::Done));
+  // No result made up for the silent rank: it is named as one that did not answer.
+  REQUIRE(results->unanswered.size() == 1);
+  CHECK(results->unanswered[0].rank == 3);
+  CHECK(results->unanswered[0].session_id == silent.welcome().session_id);
+  CHECK(results->unanswered[0].pid == ::getpid());
+}
+
+namespace {
+
+// The next message on a raw control connection, within `timeout_ms`; fails the test otherwise.
+proto::Message next_message(int sock, int timeout_ms) {
+  pollfd p{sock, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, timeout_ms) == 1);
+  std::vector<uint8_t> buf;
+  REQUIRE(proto::recv_message(sock, buf) > 0);
+  auto d = proto::decode(buf);
+  INFO(d.error);
+  REQUIRE(d.envelope);
+  return std::move(d.envelope->body);
+}
+
+}  // namespace
+
+TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent rank holds back no other's (issue 11)") {
+  Daemon d;
+  d.start();
+  auto quick = d.shim({.job = "stream", .rank = 0});
+  auto silent = d.shim({.job = "stream", .rank = 1});
+  // A raw control connection, to see each message when it comes.
+  proto::Hello hello;
+  hello.role = static_cast<uint8_t>(proto::Role::Control);
+  auto ctl = proto::connect_and_hello(d.socket, hello, 10000);
+  INFO(ctl.message);
+  REQUIRE(ctl);
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+  req.match = proto::kMatchJob;
+  req.job = "stream";
+  req.timeout_ms = 120000;  // the silent rank's deadline: far beyond every wait below
+  REQUIRE(proto::send_message(ctl.sock, proto::encode(2, req)) == 0);
+
+  // First, whom the daemon asked, so that a tmsctl that gives up can name who did not answer.
+  proto::Message first = next_message(ctl.sock, 10000);
+  auto* targets = std::get_if<proto::ControlTargets>(&first);
+  REQUIRE(targets);
+  CHECK(targets->last == 1);
+  REQUIRE(targets->ranks.size() == 2);
+  CHECK(targets->ranks[0].rank == 0);
+  CHECK(targets->ranks[0].session_id == quick.welcome().session_id);
+  CHECK(targets->ranks[1].rank == 1);
+  CHECK(targets->ranks[1].session_id == silent.welcome().session_id);
+  CHECK(targets->ranks[1].pid == ::getpid());
+  CHECK(targets->ranks[1].job == "stream");
+
+  // One rank answers, the other keeps its COMMAND unanswered.
+  auto cmd = quick.receive();
+  REQUIRE(cmd);
+  REQUIRE(std::holds_alternative<proto::Command>(cmd->body));
+  proto::CommandDone done{.bytes = 4 * MiB, .nanos = 1000, .outcome = static_cast<uint8_t>(proto::Outcome::Done)};
+  REQUIRE(proto::send_message(quick.fd(), proto::encode(cmd->request_id, done)) == 0);
+  auto silent_cmd = silent.receive();
+  REQUIRE(silent_cmd);
+  REQUIRE(std::holds_alternative<proto::Command>(silent_cmd->body));
+
+  // The answer comes now, not at the silent rank's deadline two minutes away (it used to wait for
+  // every rank), on a page that says more are to come.
+  proto::Message second = next_message(ctl.sock, 30000);
+  auto* page = std::get_if<proto::ControlResult>(&second);
+  REQUIRE(page);
+  CHECK(page->last == 0);
+  REQUIRE(page->results.size() == 1);
+  CHECK(page->results[0].session_id == quick.welcome().session_id);
+  CHECK(page->results[0].bytes == 4 * MiB);
+
+  // tmsctl gives up and leaves; the silent rank's late answer goes nowhere, and the daemon forgets
+  // the request: the same ranks answer the next one, on a new connection, in full.
+  ::close(std::exchange(ctl.sock, -1));
+  proto::CommandDone late{.code = ETIMEDOUT, .message = "late", .outcome = static_cast<uint8_t>(proto::Outcome::Done)};
+  REQUIRE(proto::send_message(silent.fd(), proto::encode(silent_cmd->request_id, late)) == 0);
+  auto again = d.control();
+  Result<ctl::ControlAnswer> results = make_error(EINVAL, "not run");
+  std::thread asker([&] {
+    req.timeout_ms = 0;
+    results = again.control(req, ctl::Deadline::fixed(std::chrono::seconds(60)));
+  });
+  for (ShimClient* rank : {&quick, &silent}) {
+    auto c = rank->receive();
+    REQUIRE(c);
+    REQUIRE(std::holds_alternative<proto::Command>(c->body));
+    proto::CommandDone noop{.message = "already paused", .outcome = static_cast<uint8_t>(proto::Outcome::NoOp)};
+    REQUIRE(proto::send_message(rank->fd(), proto::encode(c->request_id, noop)) == 0);
+  }
+  asker.join();
+  INFO((results ? "" : results.error().describe()));
+  REQUIRE(results);
+  REQUIRE(results->results.size() == 2);
+  CHECK(results->unanswered.empty());
+  for (const auto& r : results->results) CHECK(r.message == "already paused");
+}
+
+TEST_CASE("a client's own deadline names the ranks that did not answer and keeps the answers it has (issue 11)") {
+  Daemon d;
+  d.start();
+  auto quick = d.shim({.job = "late", .rank = 0});
+  auto silent = d.shim({.job = "late", .rank = 1});
+  auto ctl = d.control();
+  Result<ctl::ControlAnswer> results = make_error(EINVAL, "not run");
+  std::thread asker([&] {
+    proto::Control req;
+    req.op = static_cast<uint8_t>(proto::CommandOp::Resume);
+    req.match = proto::kMatchJob;
+    req.job = "late";  // no daemon deadline: only the client's
+    results = ctl.control(req, ctl::Deadline::fixed(std::chrono::seconds(5)));
+  });
+  auto cmd = quick.receive();
+  REQUIRE(cmd);
+  proto::CommandDone done{.message = "nothing is paused", .outcome = static_cast<uint8_t>(proto::Outcome::NoOp)};
+  REQUIRE(proto::send_message(quick.fd(), proto::encode(cmd->request_id, done)) == 0);
+  REQUIRE(silent.receive());
+  asker.join();
+  INFO((results ? "" : results.error().describe()));
+  REQUIRE(results);
+  REQUIRE(results->results.size() == 1);
+  CHECK(results->results[0].rank == 0);
+  CHECK(results->results[0].message == "nothing is paused");
+  REQUIRE(results->unanswered.size() == 1);
+  CHECK(results->unanswered[0].rank == 1);
 }
 
 TEST_CASE("a live rank that loses its connection while paused keeps its files until it reconnects or exits") {

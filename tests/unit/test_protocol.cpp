@@ -2,10 +2,12 @@
 // Protocol: every message round-trips, and malformed input is rejected with the right code.
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <cstring>
 
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/messages.h"
@@ -201,6 +203,35 @@ TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither f
   CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1);
   CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1);
   CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
+}
+
+TEST_CASE("CONTROL_TARGETS names the ranks a CONTROL asked: a full page fits, impossible targets are refused") {
+  ControlTargets t;
+  t.last = 0;
+  t.ranks.push_back(RankTarget{.session_id = 4, .pid = 1234, .rank = 3, .job = "job-1"});
+  t.ranks.push_back(RankTarget{.session_id = 5, .pid = 0, .rank = -1, .job = "j"});  // no pid here, no rank declared
+  auto t2 = round_trip(t);
+  CHECK(t2.last == 0);
+  REQUIRE(t2.ranks.size() == 2);
+  CHECK(t2.ranks[0].session_id == 4);
+  CHECK(t2.ranks[0].pid == 1234);
+  CHECK(t2.ranks[0].rank == 3);
+  CHECK(t2.ranks[0].job == "job-1");
+  CHECK(t2.ranks[1].rank == -1);
+  CHECK(std::string(type_name(MsgType::ControlTargets)) == "CONTROL_TARGETS");
+
+  // The daemon pages targets by count: a page of the longest ones still fits in a message.
+  ControlTargets full;
+  full.ranks.assign(
+      kTargetsPerPage,
+      RankTarget{.session_id = ~0ull, .pid = INT32_MAX, .rank = INT64_MAX, .job = std::string(kMaxNameLength, 'j')});
+  CHECK(round_trip(full).ranks.size() == kTargetsPerPage);
+
+  auto refused = [](ControlTargets m) { return decode_code(encode(1, m)) == EBADMSG; };
+  CHECK(refused(ControlTargets{.last = 2}));
+  CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = 1, .rank = -2, .job = "j"}}}));
+  CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = -1, .rank = 0, .job = "j"}}}));
+  CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = 1, .rank = 0, .job = "j\x1b[2J"}}}));
 }
 
 TEST_CASE("encode refuses fields beyond their limits") {
@@ -500,4 +531,32 @@ TEST_CASE("connect_and_hello names the path it could not reach") {
   CHECK_FALSE(r.refused);
   CHECK(r.message.find("/nonexistent/tmsdisk-unit-test.sock") != std::string::npos);
   CHECK(r.sock == -1);
+}
+
+TEST_CASE("connect_seqpacket gives up on a listener whose backlog is full instead of waiting forever") {
+  // A daemon that is stopped (SIGSTOP) or wedged accepts no connection: once its backlog is full, a
+  // plain connect would block until it accepts again.
+  char dir[] = "/tmp/tmsdisk-proto-XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  const std::string path = std::string(dir) + "/full.sock";
+  int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(listener, 0) == 0);  // room for one connection that is never accepted
+  std::vector<int> held;
+  // Fill the backlog; the connect that finds it full answers within its limit.
+  int rc = 0;
+  for (int i = 0; i < 4 && rc >= 0; ++i) {
+    rc = connect_seqpacket(path, 200);
+    if (rc >= 0) held.push_back(rc);
+  }
+  CHECK(rc == -ETIMEDOUT);
+  CHECK_FALSE(held.empty());
+  for (int fd : held) ::close(fd);
+  ::close(listener);
+  ::unlink(path.c_str());
+  ::rmdir(dir);
 }

@@ -1,16 +1,52 @@
 // SPDX-License-Identifier: Apache-2.0
-// tmsctl's connection to tmsdiskd: HELLO, then one request at a time.
+// tmsctl's connection to tmsdiskd: HELLO, then one request at a time, every wait bounded.
 #include "client.h"
 
+#include <poll.h>
+
+#include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace tmsdisk::ctl {
+namespace {
 
-Result<Client> Client::connect(const std::string& socket_path) {
-  int fd = proto::connect_seqpacket(socket_path);
+// Waits until `fd` is ready for `events` or `deadline` passes: 0, -ETIMEDOUT, or another negative
+// errno. Once the deadline has passed it still takes what is ready now, so that answers that came in
+// time are never left unread.
+int wait_for(int fd, short events, const Deadline& deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, deadline.poll_ms());
+    if (n > 0) return 0;  // ready, or hung up: the read or write that follows says which
+    if (n == 0) return -ETIMEDOUT;
+    if (errno != EINTR) return -errno;
+  }
+}
+
+// The order tmsctl prints ranks in.
+template <class T>
+void sort_by_rank(std::vector<T>& v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.job != b.job ? a.job < b.job : a.rank != b.rank ? a.rank < b.rank : a.pid < b.pid;
+  });
+}
+
+}  // namespace
+
+Error Client::silent_daemon(const Deadline& deadline) const {
+  return make_error(ETIMEDOUT, "tmsdiskd at " + path_ + " did not answer within " + deadline.seconds_text() +
+                                   "; is it stopped or overloaded? see `systemctl status tmsdiskd` or its log "
+                                   "(--timeout S waits longer)");
+}
+
+Result<Client> Client::connect(const std::string& socket_path, const Deadline& deadline) {
+  Client c(UniqueFd(), socket_path);
+  int fd = proto::connect_seqpacket(socket_path, deadline.poll_ms());
+  if (fd == -ETIMEDOUT) return c.silent_daemon(deadline);  // its backlog is full: it accepts nobody
   if (fd < 0) {
     std::string hint = (fd == -ENOENT || fd == -ECONNREFUSED)
                            ? "is tmsdiskd running? start it with `systemctl start tmsdiskd` or use `tmsctl run`, "
@@ -19,11 +55,11 @@ Result<Client> Client::connect(const std::string& socket_path) {
     return make_error(-fd,
                       "cannot connect to tmsdiskd at " + socket_path + ": " + std::strerror(-fd) + " (" + hint + ")");
   }
-  Client c(UniqueFd(fd), socket_path);
+  c.fd_.reset(fd);
   proto::Hello hello;
   hello.role = static_cast<uint8_t>(proto::Role::Control);
-  // No time limit, as for every other answer tmsctl waits for: a pause may legitimately take long.
-  auto welcome = proto::say_hello(fd, hello, -1, c.next_request_);
+  auto welcome = proto::say_hello(fd, hello, deadline.poll_ms(), c.next_request_);
+  if (!welcome && !welcome.refused && welcome.error == ETIMEDOUT) return c.silent_daemon(deadline);
   if (!welcome)
     return make_error(welcome.error, welcome.refused ? welcome.message
                                                      : "tmsdiskd at " + socket_path + ": " + welcome.message + ": " +
@@ -32,17 +68,23 @@ Result<Client> Client::connect(const std::string& socket_path) {
   return c;
 }
 
-Status Client::send(const proto::Message& m) {
+Status Client::send(const proto::Message& m, const Deadline& deadline) {
   auto bytes = proto::encode(next_request_, m);
   if (bytes.empty()) return make_error(EINVAL, "request does not fit in a protocol message");
+  // A daemon that reads nothing fills its socket's queue, and a send would then wait for it.
+  if (int rc = wait_for(fd_.get(), POLLOUT, deadline); rc == -ETIMEDOUT) return silent_daemon(deadline);
   int rc = proto::send_message(fd_.get(), bytes);
   if (rc < 0) return make_error(-rc, "cannot send to tmsdiskd at " + path_ + ": " + std::strerror(-rc));
   return {};
 }
 
-Result<proto::Message> Client::receive() {
+Result<proto::Message> Client::receive(const Deadline& deadline) {
   std::vector<uint8_t> buf;
   for (;;) {
+    if (int rc = wait_for(fd_.get(), POLLIN, deadline); rc < 0) {
+      if (rc == -ETIMEDOUT) return silent_daemon(deadline);
+      return make_error(-rc, "cannot wait for tmsdiskd at " + path_ + ": " + std::strerror(-rc));
+    }
     long n = proto::recv_message(fd_.get(), buf);
     if (n == 0) return make_error(ECONNRESET, "tmsdiskd at " + path_ + " closed the connection (see its log)");
     if (n < 0)
@@ -56,14 +98,14 @@ Result<proto::Message> Client::receive() {
   }
 }
 
-Result<std::vector<proto::SessionInfo>> Client::list_sessions() {
+Result<std::vector<proto::SessionInfo>> Client::list_sessions(const Deadline& deadline) {
   std::vector<proto::SessionInfo> all;
   for (;;) {
     ++next_request_;
     proto::ListSessions req;
     req.start = static_cast<uint32_t>(all.size());
-    if (auto st = send(req); !st) return std::move(st).error();
-    auto reply = receive();
+    if (auto st = send(req, deadline); !st) return std::move(st).error();
+    auto reply = receive(deadline);
     if (!reply) return std::move(reply).error();
     auto* page = std::get_if<proto::Sessions>(&*reply);
     if (!page) return make_error(EPROTO, "unexpected answer to LIST_SESSIONS");
@@ -72,29 +114,50 @@ Result<std::vector<proto::SessionInfo>> Client::list_sessions() {
   }
 }
 
-Result<std::vector<proto::RankResult>> Client::control(const proto::Control& request,
-                                                       const std::function<void(const proto::Progress&)>& progress) {
+Result<ControlAnswer> Client::control(const proto::Control& request, Deadline deadline,
+                                      const std::function<void(const proto::Progress&)>& progress) {
   ++next_request_;
-  if (auto st = send(request); !st) return std::move(st).error();
-  std::vector<proto::RankResult> results;
+  if (auto st = send(request, deadline); !st) return std::move(st).error();
+  deadline.heard();                             // a silence limit counts from the request
+  std::map<uint64_t, proto::RankTarget> asked;  // by session id
+  bool asked_all = false;                       // the last CONTROL_TARGETS page came
+  std::map<uint64_t, proto::RankResult> answered;
   for (;;) {
-    auto reply = receive();
-    if (!reply) return std::move(reply).error();
+    auto reply = receive(deadline);
+    if (!reply) {
+      // Until the daemon has said whom it asked, its silence is the daemon's failure; after, the
+      // ranks without an answer are named.
+      if (reply.error().errnum() == ETIMEDOUT && asked_all) break;
+      return std::move(reply).error();
+    }
+    deadline.heard();
     if (auto* p = std::get_if<proto::Progress>(&*reply)) {
       if (progress) progress(*p);
       continue;
     }
+    if (auto* t = std::get_if<proto::ControlTargets>(&*reply)) {
+      for (auto& x : t->ranks) asked.emplace(x.session_id, std::move(x));
+      asked_all = t->last != 0;
+      continue;
+    }
     auto* r = std::get_if<proto::ControlResult>(&*reply);
     if (!r) return make_error(EPROTO, "unexpected answer to CONTROL");
-    for (auto& x : r->results) results.push_back(std::move(x));
-    if (r->last) return results;
+    for (auto& x : r->results) answered.insert_or_assign(x.session_id, std::move(x));
+    if (r->last) break;
   }
+  ControlAnswer out;
+  for (auto& [sid, r] : answered) out.results.push_back(std::move(r));
+  for (auto& [sid, t] : asked)
+    if (!answered.count(sid)) out.unanswered.push_back(std::move(t));
+  sort_by_rank(out.results);
+  sort_by_rank(out.unanswered);
+  return out;
 }
 
-Result<proto::GcResult> Client::gc() {
+Result<proto::GcResult> Client::gc(const Deadline& deadline) {
   ++next_request_;
-  if (auto st = send(proto::Gc{}); !st) return std::move(st).error();
-  auto reply = receive();
+  if (auto st = send(proto::Gc{}, deadline); !st) return std::move(st).error();
+  auto reply = receive(deadline);
   if (!reply) return std::move(reply).error();
   auto* r = std::get_if<proto::GcResult>(&*reply);
   if (!r) return make_error(EPROTO, "unexpected answer to GC");

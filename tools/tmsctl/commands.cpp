@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "client.h"
+#include "deadline.h"
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
@@ -106,9 +107,10 @@ std::string find_shim_library() {
 }
 
 int cmd_status(const Common& common) {
-  auto client = Client::connect(socket_of(common));
+  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
+  auto client = Client::connect(socket_of(common), deadlines.answer);
   if (!client) return fail(common, "status", client.error());
-  auto sessions = client->list_sessions();
+  auto sessions = client->list_sessions(deadlines.answer);
   if (!sessions) return fail(common, "status", sessions.error());
   if (common.json) {
     json out = json::array();
@@ -184,6 +186,13 @@ std::string result_text(const proto::RankResult& r, bool pause) {
   return std::string(pause ? "paused " : "resumed and verified ") + human_bytes(r.bytes) + figures;
 }
 
+// A rank that did not answer before the deadline, in words: it may still be at work.
+std::string unanswered_text(const Deadline& deadline, bool pause) {
+  const std::string still = pause ? "still pausing?" : "still resuming?";
+  return (deadline.renewed() ? "no answer and no progress for " : "no answer within ") + deadline.seconds_text() +
+         " (" + still + " see `tmsctl status`)";
+}
+
 int cmd_control(const Common& common, const Selector& sel, bool pause) {
   const std::string verb = pause ? "pause" : "resume";
   proto::Control req;
@@ -197,9 +206,12 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
   if (sel.rank >= 0) req.match |= proto::kMatchRank, req.rank = sel.rank;
   if (sel.pid > 0) req.match |= proto::kMatchPid, req.pid = sel.pid;
   if (req.match == 0) return fail(common, verb, "say which ranks: --job J, --rank R, --pid P, or --all", kExitUsage);
-  req.timeout_ms = static_cast<uint32_t>(std::lround(sel.timeout_s * 1000));
+  // The daemon gets the same limit, so that it ends the request (and drops the late answers) when
+  // tmsctl gives up; whichever deadline passes first, the silent ranks are named alike (client.h).
+  req.timeout_ms = static_cast<uint32_t>(std::lround(common.timeout_s * 1000));  // at most 1e9: main.cpp's range
 
-  auto client = Client::connect(socket_of(common));
+  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
+  auto client = Client::connect(socket_of(common), deadlines.answer);
   if (!client) return fail(common, verb, client.error());
 
   const bool tty = !common.json && ::isatty(STDERR_FILENO);
@@ -219,19 +231,22 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
                  std::string(filled, '#').c_str(), human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9,
                  eta);
   };
-  auto results = client->control(req, on_progress);
+  auto answer = client->control(req, deadlines.ranks, on_progress);
   if (tty && !progress.empty()) std::fprintf(stderr, "\n");
-  if (!results) return fail(common, verb + " " + selector_text(sel), results.error());
+  if (!answer) return fail(common, verb + " " + selector_text(sel), answer.error());
+  const auto& results = answer->results;
+  const auto& unanswered = answer->unanswered;
 
   int failed = 0;
   json out = json::array();
-  for (const auto& r : *results) {
+  for (const auto& r : results) {
     if (r.code != 0) ++failed;
     if (common.json) {
       out.push_back({{"job", r.job},
                      {"rank", r.rank},
                      {"pid", r.pid},
                      {"ok", r.code == 0},
+                     {"answered", true},
                      {"outcome", proto::outcome_name(static_cast<proto::Outcome>(r.outcome))},
                      {"errno", r.code},
                      {"bytes", r.bytes},
@@ -243,16 +258,41 @@ int cmd_control(const Common& common, const Selector& sel, bool pause) {
                   result_text(r, pause).c_str());
     }
   }
+  // After the answers, the ranks that gave none: whether they paused is not known ("outcome":
+  // "unknown"), and they may still finish.
+  const std::string silent = unanswered_text(deadlines.ranks, pause);
+  for (const auto& t : unanswered) {
+    if (common.json) {
+      out.push_back({{"job", t.job},
+                     {"rank", t.rank},
+                     {"pid", t.pid},
+                     {"ok", false},
+                     {"answered", false},
+                     {"outcome", "unknown"},
+                     {"errno", ETIMEDOUT},
+                     {"bytes", 0},
+                     {"ns", 0},
+                     {"gb_per_s", 0.0},
+                     {"message", silent}});
+    } else {
+      std::printf("%s rank %s (pid %d): %s\n", t.job.c_str(), rank_text(t.rank).c_str(), t.pid, silent.c_str());
+    }
+  }
   if (common.json) std::printf("%s\n", out.dump(2).c_str());
+  const std::size_t asked = results.size() + unanswered.size();
   if (failed && !common.json)
-    std::fprintf(stderr, "tmsctl %s: %d of %zu rank(s) failed\n", verb.c_str(), failed, results->size());
-  return failed ? kExitFailed : 0;
+    std::fprintf(stderr, "tmsctl %s: %d of %zu rank(s) failed\n", verb.c_str(), failed, asked);
+  if (!unanswered.empty() && !common.json)
+    std::fprintf(stderr, "tmsctl %s: %zu of %zu rank(s) did not answer in time\n", verb.c_str(), unanswered.size(),
+                 asked);
+  return failed || !unanswered.empty() ? kExitFailed : 0;
 }
 
 int cmd_gc(const Common& common) {
-  auto client = Client::connect(socket_of(common));
+  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
+  auto client = Client::connect(socket_of(common), deadlines.answer);
   if (!client) return fail(common, "gc", client.error());
-  auto r = client->gc();
+  auto r = client->gc(deadlines.answer);
   if (!r) return fail(common, "gc", r.error());
   if (common.json)
     std::printf("%s\n", json{{"removed_dirs", r->removed_dirs}, {"removed_bytes", r->removed_bytes}}.dump(2).c_str());
@@ -379,7 +419,7 @@ int cmd_env(const Common& common, const LaunchOptions& launch) {
   // Without a daemon the environment is still printed (a launcher may start one later); with one, what
   // it would refuse is refused here.
   std::string root;
-  if (auto client = Client::connect(socket)) {
+  if (auto client = Client::connect(socket, command_deadlines(common.timeout_s).answer)) {
     if (auto refused = check_staging_budget(launch, client->welcome()))
       return fail(common, "env", refused->message, refused->exit_status);
     root = client->first_root();
@@ -399,8 +439,12 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
   const std::string lib = find_shim_library();
   if (auto refused = check_launch(launch, lib)) return fail(common, "run", refused->message, refused->exit_status);
   std::string socket = socket_of(common);
-  auto client = Client::connect(socket);
-  if (!client && launch.start_daemon && common.socket.empty() && !std::getenv("TMSDISK_SOCKET")) {
+  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
+  auto client = Client::connect(socket, deadlines.answer);
+  // A daemon that is there but does not answer (stopped, wedged) is reported, not replaced: a private
+  // one beside it would split the node's ranks between two daemons.
+  const bool silent = !client && client.error().errnum() == ETIMEDOUT;
+  if (!client && !silent && launch.start_daemon && common.socket.empty() && !std::getenv("TMSDISK_SOCKET")) {
     // No system daemon: start (or join) this user's private one, as the shim itself would.
     const std::string daemon = find_daemon();
     if (daemon.empty())
@@ -412,7 +456,7 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
                   std::string("could not start a private tmsdiskd (") + std::strerror(-rc) + "); see " +
                       (fs::path(socket).parent_path() / "tmsdiskd.log").string(),
                   kExitFailed);
-    client = Client::connect(socket);
+    client = Client::connect(socket, deadlines.answer);
   }
   if (!client) return fail(common, "run", client.error());
   if (auto refused = check_staging_budget(launch, client->welcome()))

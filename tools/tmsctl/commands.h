@@ -8,13 +8,15 @@
 
 namespace tmsdisk::ctl {
 
-// Exit statuses, as the man page promises them.
-inline constexpr int kExitFailed = 1;  // the daemon could not be reached, or a rank failed
-inline constexpr int kExitUsage = 2;   // the command line is wrong; nothing was done
+// Exit statuses, as the man page promises them. kExitFailed: the daemon could not be reached or did
+// not answer in time, or a rank failed or did not answer in time.
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;  // the command line is wrong; nothing was done
 
 struct Common {
   std::string socket;  // empty: default_socket_path()
   bool json = false;
+  double timeout_s = 0;  // --timeout: give up after this many seconds (0: the defaults, deadline.h)
 };
 
 struct Selector {
@@ -22,7 +24,6 @@ struct Selector {
   int64_t rank = -1;
   int32_t pid = 0;
   bool all = false;
-  double timeout_s = 0;  // 0: wait as long as it takes
 };
 
 struct LaunchOptions {

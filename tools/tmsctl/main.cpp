@@ -102,6 +102,25 @@ CLI::Validator whole_number(long long lo, long long hi, const std::string& what)
       what);
 }
 
+// A number of seconds within [0, max], whose message names the option's unit and range (CLI11's
+// Range would print "FLOAT in [0 - 1e+06]" into --help).
+CLI::Validator seconds(double max) {
+  return CLI::Validator(
+      [max](std::string& s) -> std::string {
+        double v = -1;
+        std::size_t used = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || !(v >= 0 && v <= max))
+          return "'" + s + "' is not a number of seconds (0 to " + std::to_string(static_cast<long long>(max)) + ")";
+        return {};
+      },
+      "");
+}
+
 CLI::Validator one_of(std::vector<std::string> choices) {
   std::string list;
   for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
@@ -123,12 +142,12 @@ int main(int argc, char** argv) {
       "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
       "  tmsctl resume --job J                bring it back at the same addresses\n"
       "  tmsctl status                        what each rank holds where\n\n"
-      "Exit status: 0 success (also when there was nothing to do), 1 a rank or the daemon failed,\n"
-      "2 a usage error."};
+      "Exit status: 0 success (also when there was nothing to do), 1 a rank or the daemon failed or did\n"
+      "not answer in time (--timeout), 2 a usage error."};
   app.require_subcommand(1);
   Common common;
-  // --socket and --json are global: accepted before the command (`tmsctl --json status`) and after
-  // it (`tmsctl status --json`), and listed in every command's --help.
+  // --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
+  // and after it (`tmsctl status --json`), and listed in every command's --help.
   auto add_global = [&](CLI::App* a) {
     a->add_option("--socket", common.socket,
                   "tmsdiskd socket (default: $TMSDISK_SOCKET, else /run/tmsdisk/tmsdiskd.sock, else the private "
@@ -136,6 +155,12 @@ int main(int argc, char** argv) {
         ->type_name("PATH")
         ->group(kGlobalGroup);
     a->add_flag("--json", common.json, "machine-readable output, errors included")->group(kGlobalGroup);
+    a->add_option("--timeout", common.timeout_s,
+                  "give up after S seconds, print what answered and name what did not (exit 1); default: 30 s for "
+                  "the daemon's answers, and for pause/resume until the ranks send nothing for 120 s")
+        ->type_name("S")
+        ->check(seconds(1e6))
+        ->group(kGlobalGroup);
   };
   add_global(&app);
 
@@ -153,9 +178,6 @@ int main(int argc, char** argv) {
         ->type_name("PID")
         ->check(whole_number(1, INT32_MAX, "a process id"));
     sub->add_flag("--all", sel.all, "every rank you may act on");
-    sub->add_option("--timeout", sel.timeout_s, "seconds the daemon waits for the ranks (0: no limit; default 0)")
-        ->type_name("SECONDS")
-        ->check(CLI::Range(0.0, 1e6));
   };
   auto* pause = app.add_subcommand("pause", "write the selected ranks' GPU memory to disk and release it");
   add_selector(pause);

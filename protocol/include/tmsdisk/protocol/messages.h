@@ -32,7 +32,10 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 // 3: checksums and the pause state stay in the daemon's storage: READ, WRITTEN and READ_DONE carry no
 //    checksum, COMMIT no generation (the daemon assigns it); the shim asks with PAUSE_STATE.
 // 4: COMMAND_DONE and each result of CONTROL_RESULT carry an Outcome: a pause or resume with nothing to
-//    do says so instead of passing for one that moved 0 bytes.
+//    do says so instead of passing for one that moved 0 bytes. CONTROL is answered with CONTROL_TARGETS
+//    (the ranks asked) first, then one CONTROL_RESULT per rank as soon as it answers; at the daemon's
+//    deadline the last page comes without the ranks that did not answer, so that a client that stops
+//    waiting (tmsctl's own deadline) has every answer so far and can name the ranks still silent.
 inline constexpr uint16_t kVersion = 4;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
@@ -56,7 +59,7 @@ inline constexpr const char* kJobNameRule = "use 1-64 letters, digits, '.', '_' 
 // advice, so none reaches the user cut; every message stays far below kMaxMessageSize.
 inline constexpr std::size_t kMaxTextLength = 8192;
 // Per-rank message inside ControlResult: as long as any message, so a rank's answer arrives whole
-// (ControlResult pages by size, see encoded_size).
+// (each rank's result has a page of its own, which it always fits in).
 inline constexpr std::size_t kMaxResultText = kMaxTextLength;
 inline constexpr std::size_t kMaxPathLength = 4095;
 static_assert(kMaxTextLength > kMaxPathLength + 1024 && kMaxTextLength + 1024 < kMaxPayload);
@@ -84,9 +87,10 @@ enum class MsgType : uint16_t {
   ListSessions = 30,
   Sessions = 31,
   Control = 32,        // pause/resume the sessions a selector matches
-  ControlResult = 33,  // per-rank outcomes
+  ControlResult = 33,  // per-rank outcomes, each as soon as its rank answers
   Gc = 34,             // sweep directories of dead ranks now
   GcResult = 35,
+  ControlTargets = 36,  // the ranks a CONTROL was sent to, before any CONTROL_RESULT
   // Legacy CUDA IPC brokered by the daemon: shim <-> daemon (see the IPC messages below).
   IpcExport = 40,    // exporter: share an allocation's physical memory; its POSIX fd rides along
   IpcExported = 41,  // daemon: the id importers name it by
@@ -191,6 +195,21 @@ struct SessionInfo {
   }
 };
 
+// A rank a CONTROL was sent to (ControlTargets).
+struct RankTarget {
+  uint64_t session_id = 0;
+  int32_t pid = 0;    // 0: outside the daemon's pid namespace
+  int64_t rank = -1;  // -1: the rank declared none
+  std::string job;
+  template <class F>
+  void fields(F&& f) {
+    f(session_id), f(pid), f(rank), f(job, kMaxNameLength);
+  }
+};
+// A page of targets never outgrows a message: each takes at most 8 + 4 + 8 + 2 + kMaxNameLength bytes.
+inline constexpr std::size_t kTargetsPerPage = 512;
+static_assert(kTargetsPerPage * (22 + kMaxNameLength) + 16 < kMaxPayload);
+
 struct RankResult {
   uint64_t session_id = 0;
   int32_t pid = 0;
@@ -200,7 +219,7 @@ struct RankResult {
   uint64_t bytes = 0;
   uint64_t nanos = 0;
   std::string message;
-  uint8_t outcome = 0;  // Outcome: the rank's own; Done for a rank that never answered (timeout, exit)
+  uint8_t outcome = 0;  // Outcome: the rank's own; Done for a rank that exited before answering
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos), f(message, kMaxResultText),
@@ -430,6 +449,23 @@ struct Control {
   bool check(std::string& why) const;
 };
 
+// The ranks a CONTROL asked, sent before any of their results (in as many pages as they need): a
+// client that gives up waiting names those without a result, as ranks that did not answer.
+struct ControlTargets {
+  static constexpr MsgType kType = MsgType::ControlTargets;
+  uint8_t last = 1;  // 0: more ControlTargets messages follow for the same request
+  std::vector<RankTarget> ranks;
+  template <class F>
+  void fields(F&& f) {
+    f(last), f(ranks);
+  }
+  bool check(std::string& why) const;
+};
+
+// One page per rank, sent as soon as the rank answers (or the daemon knows it never will: it exited,
+// ECONNRESET); the page that completes the request has last = 1. At the daemon's deadline
+// (Control.timeout_ms) the last page carries no result for the ranks still silent: every result is a
+// rank's answer, and a target without one did not answer.
 struct ControlResult {
   static constexpr MsgType kType = MsgType::ControlResult;
   uint8_t last = 1;  // 0: more ControlResult messages follow for the same request
@@ -546,8 +582,8 @@ struct IpcUsers {
 
 using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit,
                              PauseState, PauseStateReply, Report, Command, CommandDone, Progress, ListSessions,
-                             Sessions, Control, ControlResult, Gc, GcResult, IpcExport, IpcExported, IpcRevoke, IpcOpen,
-                             IpcOpened, IpcClose, IpcUsers>;
+                             Sessions, Control, ControlResult, Gc, GcResult, ControlTargets, IpcExport, IpcExported,
+                             IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;

@@ -26,6 +26,9 @@ inline constexpr std::size_t kMaxPassedFds = 8;
 long recv_message(int sock, std::vector<uint8_t>& buf, int* fd = nullptr, std::vector<int>* extra = nullptr) noexcept;
 
 // Connects a SOCK_SEQPACKET socket (CLOEXEC) to `path`. Returns the fd or a negative errno.
-int connect_seqpacket(const std::string& path) noexcept;
+// `timeout_ms` >= 0 bounds the connect itself, which blocks while the listener's backlog is full (a
+// daemon that is stopped or wedged stops accepting): -ETIMEDOUT then. Later sends are not bounded by
+// it (the caller polls).
+int connect_seqpacket(const std::string& path, int timeout_ms = -1) noexcept;
 
 }  // namespace tmsdisk::proto
