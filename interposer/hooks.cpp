@@ -29,6 +29,9 @@ TMSDISK_EXPORT int tmsdisk_pause(void) noexcept {
 TMSDISK_EXPORT int tmsdisk_resume(void) noexcept {
   return tmsdisk::shim::api_resume();
 }
+TMSDISK_EXPORT int tmsdisk_resume_accept_loss(void) noexcept {
+  return tmsdisk::shim::api_resume_accept_loss();
+}
 TMSDISK_EXPORT int tmsdisk_status(struct tmsdisk_status* status, size_t size) noexcept {
   return tmsdisk::shim::api_status(status, size);
 }

@@ -13,6 +13,9 @@ namespace tmsdisk::server {
 namespace {
 
 constexpr std::size_t kSessionsPerPage = 128;
+// A ControlResult or Sessions page holds entries while their encoding fits the protocol's payload;
+// this much is kept back for the page's own fields.
+constexpr std::size_t kPageOverhead = 64;
 
 }  // namespace
 
@@ -22,6 +25,8 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
   for (auto& [id, s] : sessions_.all())
     if (may_act_on(uid, s) && s.conn_id != 0) visible.push_back(&s);
   out.total = static_cast<uint32_t>(visible.size());
+  // Paged by count and by size: a rank's stats list its damaged ranges, so an entry's size varies.
+  std::size_t bytes = kPageOverhead;
   for (std::size_t i = m.start; i < visible.size() && out.sessions.size() < kSessionsPerPage; ++i) {
     const Session& s = *visible[i];
     proto::SessionInfo info;
@@ -32,6 +37,9 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.job = s.job;
     info.disk_bytes = s.store->disk_bytes();
     info.stats = s.stats;
+    const std::size_t size = proto::encoded_size(info);
+    if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
+    bytes += size;
     out.sessions.push_back(std::move(info));
   }
   send_(conn_id, request_id, out);
@@ -93,6 +101,7 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
     Session& s = *sessions_.find(sid);
     proto::Command cmd;
     cmd.op = m.op;
+    cmd.flags = m.flags;
     const uint64_t cmd_id = next_command_++;
     s.commands.emplace(cmd_id, op_id);
     send_(s.conn_id, cmd_id, cmd);

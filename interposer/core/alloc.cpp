@@ -9,6 +9,7 @@
 #include "config.h"
 #include "driver.h"
 #include "engine.h"
+#include "gate.h"
 #include "log.h"
 #include "registry.h"
 #include "shim.h"
@@ -263,7 +264,14 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) noexcept {
     if (!a) return CUDA_ERROR_INVALID_VALUE;  // freed concurrently by another thread
     if (a->export_id)
       if (Engine* e = Engine::existing()) e->ipc_forget(a->export_id);  // importers keep what they mapped
-    return free_managed(*a);
+    const bool was_paused = a->state.load() == AllocState::Paused;
+    // Before the range is returned: the driver may hand it out again at once, and calls on the new
+    // memory must not be held as lost.
+    if (was_paused) gate::forget_lost(a->base);
+    const CUresult r = free_managed(*a);
+    if (was_paused)
+      if (Engine* e = Engine::existing()) e->paused_freed();  // the state, the gate, the daemon's pause
+    return r;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }

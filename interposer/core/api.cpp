@@ -44,11 +44,11 @@ void ensure_init() noexcept {
 
 namespace {
 
-int run(proto::CommandOp op) noexcept {
+int run(proto::CommandOp op, uint8_t flags = 0) noexcept {
   ensure_init();
   Engine* e = Engine::instance();
   if (!e) return -ENOMEM;
-  const Status done = e->run(op);
+  const Status done = e->run(op, flags);
   return done ? 0 : -done.error().errnum();
 }
 
@@ -59,6 +59,9 @@ int api_pause() noexcept {
 }
 int api_resume() noexcept {
   return run(proto::CommandOp::Resume);
+}
+int api_resume_accept_loss() noexcept {
+  return run(proto::CommandOp::Resume, proto::kAcceptLoss);
 }
 
 int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
@@ -86,6 +89,8 @@ int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
     out.last_pause_ns = s.stats.last_pause_ns;
     out.last_resume_bytes = s.stats.last_resume_bytes;
     out.last_resume_ns = s.stats.last_resume_ns;
+    out.damaged_allocations = s.totals.damaged_allocations;
+    out.damaged_bytes = s.totals.damaged_bytes;
     const std::size_t n = std::min(s.last_message.size(), sizeof(out.last_message) - 1);
     std::memcpy(out.last_message, s.last_message.data(), n);
     std::memcpy(status, &out, std::min(size, sizeof(out)));

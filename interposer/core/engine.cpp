@@ -23,6 +23,7 @@
 #include "driver.h"
 #include "gate.h"
 #include "log.h"
+#include "tmsdisk/common/human.h"
 #include "vmm.h"
 
 namespace tmsdisk::shim {
@@ -59,6 +60,14 @@ Status auto_resume() noexcept {
 
 OpResult failed(const Error& e) {
   return OpResult{e};
+}
+
+// Between operations the state follows the registry: a free of the last paused allocation makes a
+// paused rank running without any pause or resume. During one, the operation's own state stands.
+uint8_t current_state(uint8_t last, const RegistryTotals& t) {
+  const auto s = static_cast<proto::RankState>(last);
+  if (s == proto::RankState::Pausing || s == proto::RankState::Resuming) return last;
+  return static_cast<uint8_t>(Engine::settled_state(t));
 }
 
 }  // namespace
@@ -179,11 +188,12 @@ int Engine::post(std::function<void()> task, bool wait) noexcept {
   }
 }
 
-Status Engine::run(proto::CommandOp op) noexcept {
+Status Engine::run(proto::CommandOp op, uint8_t flags) noexcept {
   try {
     ensure_started();
     Request req;
     req.op = op;
+    req.flags = flags;
     {
       std::unique_lock lock(mu_);
       if (!thread_started_) return make_error(EAGAIN, "the tmsdisk control thread could not be started");
@@ -213,8 +223,11 @@ EngineStatus Engine::status() const {
   s.session_id = session_id_;
   s.last_error = last_error_;
   s.last_message = last_message_;
+  s.stats.state = current_state(s.stats.state, s.totals);
   s.stats.resident_bytes = s.totals.resident_bytes;
   s.stats.paused_bytes = s.totals.paused_bytes;
+  s.stats.damaged_allocations = s.totals.damaged_allocations;
+  s.stats.damaged_bytes = s.totals.damaged_bytes;
   s.stats.unmanaged_bytes = s.totals.unmanaged_bytes;
   s.stats.managed_allocations = s.totals.managed_allocations;
   return s;
@@ -306,7 +319,7 @@ void Engine::serve_requests() {
     }
     OpResult result;
     try {
-      result = execute(req->op, 0);
+      result = execute(req->op, req->flags, 0);
     } catch (...) {
       result = OpResult{make_error(ENOMEM, "out of memory")};
     }
@@ -343,7 +356,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   }
   OpResult r;
   try {
-    r = execute(static_cast<proto::CommandOp>(cmd->op), env.request_id);
+    r = execute(static_cast<proto::CommandOp>(cmd->op), cmd->flags, env.request_id);
   } catch (...) {
     r = OpResult{make_error(ENOMEM, "out of memory")};
   }
@@ -360,7 +373,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
-OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
+OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request) {
   const uint64_t t0 = now_ns();
   const bool pausing = op == proto::CommandOp::Pause;
   bool gated = false;
@@ -376,7 +389,8 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
     } else {
       // Pause: no application thread may submit work from here on, and what was submitted before
       // finishes (pause() synchronizes) before a byte moves. The gate opens again once nothing is
-      // paused (after a resume, or a pause that released nothing), and only after the state says so.
+      // paused (after a resume, or a pause that released nothing), or nothing but memory whose backup
+      // is damaged (then calls naming that memory are held), and only after the state says so.
       gate::begin_op();
       bool drained = true;
       if (pausing) {
@@ -397,18 +411,14 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
-        r = pausing ? pause(progress) : resume(progress);
+        r = pausing ? pause(progress) : resume(progress, (flags & proto::kAcceptLoss) != 0);
       }
       gated = true;
     }
   }
   r.nanos = now_ns() - t0;
 
-  const RegistryTotals t = registry().totals();
-  proto::RankState state = proto::RankState::Running;
-  if (t.paused_allocations > 0)
-    state =
-        t.paused_allocations == t.managed_allocations ? proto::RankState::Paused : proto::RankState::PartiallyPaused;
+  const proto::RankState state = settled_state(registry().totals());
   {
     std::lock_guard lock(mu_);
     last_.state = static_cast<uint8_t>(state);
@@ -431,7 +441,12 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
     last_message_ = r.message();
   }
   if (gated) {
-    if (t.paused_allocations == 0) gate::open();
+    {
+      // A free of paused memory changes the lost ranges too (gate::forget_lost, under the shared
+      // lock): this look at the registry and theirs must not cross.
+      std::unique_lock lock(op_lock_);
+      settle_gate();
+    }
     gate::end_op();
   }
   const char* what = pausing ? "pause" : "resume";
@@ -452,11 +467,72 @@ OpResult Engine::execute(proto::CommandOp op, uint64_t command_request) {
 // ---------------------------------------------------------------------------------------------
 // Pause and resume
 
+namespace {
+
+// What the daemon's refusal of a chunk says of the allocation's backup: damaged (its data cannot be
+// read back as written), or not (0: a failure of ours or of the transfer, which a retry may fix).
+uint8_t damage_of(const TransferJob& j) noexcept {
+  if (!j.refused_offset || !j.error) return 0;
+  switch (j.error->errnum()) {
+    case EBADMSG: return static_cast<uint8_t>(proto::Damage::ChecksumMismatch);
+    case EIO: return static_cast<uint8_t>(proto::Damage::ReadError);
+    case ENODATA:
+    case ENOENT: return static_cast<uint8_t>(proto::Damage::Missing);
+    default: return 0;
+  }
+}
+
+// The errno a resume that left `damage` (a proto::Damage) returns: what the daemon said of the chunk.
+int damage_errno(uint8_t damage) noexcept {
+  switch (static_cast<proto::Damage>(damage)) {
+    case proto::Damage::ChecksumMismatch: return EBADMSG;
+    case proto::Damage::ReadError: return EIO;
+    default: return ENODATA;
+  }
+}
+
+// The damaged allocation `a` in the application's terms: "0x7f2a40000000 (6.0 MiB; checksum
+// mismatch in chunk 1)".
+std::string damage_text(const Allocation& a) {
+  const uint64_t chunk = a.damaged_chunk.load();
+  std::string why;
+  switch (static_cast<proto::Damage>(a.damage.load())) {
+    case proto::Damage::ChecksumMismatch: why = fmt::format("checksum mismatch in chunk {}", chunk); break;
+    case proto::Damage::ReadError: why = fmt::format("read error in chunk {} (I/O error or short read)", chunk); break;
+    case proto::Damage::Missing: why = fmt::format("chunk {} is missing from the backup", chunk); break;
+    default: why = "damaged"; break;
+  }
+  return fmt::format("{:#x} ({}; {})", a.base, human_bytes(a.size), why);
+}
+
+// At most a few of `list`, then how many more: a message must stay readable with a thousand of them.
+std::string damage_list(const std::vector<std::shared_ptr<Allocation>>& list) {
+  constexpr std::size_t kNamed = proto::kMaxDamagedRanges;
+  std::string out;
+  for (std::size_t i = 0; i < list.size() && i < kNamed; ++i) out += (i ? ", " : "") + damage_text(*list[i]);
+  if (list.size() > kNamed) out += fmt::format(" and {} more (see `tmsctl status`)", list.size() - kNamed);
+  return out;
+}
+
+constexpr const char* kDamageAdvice =
+    "repair the file and run `tmsctl resume` again (the C API: tmsdisk_resume), or `tmsctl resume --accept-loss` "
+    "(tmsdisk_resume_accept_loss) to replace it with zero-filled memory";
+
+}  // namespace
+
 OpResult Engine::pause(ProgressReporter& progress) {
-  std::vector<std::shared_ptr<Allocation>> resident, paused;
+  std::vector<std::shared_ptr<Allocation>> resident, paused, damaged;
   for (auto& a : registry().snapshot()) {
     if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
+    if (a->state.load() == AllocState::Paused && a->damage.load() != 0) damaged.push_back(a);
     (a->state.load() == AllocState::Paused ? paused : resident).push_back(std::move(a));
+  }
+  if (!damaged.empty()) {
+    // The committed pause still holds what can be saved of them (every chunk but the damaged one):
+    // a new pause would reserve over it. The user decides first.
+    return OpResult{make_error(EBUSY, fmt::format("pause refused: {} allocation(s) could not be restored by the last "
+                                                  "resume because their backup is damaged: {}. First {}; then pause",
+                                                  damaged.size(), damage_list(damaged), kDamageAdvice))};
   }
   if (resident.empty()) return OpResult::no_op(paused.empty() ? "no managed allocations to pause" : "already paused");
   Result<bool> committed = committed_pause();
@@ -489,7 +565,7 @@ OpResult Engine::pause(ProgressReporter& progress) {
   return pause_all(std::move(resident), progress);
 }
 
-OpResult Engine::resume(ProgressReporter& progress) {
+OpResult Engine::resume(ProgressReporter& progress, bool accept_loss) {
   std::vector<std::shared_ptr<Allocation>> paused;
   for (auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused) paused.push_back(std::move(a));
@@ -500,7 +576,7 @@ OpResult Engine::resume(ProgressReporter& progress) {
     if (!committed) return failed(committed.error());
     if (!*committed) return OpResult::no_op("nothing is paused");
   }
-  return resume_all(std::move(paused), progress);
+  return resume_all(std::move(paused), progress, accept_loss);
 }
 
 Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total) {
@@ -656,7 +732,7 @@ Status map_job(TransferJob& j) {
   Allocation& a = *j.a;
   CtxScope scope(api, a.ctx);
   auto fail = [&](int code, const char* what, CUresult r) {
-    return make_error(code, fmt::format("blob {}: {}", a.id, cuda_failure(what, r)));
+    return make_error(code, fmt::format("{:#x} ({}): {}", a.base, human_bytes(a.size), cuda_failure(what, r)));
   };
   CUmemGenericAllocationHandle h = 0;
   CUresult r = api.cuMemCreate(&h, a.mapped, &a.prop, 0);
@@ -665,6 +741,16 @@ Status map_job(TransferJob& j) {
   if (r != CUDA_SUCCESS) {
     api.cuMemRelease(h);
     return fail(EIO, "cuMemMap", r);
+  }
+  // Devices that enabled peer access while this allocation was paused (allowed while only lost
+  // memory is held back) see it too; the shim's own allocations only, as cuCtxEnablePeerAccess does.
+  if (!a.app_vmm) {
+    try {
+      vmm_peer_access(a.device, a.access);
+    } catch (...) {
+      TMS_WARN("blob %llu: out of memory recording peer access; peers enabled while it was paused do not see it",
+               static_cast<unsigned long long>(a.id));
+    }
   }
   // Application mappings paused before their first cuMemSetAccess have no rights to restore.
   if (!a.access.empty()) r = api.cuMemSetAccess(a.base, a.mapped, a.access.data(), a.access.size());
@@ -688,9 +774,25 @@ void unmap_job(TransferJob& j) noexcept {
   j.mapped = false;
 }
 
+// The loss of a damaged allocation is accepted: new memory as map_job makes it, zero-filled (the
+// driver does not clear what cuMemCreate hands out), instead of the data.
+Status zero_fill(TransferJob& j) {
+  if (Status st = map_job(j); !st) return st;
+  const DriverApi& api = driver().api;
+  CtxScope scope(api, j.a->ctx);
+  CUresult r = api.cuMemsetD8_v2 ? api.cuMemsetD8_v2(j.a->base, 0, j.a->mapped) : CUDA_ERROR_NOT_FOUND;
+  if (r == CUDA_SUCCESS) r = api.cuCtxSynchronize();
+  if (r != CUDA_SUCCESS) {
+    unmap_job(j);
+    return make_error(EIO, cuda_failure("cuMemsetD8", r));
+  }
+  return {};
+}
+
 }  // namespace
 
-OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress) {
+OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
+                            bool accept_loss) {
   set_state(proto::RankState::Resuming);
   uint64_t total = 0;
   auto made = make_jobs(std::move(paused), &total);
@@ -716,6 +818,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.a->handle = j.handle;
     j.handle = 0;
     j.mapped = false;
+    j.a->damage.store(0);
     j.a->state.store(AllocState::Resident);
     resumed_bytes += j.a->size;
     ++resumed;
@@ -734,23 +837,84 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
       ipc_refresh(*j.a);
   }
 
-  if (resumed < jobs.size()) {
-    const TransferJob* first = nullptr;
-    for (const TransferJob& j : jobs)
-      if (!j.complete && j.error) {
-        first = &j;
-        break;
-      }
-    const Error* why = first ? &*first->error : fatal ? &*fatal : nullptr;
-    return OpResult{make_error(why ? why->errnum() : EIO,
-                               fmt::format("{} of {} allocation(s) stay paused: {}", jobs.size() - resumed, jobs.size(),
-                                           why ? why->message : std::string())),
-                    resumed_bytes};
+  // What the daemon could not give back as written is damaged: it stays paused, unmapped, with its
+  // file, while the rest of the process runs (settle_gate), until a resume restores it or, as asked
+  // now, zero-filled memory replaces it. An allocation that failed otherwise (no device memory, the
+  // daemon gone) keeps the damage found by an earlier resume, if any: its data is no better now.
+  const uint32_t chunk_bytes = staging_.chunk_bytes();
+  std::vector<std::shared_ptr<Allocation>> damaged;
+  std::vector<std::string> zeroed;  // what each replaced allocation was, and why it was lost
+  const TransferJob* other_failure = nullptr;
+  for (TransferJob& j : jobs) {
+    if (j.complete) continue;
+    if (const uint8_t d = damage_of(j)) {
+      j.a->damaged_chunk.store(chunk_bytes ? *j.refused_offset / chunk_bytes : 0);
+      j.a->damage.store(d);
+      TMS_ERROR("backup damaged: %s; the allocation stays paused and unmapped, its file is kept",
+                damage_text(*j.a).c_str());
+    }
+    if (j.a->damage.load() == 0) {
+      if (!other_failure && j.error) other_failure = &j;
+      continue;
+    }
+    if (!accept_loss || fatal) {
+      damaged.push_back(j.a);
+      continue;
+    }
+    const std::string what = damage_text(*j.a);
+    if (Status st = zero_fill(j); !st) {
+      TMS_ERROR("cannot replace %s with zero-filled memory: %s", what.c_str(), st.error().message.c_str());
+      damaged.push_back(j.a);
+      continue;
+    }
+    TMS_ERROR("DATA LOST: %s is now zero-filled memory at the same address, as --accept-loss asked", what.c_str());
+    j.a->handle = j.handle;
+    j.handle = 0;
+    j.mapped = false;
+    j.a->state.store(AllocState::Resident);
+    j.a->damage.store(0);
+    if (j.a->export_id) ipc_refresh(*j.a);
+    zeroed.push_back(what);
+  }
+  std::string lost_note;
+  if (!zeroed.empty()) {
+    lost_note = fmt::format(
+        "DATA LOST: {} allocation(s) whose backup was damaged are now zero-filled memory, as "
+        "--accept-loss asked: ",
+        zeroed.size());
+    for (std::size_t i = 0; i < zeroed.size() && i < proto::kMaxDamagedRanges; ++i)
+      lost_note += (i ? ", " : "") + zeroed[i];
+    if (zeroed.size() > proto::kMaxDamagedRanges)
+      lost_note += fmt::format(" and {} more", zeroed.size() - proto::kMaxDamagedRanges);
+  }
+
+  if (resumed + zeroed.size() < jobs.size()) {
+    std::string message;
+    int code = 0;
+    if (!damaged.empty()) {
+      message = fmt::format(
+          "{} of {} allocation(s) could not be restored because their backup is damaged: {}. The "
+          "other allocations are resident and the process runs; calls that touch the damaged memory "
+          "follow TMSDISK_ON_TOUCH. To go on, {}",
+          damaged.size(), jobs.size(), damage_list(damaged), kDamageAdvice);
+      code = damage_errno(damaged.front()->damage.load());
+    }
+    const std::size_t others = jobs.size() - resumed - zeroed.size() - damaged.size();
+    if (others > 0 || fatal) {
+      const Error* why = other_failure ? &*other_failure->error : fatal ? &*fatal : nullptr;
+      if (!message.empty()) message += "; ";
+      message += fmt::format("{} of {} allocation(s) stay paused: {}", others, jobs.size(),
+                             why ? why->message : std::string());
+      // The code says what a plain retry may fix (device memory, the daemon); the damage is named above.
+      code = why ? why->errnum() : EIO;
+    }
+    if (!lost_note.empty()) message += "; " + lost_note;
+    return OpResult{make_error(code ? code : EIO, message), resumed_bytes};
   }
 
   OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
   if (committed.code()) return committed;
-  return OpResult{{}, resumed_bytes};
+  return OpResult{{}, resumed_bytes, 0, lost_note};
 }
 
 Result<bool> Engine::committed_pause() {
@@ -859,6 +1023,11 @@ void Engine::handle_other(const proto::Envelope& env) {
             static_cast<unsigned long long>(env.request_id));
 }
 
+proto::RankState Engine::settled_state(const RegistryTotals& t) noexcept {
+  if (t.paused_allocations == 0) return proto::RankState::Running;
+  return t.paused_allocations == t.managed_allocations ? proto::RankState::Paused : proto::RankState::PartiallyPaused;
+}
+
 proto::RankStats Engine::make_stats() {
   const RegistryTotals t = registry().totals();
   proto::RankStats s;
@@ -866,11 +1035,81 @@ proto::RankStats Engine::make_stats() {
     std::lock_guard lock(mu_);
     s = last_;
   }
+  s.state = current_state(s.state, t);
   s.resident_bytes = t.resident_bytes;
   s.paused_bytes = t.paused_bytes;
   s.unmanaged_bytes = t.unmanaged_bytes;
   s.managed_allocations = t.managed_allocations;
+  s.damaged_allocations = t.damaged_allocations;
+  s.damaged_bytes = t.damaged_bytes;
+  s.damaged.clear();
+  if (t.damaged_allocations) {
+    for (const auto& a : registry().snapshot()) {  // address order: the first ones by address
+      if (s.damaged.size() == proto::kMaxDamagedRanges) break;
+      const uint8_t reason = a->damage.load();
+      if (a->state.load() != AllocState::Paused || reason == 0) continue;
+      s.damaged.push_back({.address = a->base, .size = a->size, .reason = reason, .chunk = a->damaged_chunk.load()});
+    }
+    // The registry may have changed between the two looks: keep the report consistent.
+    s.damaged_allocations = std::max<uint32_t>(s.damaged_allocations, static_cast<uint32_t>(s.damaged.size()));
+  }
   return s;
+}
+
+void Engine::settle_gate() noexcept {
+  bool held_paused = false;  // paused for another reason than a damaged backup: the gate stays closed
+  try {
+    std::vector<gate::Range> lost;
+    for (const auto& a : registry().snapshot()) {
+      if (a->state.load() != AllocState::Paused) continue;
+      if (a->damage.load() != 0)
+        lost.push_back({a->base, a->mapped});
+      else
+        held_paused = true;
+    }
+    if (held_paused) {
+      gate::close();
+      gate::set_lost(std::move(lost));
+    } else {
+      gate::set_lost(std::move(lost));  // before opening: lost memory is never reachable unchecked
+      gate::open();
+    }
+  } catch (...) {
+    // Out of memory: closed while anything is paused, as before damaged memory could be told apart.
+    if (registry().totals().paused_allocations > 0)
+      gate::close();
+    else
+      gate::open();
+  }
+}
+
+void Engine::paused_freed() noexcept {
+  (void)post(
+      [this] {
+        {
+          std::unique_lock lock(op_lock_);
+          settle_gate();
+        }
+        const RegistryTotals t = registry().totals();
+        {
+          std::lock_guard lock(mu_);
+          last_.state = static_cast<uint8_t>(settled_state(t));
+        }
+        if (t.paused_allocations == 0 && session_.connected()) {
+          // What the committed pause held is gone with the frees: the daemon's record says so too,
+          // so that its files no longer count as the only copy of anything.
+          Result<bool> committed = committed_pause();
+          if (committed && *committed) {
+            if (OpResult closed = commit(proto::CommitState::Resumed, 0, "the paused allocations were freed");
+                closed.code())
+              TMS_WARN("%s", closed.message().c_str());
+            else
+              TMS_INFO("every paused allocation was freed: the pause is closed");
+          }
+        }
+        if (session_.connected()) send_report();
+      },
+      false);
 }
 
 void Engine::send_report() {

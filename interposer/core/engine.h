@@ -4,7 +4,9 @@
 // move through the transfer pipeline (transfer.h) and the staging slots (staging_slots.h).
 //
 // A pause first closes the gate (gate.h) and waits for gated calls in flight, then synchronizes
-// every context it allocated on, then moves data; the gate opens again when nothing is paused.
+// every context it allocated on, then moves data; the gate opens again when nothing is paused, or
+// when all that stays paused is memory a resume could not restore because its backup is damaged
+// (then only calls naming that memory are held: see settle_gate).
 #pragma once
 
 #include <sys/types.h>
@@ -76,10 +78,17 @@ class Engine {
   void ensure_started() noexcept;
 
   // Runs a pause or resume on the control thread and waits for it; EBUSY when another operation
-  // is running.
-  Status run(proto::CommandOp op) noexcept;
+  // is running. `flags`: proto::kAcceptLoss (resume only).
+  Status run(proto::CommandOp op, uint8_t flags = 0) noexcept;
+
+  // cuMemFree released a paused allocation (its range no longer lost: see gate::forget_lost). The
+  // control thread then settles the gate, the state and the daemon's record of the pause (closed
+  // once nothing is paused). Does not wait.
+  void paused_freed() noexcept;
 
   EngineStatus status() const;
+  // The state (running, paused, partially paused) that `t` amounts to between operations.
+  static proto::RankState settled_state(const RegistryTotals& t) noexcept;
 
   // Legacy CUDA IPC brokered by tmsdiskd (ipc.cpp). Called by application threads; each exchange
   // runs on the control thread, serialized with pauses.
@@ -112,6 +121,7 @@ class Engine {
  private:
   struct Request {
     proto::CommandOp op{};
+    uint8_t flags = 0;           // proto::kAcceptLoss
     std::function<void()> task;  // set: other work for the control thread (IPC) instead of `op`
     bool detached = false;       // nobody waits: the control thread deletes it
     bool done = false;
@@ -142,13 +152,19 @@ class Engine {
   void serve_requests();
   void serve_socket();
   void serve_command(const proto::Envelope& env);
-  OpResult execute(proto::CommandOp op, uint64_t command_request);
+  OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request);
   // What is paused or resident decides the work: a pause that finds allocations an earlier failed
   // pause left paused resumes those, then pauses all.
   OpResult pause(ProgressReporter& progress);
-  OpResult resume(ProgressReporter& progress);
+  // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
+  OpResult resume(ProgressReporter& progress, bool accept_loss);
   OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress);
-  OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress);
+  OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
+                      bool accept_loss = false);
+  // After an operation, or a free of paused memory, with the op lock held exclusively: the gate
+  // closed while anything is paused for another reason than a damaged backup; else open, with the
+  // damaged allocations' ranges lost (gate.h). Closed if memory ran out.
+  void settle_gate() noexcept;
   // Jobs for the pipeline, one per allocation, each with its context's stream.
   Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
   // Asks the daemon for file extents for every byte of `jobs`; refused: nothing changed.

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -31,6 +32,10 @@ struct alignas(64) Record {
 };
 
 std::atomic<Record*> g_records{nullptr};
+// The shared word every gated call reads: 0 on the fast path. kClosed while paused (every call is
+// held); kLost while some memory is lost (a call is held if it names it).
+constexpr uint32_t kClosed = 1;
+constexpr uint32_t kLost = 2;
 std::atomic<uint32_t> g_closed{0};
 std::atomic<AutoResume> g_auto_resume{nullptr};
 // Calls of threads whose record could not be allocated (out of memory): counted here instead.
@@ -46,8 +51,9 @@ bool g_key_ok = false;
 struct Waiters {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t generation = 0;  // bumped when the gate opens and when an operation ends
+  uint64_t generation = 0;  // bumped when the gate opens, when the lost ranges change and when an operation ends
   bool op_running = false;
+  std::size_t held = 0;  // threads waiting on `cv`
 };
 alignas(Waiters) unsigned char g_waiters_storage[sizeof(Waiters)];
 std::atomic<Waiters*> g_waiters{nullptr};
@@ -62,6 +68,15 @@ Waiters& waiters() noexcept {
   }
   return *g_waiters.load(std::memory_order_acquire);
 }
+
+// Lost ranges: few (one per damaged allocation) and read only on the slow path, so a plain list
+// under a mutex. Sorted by base.
+std::mutex g_lost_mu;
+std::vector<Range> g_lost;
+// Bumped (under g_lost_mu) on every change of g_lost. A thread held for lost memory waits for it to
+// move from the value it read before looking at the list, so no change between its look and its
+// wait goes unnoticed.
+std::atomic<uint64_t> g_lost_version{0};
 
 // Stream captures: few and rarely changing, so a plain list under a mutex.
 struct Capture {
@@ -118,34 +133,78 @@ void pause_briefly(int round) noexcept {
   ::nanosleep(&ts, nullptr);
 }
 
-bool try_enter(Record* r) noexcept {
+enum class Entry : uint8_t { Inside, Closed, Lost };
+
+// *lost_version receives g_lost_version as it was before the call's ranges were looked at.
+Entry try_enter(Record* r, const char* what, TouchCheck check, const void* ctx, uint64_t* lost_version) noexcept {
   std::atomic<uint32_t>& active = r ? r->active : g_anonymous;
   active.fetch_add(1, std::memory_order_seq_cst);
-  if (g_closed.load(std::memory_order_seq_cst) == 0) return true;
+  const uint32_t word = g_closed.load(std::memory_order_seq_cst);
+  if (word == 0) return Entry::Inside;
+  *lost_version = g_lost_version.load(std::memory_order_acquire);
+  if (word == kLost) {
+    // Decided while counted inside: a pause that closes the gate now waits for this call (Dekker,
+    // as on the fast path).
+    const Touch touch = check ? check(ctx) : Touch::Unseen;
+    if (touch == Touch::Clear) return Entry::Inside;
+    if (touch == Touch::Unseen) {
+      TMS_LOG_ONCE(LogLevel::Warn,
+                   "%s while some memory is lost (a resume could not restore it): a launch does not say which "
+                   "memory it reads, so it proceeds; a kernel that reads lost memory faults on the unmapped range",
+                   what);
+      return Entry::Inside;
+    }
+  }
   active.fetch_sub(1, std::memory_order_release);
-  return false;
+  return (word & kClosed) ? Entry::Closed : Entry::Lost;
 }
 
-// The gate is closed: follow the policy. CUDA_SUCCESS means "try to enter again".
-CUresult held(const char* what) noexcept {
+// The gate is closed, or the call touches lost memory: follow the policy. CUDA_SUCCESS means "try to
+// enter again". *resumed_once: this call already ran an automatic resume (one per call: a second
+// would only read the same damaged chunk again).
+CUresult held(const char* what, Entry why, uint64_t lost_version, bool* resumed_once) noexcept {
   const OnTouch policy = config().on_touch;
+  const bool lost_memory = why == Entry::Lost;
   if (policy == OnTouch::Fail) {
-    TMS_LOG_ONCE(LogLevel::Info, "%s while paused: returning CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail)", what);
+    if (lost_memory)
+      TMS_LOG_ONCE(LogLevel::Error,
+                   "%s touches memory a resume could not restore (its backup is damaged): returning "
+                   "CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail); see `tmsctl status`",
+                   what);
+    else
+      TMS_LOG_ONCE(LogLevel::Info, "%s while paused: returning CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail)", what);
     return kGateClosedError;
   }
+  // Still held for the same reason: the closed bit for a closed gate; for lost memory, the list the
+  // call was found to touch (its ranges are looked at again once the list changes).
+  auto still_held = [&] {
+    if (lost_memory) return g_lost_version.load(std::memory_order_acquire) == lost_version;
+    return (g_closed.load(std::memory_order_acquire) & kClosed) != 0;
+  };
   Waiters& w = waiters();
   std::unique_lock lock(w.mu);
   const uint64_t gen = w.generation;
-  if (policy == OnTouch::Resume && !w.op_running && g_closed.load(std::memory_order_acquire)) {
+  if (policy == OnTouch::Resume && lost_memory && *resumed_once) {
+    TMS_WARN("%s touches memory the automatic resume could not restore; the call returns CUDA_ERROR_NOT_PERMITTED",
+             what);
+    return kGateClosedError;
+  }
+  if (policy == OnTouch::Resume && !w.op_running && still_held()) {
     lock.unlock();
-    TMS_INFO("%s while paused: resuming automatically (TMSDISK_ON_TOUCH=resume)", what);
+    if (lost_memory)
+      TMS_WARN("%s touches memory a resume could not restore: resuming again (TMSDISK_ON_TOUCH=resume)", what);
+    else
+      TMS_INFO("%s while paused: resuming automatically (TMSDISK_ON_TOUCH=resume)", what);
     const AutoResume resume = g_auto_resume.load(std::memory_order_acquire);
     if (!resume) {
       TMS_WARN("%s: no automatic resume is registered; the call returns CUDA_ERROR_NOT_PERMITTED", what);
       return kGateClosedError;
     }
     const Status resumed = resume();
-    if (resumed || g_closed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    if (resumed || resumed.error().errnum() != EBUSY) *resumed_once = true;  // it ran (EBUSY: another did)
+    // Lost memory may stay lost after a resume that restored the rest: enter() looks again and, if
+    // this call still touches it, fails (above: one automatic resume per call).
+    if (resumed || (!lost_memory && (g_closed.load(std::memory_order_acquire) & kClosed) == 0)) return CUDA_SUCCESS;
     if (resumed.error().errnum() != EBUSY) {
       TMS_WARN("%s: the automatic resume failed (%s: %s); the call returns CUDA_ERROR_NOT_PERMITTED", what,
                std::strerror(resumed.error().errnum()), resumed.error().message.c_str());
@@ -153,10 +212,11 @@ CUresult held(const char* what) noexcept {
     }
     lock.lock();
   }
-  // Wait for the gate to open, or (resume policy) for the running operation to end.
-  w.cv.wait(lock, [&] {
-    return g_closed.load(std::memory_order_acquire) == 0 || (policy == OnTouch::Resume && w.generation != gen);
-  });
+  // Wait for the gate to open (closed), for the lost ranges to change (lost memory: a resume restored
+  // it, the loss was accepted or it was freed), or (resume policy) for the running operation to end.
+  ++w.held;
+  w.cv.wait(lock, [&] { return !still_held() || (policy == OnTouch::Resume && w.generation != gen); });
+  --w.held;
   return CUDA_SUCCESS;
 }
 
@@ -166,14 +226,18 @@ void set_auto_resume(AutoResume fn) noexcept {
   g_auto_resume.store(fn, std::memory_order_release);
 }
 
-CUresult enter(const char* what) noexcept {
+CUresult enter(const char* what, TouchCheck check, const void* ctx) noexcept {
   Record* r = t_record;
   if (!r) r = acquire_record();
-  if (try_enter(r)) return CUDA_SUCCESS;
+  uint64_t lost_version = 0;
+  Entry entry = try_enter(r, what, check, ctx, &lost_version);
+  if (entry == Entry::Inside) return CUDA_SUCCESS;
+  bool resumed_once = false;
   try {
     for (;;) {
-      if (CUresult e = held(what); e != CUDA_SUCCESS) return e;
-      if (try_enter(r)) return CUDA_SUCCESS;
+      if (CUresult e = held(what, entry, lost_version, &resumed_once); e != CUDA_SUCCESS) return e;
+      entry = try_enter(r, what, check, ctx, &lost_version);
+      if (entry == Entry::Inside) return CUDA_SUCCESS;
     }
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;  // std::system_error from a lock: never thrown in practice
@@ -202,7 +266,7 @@ void end_op() noexcept {
 }
 
 void close() noexcept {
-  g_closed.store(1, std::memory_order_seq_cst);
+  g_closed.fetch_or(kClosed, std::memory_order_seq_cst);
 }
 
 bool drain(int timeout_ms) noexcept {
@@ -230,14 +294,66 @@ void open() noexcept {
   Waiters& w = waiters();
   {
     std::lock_guard lock(w.mu);
-    g_closed.store(0, std::memory_order_seq_cst);
+    g_closed.fetch_and(~kClosed, std::memory_order_seq_cst);
     ++w.generation;
   }
   w.cv.notify_all();
 }
 
 bool is_closed() noexcept {
-  return g_closed.load(std::memory_order_acquire) != 0;
+  return (g_closed.load(std::memory_order_acquire) & kClosed) != 0;
+}
+
+namespace {
+
+// Publishes the lost list's state in the shared word and wakes the threads it holds. Caller holds
+// g_lost_mu (never the waiters' mutex first: held() looks at the list without holding it).
+void lost_changed_locked() noexcept {
+  g_lost_version.fetch_add(1, std::memory_order_release);
+  Waiters& w = waiters();
+  {
+    std::lock_guard lock(w.mu);
+    if (g_lost.empty())
+      g_closed.fetch_and(~kLost, std::memory_order_seq_cst);
+    else
+      g_closed.fetch_or(kLost, std::memory_order_seq_cst);
+    ++w.generation;
+  }
+  w.cv.notify_all();
+}
+
+}  // namespace
+
+void set_lost(std::vector<Range> ranges) noexcept {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.base < b.base; });
+  std::lock_guard lock(g_lost_mu);
+  g_lost.swap(ranges);
+  lost_changed_locked();
+}
+
+void forget_lost(CUdeviceptr base) noexcept {
+  std::lock_guard lock(g_lost_mu);
+  const auto it = std::find_if(g_lost.begin(), g_lost.end(), [&](const Range& r) { return r.base == base; });
+  if (it == g_lost.end()) return;
+  g_lost.erase(it);
+  lost_changed_locked();
+}
+
+bool lost(CUdeviceptr base, std::size_t size) noexcept {
+  if (size == 0) return false;
+  const CUdeviceptr end = size > UINT64_MAX - base ? UINT64_MAX : base + size;  // bounding ranges may saturate
+  std::lock_guard lock(g_lost_mu);
+  for (const Range& r : g_lost) {
+    if (r.base >= end) break;  // sorted: every later range starts beyond the call's
+    if (base < r.base + r.size) return true;
+  }
+  return false;
+}
+
+std::size_t held_count() noexcept {
+  Waiters& w = waiters();
+  std::lock_guard lock(w.mu);
+  return w.held;
 }
 
 void capture_begin(CUstream stream, bool per_thread) noexcept {
@@ -283,6 +399,7 @@ Status no_capture_active() {
 }
 
 void fork_prepare() noexcept {
+  g_lost_mu.lock();
   waiters().mu.lock();
   g_capture_mu.lock();
 }
@@ -290,6 +407,7 @@ void fork_prepare() noexcept {
 void fork_parent() noexcept {
   g_capture_mu.unlock();
   waiters().mu.unlock();
+  g_lost_mu.unlock();
 }
 
 void fork_child() noexcept {
@@ -301,6 +419,7 @@ void fork_child() noexcept {
   }
   g_anonymous.store(0, std::memory_order_relaxed);
   g_capture_mu.unlock();
+  g_lost_mu.unlock();  // the child keeps the lost ranges: its memory is the parent's copy, as unmapped
   g_captures.clear();
   // The condition may list waiters that do not exist here: start over with a fresh one (the old
   // mutex is held by this thread since fork_prepare and is simply overwritten).

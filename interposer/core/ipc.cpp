@@ -389,7 +389,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept {
             {
               // Paused memory has no physical memory to share: wait, resume or fail (TMSDISK_ON_TOUCH).
               // Not held across the export, which runs on the control thread that also runs pauses.
-              GateScope gate("cuIpcGetMemHandle");
+              GateScope gate("cuIpcGetMemHandle", [&]() noexcept { return gate::range_touch(dptr, 1); });
               if (gate.result() != CUDA_SUCCESS) return gate.result();
             }
             Result<uint64_t> exported = e->ipc_export(a);

@@ -101,6 +101,10 @@ RegistryTotals Registry::totals() const {
     if (a->state.load(std::memory_order_relaxed) == AllocState::Paused) {
       t.paused_bytes += a->size;
       ++t.paused_allocations;
+      if (a->damage.load(std::memory_order_relaxed) != 0) {
+        t.damaged_bytes += a->size;
+        ++t.damaged_allocations;
+      }
     } else {
       t.resident_bytes += a->size;
     }

@@ -32,6 +32,13 @@ struct Allocation {
   CUmemGenericAllocationHandle handle = 0;  // physical memory; 0 while paused
   // Written by the engine (under the registry's op lock), read by status.
   std::atomic<AllocState> state{AllocState::Resident};
+  // Set while paused when a resume could not restore it because its backup is damaged (a
+  // proto::Damage, 0: not damaged), with the first chunk that failed. Such an allocation stays
+  // paused (unmapped, its file kept) while the rest of the process runs; a later resume retries it,
+  // or maps zero-filled memory in its place when the loss is accepted. Written by the engine under
+  // the exclusive op lock.
+  std::atomic<uint8_t> damage{0};
+  std::atomic<uint64_t> damaged_chunk{0};
   // Physical memory the application mapped itself (cuMemCreate + cuMemMap): `handle` is the real
   // handle behind the application's token, which vmm.cpp maps to this allocation.
   bool app_vmm = false;
@@ -53,6 +60,8 @@ struct RegistryTotals {
   uint64_t paused_bytes = 0;
   uint32_t managed_allocations = 0;
   uint32_t paused_allocations = 0;
+  uint32_t damaged_allocations = 0;  // paused allocations with a damaged backup (counted as paused too)
+  uint64_t damaged_bytes = 0;
   std::array<uint64_t, proto::kUnmanagedReasons> unmanaged_bytes{};
 };
 

@@ -14,6 +14,7 @@ void ensure_init() noexcept;
 
 int api_pause() noexcept;
 int api_resume() noexcept;
+int api_resume_accept_loss() noexcept;
 int api_status(struct tmsdisk_status* status, std::size_t size) noexcept;
 const char* api_version() noexcept;
 

@@ -33,7 +33,10 @@ struct TransferJob {
   uint64_t done = 0;  // chunks acknowledged (to storage) or copied back (from storage)
   uint32_t in_flight = 0;
   std::optional<Error> error;  // this allocation failed; the others may go on (from storage)
-  bool complete = false;       // every chunk done and TransferSteps::finished succeeded
+  // From storage: the daemon refused to give back a chunk (error->errnum() says why: a checksum
+  // mismatch, a read error...); the offset of the first such chunk. Unset when the failure was ours.
+  std::optional<uint64_t> refused_offset;
+  bool complete = false;  // every chunk done and TransferSteps::finished succeeded
   // From storage: the new physical memory, mapped before its first chunk is copied back.
   CUmemGenericAllocationHandle handle = 0;
   bool mapped = false;

@@ -10,6 +10,8 @@
 // more than once, or not at all stay resident and count as "other". Every call that maps, unmaps,
 // releases or hands out physical memory passes the gate, so while any of it is paused those calls
 // wait (or resume, or fail, per TMSDISK_ON_TOUCH) and the tables never change under the engine.
+// While the gate is open with lost memory (an allocation a resume could not restore), only the calls
+// naming that memory (its range, or its token) are held: the engine's retry changes nothing else.
 #include "vmm.h"
 
 #include <algorithm>
@@ -240,9 +242,24 @@ bool answer(const Allocation& a, CUdeviceptr ptr, CUpointer_attribute attr, void
   }
 }
 
+// Whether the application VMM handle `token` is backed by lost memory (an allocation a resume
+// could not restore): calls that hand it out or release it follow TMSDISK_ON_TOUCH, as for its range.
+gate::Touch token_touch(CUmemGenericAllocationHandle token) noexcept {
+  if (!is_token(token)) return gate::Touch::Clear;  // a real handle: never one of a lost allocation's (it has none)
+  gate::Touch touch = gate::Touch::Clear;
+  best_effort([&] {
+    Tables& t = tables();
+    std::lock_guard lock(t.mu);
+    auto it = t.handles.find(token);
+    if (it != t.handles.end() && it->second.alloc)
+      touch = gate::range_touch(it->second.alloc->base, it->second.alloc->mapped);
+  });
+  return touch;
+}
+
 template <class Fn>
-CUresult passthrough_gated(const char* what, Fn&& fn) noexcept {
-  GateScope gate(what);
+CUresult passthrough_gated(const char* what, CUdeviceptr ptr, Fn&& fn) noexcept {
+  GateScope gate(what, [&]() noexcept { return gate::range_touch(ptr, 1); });
   if (gate.result() != CUDA_SUCCESS) return gate.result();
   return fn();
 }
@@ -370,7 +387,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
   return intercept<&DriverApi::cuPointerGetAttribute>(
       [&](const Driver& d) -> CUresult {
         if (auto a = queried_allocation(ptr); a && data && answer(*a, ptr, attribute, data)) return CUDA_SUCCESS;
-        return passthrough_gated("cuPointerGetAttribute",
+        return passthrough_gated("cuPointerGetAttribute", ptr,
                                  [&] { return d.api.cuPointerGetAttribute(data, attribute, ptr); });
       },
       data, attribute, ptr);
@@ -382,13 +399,14 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute*
       [&](const Driver& d) -> CUresult {
         const std::shared_ptr<Allocation> a = queried_allocation(ptr);
         if (!a || !attributes || !data) {
-          return passthrough_gated("cuPointerGetAttributes",
+          return passthrough_gated("cuPointerGetAttributes", ptr,
                                    [&] { return d.api.cuPointerGetAttributes(numAttributes, attributes, data, ptr); });
         }
         for (unsigned i = 0; i < numAttributes; ++i) {
           if (!data[i] || answer(*a, ptr, attributes[i], data[i])) continue;
-          const CUresult r = passthrough_gated(
-              "cuPointerGetAttributes", [&] { return d.api.cuPointerGetAttributes(1, &attributes[i], &data[i], ptr); });
+          const CUresult r = passthrough_gated("cuPointerGetAttributes", ptr, [&] {
+            return d.api.cuPointerGetAttributes(1, &attributes[i], &data[i], ptr);
+          });
           if (r != CUDA_SUCCESS) return r;
         }
         return CUDA_SUCCESS;
@@ -404,7 +422,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
           if (psize) *psize = a->size;
           return CUDA_SUCCESS;
         }
-        return passthrough_gated("cuMemGetAddressRange",
+        return passthrough_gated("cuMemGetAddressRange", dptr,
                                  [&] { return d.api.cuMemGetAddressRange_v2(pbase, psize, dptr); });
       },
       pbase, psize, dptr);
@@ -433,7 +451,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
   return intercept<&DriverApi::cuMemRelease>(
       [&](const Driver& d) -> CUresult {
         if (!is_token(handle)) return d.api.cuMemRelease(handle);
-        GateScope gate("cuMemRelease");
+        GateScope gate("cuMemRelease", [&]() noexcept { return token_touch(handle); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
           Tables& t = tables();
@@ -454,7 +472,10 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags) noexcept {
   return intercept<&DriverApi::cuMemMap>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemMap");
+        GateScope gate("cuMemMap", [&]() noexcept {
+          const gate::Touch at = gate::range_touch(ptr, size);
+          return at == gate::Touch::Lost ? at : token_touch(handle);
+        });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         if (!is_token(handle)) return d.api.cuMemMap(ptr, size, offset, handle, flags);
         return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
@@ -478,7 +499,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
   return intercept<&DriverApi::cuMemUnmap>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemUnmap");
+        GateScope gate("cuMemUnmap", [&]() noexcept { return gate::range_touch(ptr, size); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         const CUresult r = d.api.cuMemUnmap(ptr, size);
         if (r != CUDA_SUCCESS) return r;
@@ -506,7 +527,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) noexcept {
   return intercept<&DriverApi::cuMemSetAccess>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemSetAccess");
+        GateScope gate("cuMemSetAccess", [&]() noexcept { return gate::range_touch(ptr, size); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         const CUresult r = d.api.cuMemSetAccess(ptr, size, desc, count);
         if (r != CUDA_SUCCESS || !desc) return r;
@@ -532,7 +553,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
 CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) noexcept {
   return intercept<&DriverApi::cuMemGetAccess>(
       [&](const Driver& d) -> CUresult {
-        return passthrough_gated("cuMemGetAccess", [&] { return d.api.cuMemGetAccess(flags, location, ptr); });
+        return passthrough_gated("cuMemGetAccess", ptr, [&] { return d.api.cuMemGetAccess(flags, location, ptr); });
       },
       flags, location, ptr);
 }
@@ -540,9 +561,9 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) noexcept {
   return intercept<&DriverApi::cuMemRetainAllocationHandle>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemRetainAllocationHandle");
-        if (gate.result() != CUDA_SUCCESS) return gate.result();
         const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(addr));
+        GateScope gate("cuMemRetainAllocationHandle", [&]() noexcept { return gate::range_touch(ptr, 1); });
+        if (gate.result() != CUDA_SUCCESS) return gate.result();
         return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
           if (handle) {
             Tables& t = tables();
@@ -590,7 +611,7 @@ CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocat
                                       CUmemAllocationHandleType handleType, unsigned long long flags) noexcept {
   return intercept<&DriverApi::cuMemExportToShareableHandle>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemExportToShareableHandle");
+        GateScope gate("cuMemExportToShareableHandle", [&]() noexcept { return token_touch(handle); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
           if (!is_token(handle)) {
@@ -630,7 +651,7 @@ CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t si
                                        unsigned long long flags) noexcept {
   return intercept<&DriverApi::cuMemGetHandleForAddressRange>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMemGetHandleForAddressRange");
+        GateScope gate("cuMemGetHandleForAddressRange", [&]() noexcept { return gate::range_touch(dptr, size); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         const CUresult r = d.api.cuMemGetHandleForAddressRange(handle, dptr, size, handleType, flags);
         if (r == CUDA_SUCCESS) {
@@ -650,7 +671,7 @@ CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffs
                             unsigned long long flags) noexcept {
   return intercept<&DriverApi::cuMulticastBindMem>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMulticastBindMem");
+        GateScope gate("cuMulticastBindMem", [&]() noexcept { return token_touch(memHandle); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         return no_throw(CUDA_ERROR_UNKNOWN, [&]() -> CUresult {
           if (!is_token(memHandle)) {
@@ -677,7 +698,7 @@ CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOff
                              unsigned long long flags) noexcept {
   return intercept<&DriverApi::cuMulticastBindAddr>(
       [&](const Driver& d) -> CUresult {
-        GateScope gate("cuMulticastBindAddr");
+        GateScope gate("cuMulticastBindAddr", [&]() noexcept { return gate::range_touch(memptr, size); });
         if (gate.result() != CUDA_SUCCESS) return gate.result();
         const CUresult r = d.api.cuMulticastBindAddr(mcHandle, mcOffset, memptr, size, flags);
         if (r == CUDA_SUCCESS) {
@@ -704,7 +725,8 @@ CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) noexce
           CtxScope scope(d.api, peerContext);
           if (!scope.ok() || d.api.cuCtxGetDevice(&owner) != CUDA_SUCCESS) return r;
         }
-        GateScope gate("cuCtxEnablePeerAccess");
+        // Touches no lost memory: a lost allocation gets the new peer when a resume maps it (map_job).
+        GateScope gate("cuCtxEnablePeerAccess", []() noexcept { return gate::Touch::Clear; });
         if (gate.result() != CUDA_SUCCESS) {
           TMS_WARN(
               "peer access enabled while paused under TMSDISK_ON_TOUCH=fail: managed memory of device %d is not "

@@ -7,7 +7,9 @@
  *   if lib.tmsdisk_pause() != 0: ...
  * While paused, CUDA calls that submit work or touch device memory (launches, copies, sets...) are
  * held, resume automatically or fail, as TMSDISK_ON_TOUCH says (README.md); a thread that pauses
- * its own process must not launch work before it resumes unless the policy is resume or fail. */
+ * its own process must not launch work before it resumes unless the policy is resume or fail.
+ * After a resume that could not restore some allocations because their backup is damaged, the
+ * process runs and only calls naming that memory follow TMSDISK_ON_TOUCH (damaged_allocations). */
 #ifndef TMSDISK_H
 #define TMSDISK_H
 
@@ -18,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 1
+#define TMSDISK_API_VERSION 2
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -32,7 +34,8 @@ enum {
   TMSDISK_STATE_PAUSING = 1,
   TMSDISK_STATE_PAUSED = 2,
   TMSDISK_STATE_RESUMING = 3,
-  TMSDISK_STATE_PARTIALLY_PAUSED = 4 /* a pause or resume failed half-way; see last_message */
+  TMSDISK_STATE_PARTIALLY_PAUSED = 4 /* a pause or resume failed half-way (or found a damaged backup);
+                                        see last_message and damaged_allocations */
 };
 
 /* Indexes of tmsdisk_status.unmanaged_bytes: why bytes stay resident. */
@@ -63,6 +66,12 @@ struct tmsdisk_status {
   uint64_t last_resume_bytes;
   uint64_t last_resume_ns;
   char last_message[256]; /* what the last pause/resume said, NUL-terminated */
+  /* Added in API version 2. Paused allocations a resume could not restore because their backup is
+   * damaged (also counted in paused_allocations/paused_bytes): the process runs, their memory is
+   * unmapped until tmsdisk_resume restores them (once the file is repaired) or
+   * tmsdisk_resume_accept_loss replaces them with zero-filled memory. */
+  uint32_t damaged_allocations;
+  uint64_t damaged_bytes;
 };
 
 /* Pauses this process: every managed allocation is written to disk through tmsdiskd and its GPU
@@ -73,8 +82,16 @@ struct tmsdisk_status {
 int tmsdisk_pause(void) TMSDISK_NOEXCEPT;
 
 /* Brings every paused allocation back at its address, verified against its checksums. Returns 0 or
- * -errno (-EBADMSG: a chunk failed verification; that allocation stays paused, its file is kept). */
+ * -errno (-EBADMSG: a chunk failed verification, -EIO: a chunk could not be read, -ENODATA: a chunk is
+ * missing; that allocation stays paused, its file is kept, and the rest of the process runs:
+ * tmsdisk_status().damaged_allocations and last_message name it). Retries damaged allocations. */
 int tmsdisk_resume(void) TMSDISK_NOEXCEPT;
+
+/* tmsdisk_resume, except that an allocation whose backup is damaged gets zero-filled memory at its
+ * address (same properties and access) instead of staying paused: its data is LOST, which the
+ * caller accepts (logged at error level, and said in last_message). Returns 0 when every allocation
+ * is resident, as tmsdisk_resume does otherwise. Added in API version 2. */
+int tmsdisk_resume_accept_loss(void) TMSDISK_NOEXCEPT;
 
 /* Fills the first `size` bytes of *status (pass sizeof(struct tmsdisk_status)); fields added in
  * later versions go at the end. Returns 0 or -EINVAL. */

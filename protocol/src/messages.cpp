@@ -244,6 +244,13 @@ std::size_t encoded_size(const RankResult& r) {
   return out.size();
 }
 
+std::size_t encoded_size(const SessionInfo& s) {
+  std::vector<uint8_t> out;
+  Writer w(out);
+  w(s);
+  return out.size();
+}
+
 std::optional<Header> peek_header(std::span<const uint8_t> bytes) noexcept {
   if (bytes.size() < kHeaderSize) return std::nullopt;
   return read_header(bytes);
@@ -309,6 +316,20 @@ bool RankStats::check(std::string& why) const {
   if (state > kRankStateMax) {
     why = "unknown rank state " + std::to_string(state);
     return false;
+  }
+  if (damaged.size() > kMaxDamagedRanges || damaged.size() > damaged_allocations) {
+    why = "more damaged ranges listed than allowed or counted";
+    return false;
+  }
+  for (const auto& d : damaged) {
+    if (d.reason == 0 || d.reason > kDamageMax) {
+      why = "unknown damage reason " + std::to_string(d.reason);
+      return false;
+    }
+    if (d.size == 0) {
+      why = "damaged range of size 0";
+      return false;
+    }
   }
   return true;
 }
@@ -395,12 +416,29 @@ bool PauseStateReply::check(std::string& why) const {
   return true;
 }
 
+namespace {
+
+// Flags of a pause or resume: only known bits, and accepting loss only where something is restored.
+bool valid_op_flags(uint8_t op, uint8_t flags, std::string& why) {
+  if (flags & ~kAcceptLoss) {
+    why = "unknown flags " + std::to_string(flags);
+    return false;
+  }
+  if ((flags & kAcceptLoss) && op != static_cast<uint8_t>(CommandOp::Resume)) {
+    why = "accept-loss applies to a resume only";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool Command::check(std::string& why) const {
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
     why = "unknown command " + std::to_string(op);
     return false;
   }
-  return true;
+  return valid_op_flags(op, flags, why);
 }
 
 namespace {
@@ -478,7 +516,7 @@ bool Control::check(std::string& why) const {
     why = "pid selector with a non-positive pid";
     return false;
   }
-  return true;
+  return valid_op_flags(op, flags, why);
 }
 
 bool ControlResult::check(std::string& why) const {
@@ -638,6 +676,15 @@ const char* unmanaged_name(Unmanaged reason) noexcept {
     case Unmanaged::Pool: return "pool";
     case Unmanaged::ManagedMemory: return "managed-memory";
     case Unmanaged::Other: return "other";
+  }
+  return "unknown";
+}
+
+const char* damage_name(Damage reason) noexcept {
+  switch (reason) {
+    case Damage::ChecksumMismatch: return "checksum-mismatch";
+    case Damage::ReadError: return "read-error";
+    case Damage::Missing: return "missing";
   }
   return "unknown";
 }

@@ -6,8 +6,10 @@
 //   alloc ID BYTES PATH   PATH = direct | procaddr | dlsym    -> "ok ID 0xADDR"
 //   free ID                                                    -> "ok"
 //   check                                                      -> "ok N" | "bad ID OFFSET"
+//   check ID      one allocation                               -> "ok" | "bad ID OFFSET" | "err copy CURESULT"
+//   zeros ID      whether it reads back as zeros               -> "ok" | "nonzero ID OFFSET" | "err copy CURESULT"
 //   addr ID                                                    -> "ok 0xADDR"
-//   api pause|resume      the in-process C API, if preloaded   -> "ok" | "err ERRNO"
+//   api pause|resume|resume-accept-loss   the in-process C API, if preloaded -> "ok" | "err ERRNO"
 //   exit
 //
 // Every answer is one line on stdout; errors are "err ..." lines, never a crash.
@@ -62,15 +64,38 @@ bool fill(const Allocation& a, uint64_t id) {
   return true;
 }
 
-int64_t verify(const Allocation& a, uint64_t id) {
+// -1 when `a` holds what `expect(off, buf, n)` accepts, else the offset of the first difference (or
+// of the copy that failed, whose result goes to *rc when given).
+template <class Expect>
+int64_t compare(const Allocation& a, Expect&& expect, CUresult* rc = nullptr) {
   std::vector<uint8_t> buf(std::min<uint64_t>(kStep, a.bytes));
   for (uint64_t off = 0; off < a.bytes; off += kStep) {
     const uint64_t n = std::min<uint64_t>(kStep, a.bytes - off);
-    if (cuMemcpyDtoH(buf.data(), a.ptr + off, n) != CUDA_SUCCESS) return static_cast<int64_t>(off);
-    int64_t bad = tmsdisk::testing::find_mismatch(id, off, buf.data(), n);
+    if (CUresult r = cuMemcpyDtoH(buf.data(), a.ptr + off, n); r != CUDA_SUCCESS) {
+      if (rc) *rc = r;
+      return static_cast<int64_t>(off);
+    }
+    int64_t bad = expect(off, buf.data(), n);
     if (bad >= 0) return static_cast<int64_t>(off) + bad;
   }
   return -1;
+}
+
+int64_t verify(const Allocation& a, uint64_t id, CUresult* rc = nullptr) {
+  return compare(
+      a, [&](uint64_t off, const uint8_t* p, uint64_t n) { return tmsdisk::testing::find_mismatch(id, off, p, n); },
+      rc);
+}
+
+int64_t verify_zeros(const Allocation& a, CUresult* rc) {
+  return compare(
+      a,
+      [](uint64_t, const uint8_t* p, uint64_t n) -> int64_t {
+        for (uint64_t i = 0; i < n; ++i)
+          if (p[i] != 0) return static_cast<int64_t>(i);
+        return -1;
+      },
+      rc);
 }
 
 }  // namespace
@@ -124,6 +149,24 @@ int main() {
       }
       allocs.erase(it);
       std::printf("ok\n");
+    } else if ((cmd == "check" || cmd == "zeros") && in >> std::ws && !in.eof()) {
+      uint64_t id = 0;
+      in >> id;
+      auto it = allocs.find(id);
+      if (it == allocs.end()) {
+        std::printf("err no allocation %llu\n", static_cast<unsigned long long>(id));
+        continue;
+      }
+      CUresult rc = CUDA_SUCCESS;
+      const bool zeros = cmd == "zeros";
+      const int64_t bad = zeros ? verify_zeros(it->second, &rc) : verify(it->second, id, &rc);
+      if (rc != CUDA_SUCCESS)
+        std::printf("err copy %d\n", static_cast<int>(rc));
+      else if (bad >= 0)
+        std::printf("%s %llu %lld\n", zeros ? "nonzero" : "bad", static_cast<unsigned long long>(id),
+                    static_cast<long long>(bad));
+      else
+        std::printf("ok\n");
     } else if (cmd == "check") {
       bool good = true;
       for (auto& [id, a] : allocs) {
@@ -147,7 +190,10 @@ int main() {
       std::string what;
       in >> what;
       using ApiFn = int (*)();
-      auto fn = reinterpret_cast<ApiFn>(dlsym(RTLD_DEFAULT, what == "pause" ? "tmsdisk_pause" : "tmsdisk_resume"));
+      const char* name = what == "pause"                ? "tmsdisk_pause"
+                         : what == "resume-accept-loss" ? "tmsdisk_resume_accept_loss"
+                                                        : "tmsdisk_resume";
+      auto fn = reinterpret_cast<ApiFn>(dlsym(RTLD_DEFAULT, name));
       if (!fn) {
         std::printf("err no-api\n");
         continue;

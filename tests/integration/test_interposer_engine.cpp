@@ -15,7 +15,9 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -25,6 +27,7 @@
 
 #include "driver.h"
 #include "engine.h"
+#include "gate.h"
 #include "registry.h"
 #include "shim.h"
 #include "tmsdisk/protocol/messages.h"
@@ -416,6 +419,24 @@ struct tmsdisk_status status() {
   return st;
 }
 
+// Waits for a condition the control thread makes true on its own time (work a free posted to it),
+// looking every few milliseconds up to a deadline; the assertion is on the condition.
+template <class Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pred();
+}
+
+std::string hex(CUdeviceptr p) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%#llx", static_cast<unsigned long long>(p));
+  return buf;
+}
+
 }  // namespace
 
 TEST_CASE("allocations: VMM-backed at the threshold, native below it") {
@@ -705,6 +726,87 @@ TEST_CASE("a checksum mismatch keeps that allocation paused and the others come 
   a.free();
   b.free();
   c.free();
+}
+
+TEST_CASE("after a checksum mismatch the process runs: only the damaged range is held, until the loss is accepted") {
+  World& w = world();
+  Buffer a(3 * kSlotBytes, 18), b(2 * kSlotBytes, 19);
+  REQUIRE(api_pause() == 0);
+  w.daemon.corrupt_blob = b.id();
+  CHECK(api_resume() == -EBADMSG);
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_PARTIALLY_PAUSED);
+  CHECK(st.damaged_allocations == 1);
+  CHECK(st.damaged_bytes == b.size);
+  const std::string said = st.last_message;
+  INFO(said);
+  CHECK(said.find(hex(b.ptr) + " (2.0 MiB; checksum mismatch in chunk ") != std::string::npos);
+  CHECK(said.find("blob") == std::string::npos);
+
+  // The gate is open: the intact allocation is used through the hooks as usual.
+  REQUIRE_FALSE(gate::is_closed());
+  std::vector<uint8_t> got(a.size);
+  REQUIRE(hook::cuMemcpyDtoH_v2(got.data(), a.ptr, a.size) == CUDA_SUCCESS);
+  CHECK(got == a.expected());
+
+  // A copy from the damaged allocation is held (TMSDISK_ON_TOUCH unset: wait)...
+  std::vector<uint8_t> lost(b.size, 0xee);
+  std::atomic<int> copied{-1};
+  std::thread reader([&] {
+    w.sim.cuCtxSetCurrent(w.sim.ctx);
+    copied = hook::cuMemcpyDtoH_v2(lost.data(), b.ptr, b.size);
+  });
+  REQUIRE(eventually([] { return gate::held_count() == 1; }));
+  CHECK(copied.load() == -1);
+  // ...a pause is refused (it would reserve over what can still be saved), the copy still held...
+  CHECK(api_pause() == -EBUSY);
+  CHECK(std::string(status().last_message).find(hex(b.ptr)) != std::string::npos);
+  REQUIRE(eventually([] { return gate::held_count() == 1; }));
+  CHECK(copied.load() == -1);
+  // ...until the loss is accepted: zero-filled memory at the same address, and the copy reads it.
+  REQUIRE(api_resume_accept_loss() == 0);
+  reader.join();
+  CHECK(copied.load() == CUDA_SUCCESS);
+  CHECK(lost == std::vector<uint8_t>(b.size, 0));
+  st = status();
+  CHECK(st.state == TMSDISK_STATE_RUNNING);
+  CHECK(st.damaged_allocations == 0);
+  CHECK(std::string(st.last_message).find("DATA LOST: 1 allocation(s)") != std::string::npos);
+  CHECK(std::string(st.last_message).find(hex(b.ptr)) != std::string::npos);
+  CHECK(a.intact());
+  CHECK(registry().find(b.ptr)->state.load() == AllocState::Resident);
+  w.daemon.corrupt_blob = 0;
+  // Nothing is paused: the next pause and resume are ordinary ones.
+  REQUIRE(api_pause() == 0);
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
+}
+
+TEST_CASE("freeing the damaged allocation leaves the rank running and closes the daemon's pause") {
+  World& w = world();
+  Buffer a(kSlotBytes, 20), b(kSlotBytes, 21);
+  REQUIRE(api_pause() == 0);
+  w.daemon.corrupt_blob = b.id();
+  CHECK(api_resume() == -EBADMSG);
+  w.daemon.corrupt_blob = 0;
+  const int resumed = w.daemon.commits_resumed.load();
+  const CUdeviceptr gone = b.ptr;
+  REQUIRE(gate::lost(gone, 1));
+  b.free();
+  CHECK_FALSE(gate::lost(gone, 1));  // at once: the driver may hand the address out again
+  // Nothing is paused any more: the daemon's committed pause is closed, without a resume.
+  REQUIRE(eventually([&] { return w.daemon.commits_resumed.load() == resumed + 1; }));
+  auto st = status();
+  CHECK(st.state == TMSDISK_STATE_RUNNING);
+  CHECK(st.paused_allocations == 0);
+  CHECK(st.damaged_allocations == 0);
+  CHECK(api_resume() == 0);
+  CHECK(std::string(status().last_message) == "nothing is paused");
+  CHECK(a.intact());
+  a.free();
 }
 
 TEST_CASE("a resume short of device memory keeps what does not fit paused - the next resume brings it back") {

@@ -18,6 +18,7 @@
 #include "registry.h"
 #include "shim.h"
 #include "skip.h"
+#include "touch.h"
 
 using namespace tmsdisk::shim;
 
@@ -239,6 +240,99 @@ TEST_CASE("gate: stream captures are remembered until they end") {
   CHECK_FALSE(gate::no_capture_active());
   gate::capture_end(nullptr, true);
   CHECK(gate::no_capture_active());
+}
+
+TEST_CASE("gate: with lost memory only the calls naming it are held, until the lost ranges change") {
+  constexpr CUdeviceptr kBase = 0x7000'0000'0000ull;
+  constexpr std::size_t kSize = 8 << 20;
+  gate::set_lost({{kBase, kSize}});
+  CHECK_FALSE(gate::is_closed());
+  CHECK(gate::lost(kBase, 1));
+  CHECK(gate::lost(kBase - 10, 11));        // its last byte is the range's first
+  CHECK_FALSE(gate::lost(kBase - 10, 10));  // ends just before
+  CHECK(gate::lost(kBase + kSize - 1, 1));
+  CHECK_FALSE(gate::lost(kBase + kSize, 4096));
+  CHECK(gate::lost(kBase - 1, UINT64_MAX));  // a saturated bounding range still overlaps
+  CHECK_FALSE(gate::lost(kBase, 0));
+
+  {
+    GateScope elsewhere("copy elsewhere", []() noexcept { return gate::range_touch(kBase + kSize, 4096); });
+    CHECK(elsewhere.result() == CUDA_SUCCESS);
+  }
+  {
+    GateScope launch("launch");  // names no memory: proceeds (a kernel reading lost memory faults)
+    CHECK(launch.result() == CUDA_SUCCESS);
+  }
+
+  // TMSDISK_ON_TOUCH is unset: a call naming lost memory waits until the lost ranges change.
+  std::atomic<bool> entered{false};
+  std::thread copy([&] {
+    GateScope g("copy from lost memory", []() noexcept { return gate::range_touch(kBase + 4096, 4096); });
+    entered = g.result() == CUDA_SUCCESS;
+  });
+  REQUIRE(tmsdisk::testing::eventually([] { return gate::held_count() == 1; }));
+  CHECK_FALSE(entered.load());
+  gate::set_lost({{kBase + kSize, kSize}});  // another allocation lost, this one restored
+  copy.join();
+  CHECK(entered.load());
+  CHECK(gate::held_count() == 0);
+
+  // A call let in because it touches nothing lost counts as inside: a pause still waits for it.
+  REQUIRE(gate::enter(
+              "inside", [](const void*) noexcept { return gate::Touch::Clear; }, nullptr) == CUDA_SUCCESS);
+  gate::close();
+  CHECK_FALSE(gate::drain(50));
+  gate::leave();
+  CHECK(gate::drain(50));
+  gate::open();
+
+  // A freed allocation's range is no longer lost (its address may be handed out again at once).
+  gate::forget_lost(kBase + kSize);
+  CHECK_FALSE(gate::lost(kBase + kSize, kSize));
+  gate::set_lost({});
+}
+
+TEST_CASE("touch: each gated call names the device memory its arguments describe") {
+  using gate::Touch;
+  using touch::Shape;
+  static_assert(touch::shape_of("cuLaunchKernel_ptsz") == Shape::Unseen);
+  static_assert(touch::shape_of("cuGraphLaunch") == Shape::Unseen);
+  static_assert(touch::shape_of("cuMemcpyHtoDAsync_v2_ptsz") == Shape::Dst0Len2);
+  static_assert(touch::shape_of("cuMemcpy3DPeerAsync_ptsz") == Shape::Copy3DPeer);
+  static_assert(touch::shape_of("cuMemcpy3DBatchAsync_v2") == Shape::Batch3D);
+  static_assert(touch::shape_of("cuMemcpy3D_v2") == Shape::Copy3D);
+  static_assert(touch::shape_of("cuMemcpy_ptds") == Shape::Dst0Src1Len2);
+  static_assert(touch::shape_of("cuMemcpyAsync_ptsz") == Shape::Dst0Src1Len2);
+  static_assert(touch::shape_of("cuMemsetD2D16Async") == Shape::Set2D2);
+  static_assert(touch::shape_of("cuMemsetD32_v2") == Shape::Set4);
+  static_assert(touch::shape_of("cuStreamWaitValue64_v2") == Shape::Value8);
+  static_assert(touch::shape_of("cuMemGetInfo") == Shape::Unknown);  // not gated: would not compile there
+
+  gate::set_lost({{0x10000, 0x1000}});
+  CHECK(touch::check<Shape::Dst0Len2>(CUdeviceptr{0x10800}, static_cast<const void*>(nullptr), std::size_t{16}) ==
+        Touch::Lost);
+  CHECK(touch::check<Shape::Src1Len2>(static_cast<void*>(nullptr), CUdeviceptr{0x20000}, std::size_t{16}) ==
+        Touch::Clear);
+  CHECK(touch::check<Shape::Dst0Src1Len2>(CUdeviceptr{0x1000}, CUdeviceptr{0x10fff}, std::size_t{1}) == Touch::Lost);
+  // Sets count elements: 0x401 words from 0xf000 reach 0x10000, 0x400 stop before it.
+  CHECK(touch::check<Shape::Set4>(CUdeviceptr{0xf000}, 0u, std::size_t{0x401}) == Touch::Lost);
+  CHECK(touch::check<Shape::Set4>(CUdeviceptr{0xf000}, 0u, std::size_t{0x400}) == Touch::Clear);
+  CHECK(touch::check<Shape::Value8>(static_cast<CUstream>(nullptr), CUdeviceptr{0xfffc}, cuuint64_t{0}, 0u) ==
+        Touch::Lost);
+  // A 2D copy reaches the lost range with its last row only.
+  CUDA_MEMCPY2D c{};
+  c.srcMemoryType = CU_MEMORYTYPE_HOST;
+  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.dstDevice = 0x8000;
+  c.dstPitch = 0x1000;
+  c.WidthInBytes = 16;
+  c.Height = 9;  // rows at 0x8000 ... 0x10000
+  CHECK(touch::check<Shape::Copy2D>(static_cast<const CUDA_MEMCPY2D*>(&c)) == Touch::Lost);
+  c.Height = 8;  // ... 0xf000
+  CHECK(touch::check<Shape::Copy2D>(static_cast<const CUDA_MEMCPY2D*>(&c)) == Touch::Clear);
+  CHECK(touch::check<Shape::Unseen>(static_cast<CUgraphExec>(nullptr), static_cast<CUstream>(nullptr)) ==
+        Touch::Unseen);
+  gate::set_lost({});
 }
 
 TEST_CASE("settings: TMSDISK_ON_TOUCH") {

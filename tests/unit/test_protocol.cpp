@@ -100,6 +100,20 @@ TEST_CASE("every message type round-trips with its fields") {
   rep.stats.state = static_cast<uint8_t>(RankState::Paused);
   rep.stats.unmanaged_bytes[static_cast<int>(Unmanaged::Pool)] = 123;
   CHECK(round_trip(rep).stats.unmanaged_bytes[4] == 123);
+  rep.stats.state = static_cast<uint8_t>(RankState::PartiallyPaused);
+  rep.stats.damaged_allocations = 7;
+  rep.stats.damaged_bytes = 7 << 20;
+  rep.stats.damaged = {{.address = 0x7f0000400000, .size = 6 << 20, .reason = 1, .chunk = 1},
+                       {.address = 0x7f0001000000, .size = 1 << 20, .reason = 2, .chunk = 0}};
+  auto rep2 = round_trip(rep);
+  CHECK(rep2.stats.damaged_allocations == 7);
+  CHECK(rep2.stats.damaged_bytes == (7u << 20));
+  REQUIRE(rep2.stats.damaged.size() == 2);
+  CHECK(rep2.stats.damaged[0].address == 0x7f0000400000);
+  CHECK(rep2.stats.damaged[0].size == (6u << 20));
+  CHECK(rep2.stats.damaged[0].reason == static_cast<uint8_t>(Damage::ChecksumMismatch));
+  CHECK(rep2.stats.damaged[0].chunk == 1);
+  CHECK(rep2.stats.damaged[1].reason == static_cast<uint8_t>(Damage::ReadError));
 
   CHECK(round_trip(Command{.op = 2}).op == 2);
   CommandDone cd;
@@ -127,6 +141,11 @@ TEST_CASE("every message type round-trips with its fields") {
   c.job = "j";
   c.rank = 0;
   CHECK(round_trip(c).match == (kMatchJob | kMatchRank));
+  CHECK(round_trip(c).flags == 0);
+  c.op = static_cast<uint8_t>(CommandOp::Resume);
+  c.flags = kAcceptLoss;
+  CHECK(round_trip(c).flags == kAcceptLoss);
+  CHECK(round_trip(Command{.op = 2, .flags = kAcceptLoss}).flags == kAcceptLoss);
 
   ControlResult cr;
   RankResult rr;
@@ -232,6 +251,61 @@ TEST_CASE("CONTROL_TARGETS names the ranks a CONTROL asked: a full page fits, im
   CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = 1, .rank = -2, .job = "j"}}}));
   CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = -1, .rank = 0, .job = "j"}}}));
   CHECK(refused(ControlTargets{.ranks = {RankTarget{.pid = 1, .rank = 0, .job = "j\x1b[2J"}}}));
+}
+
+TEST_CASE("pause and resume flags: accept-loss is known, for a resume only, in CONTROL and COMMAND alike") {
+  auto control = [](uint8_t op, uint8_t flags) {
+    Control c;
+    c.op = op;
+    c.match = kMatchAll;
+    c.flags = flags;
+    return encode(1, c);
+  };
+  const uint8_t pause = static_cast<uint8_t>(CommandOp::Pause), resume = static_cast<uint8_t>(CommandOp::Resume);
+  CHECK(decode(control(resume, kAcceptLoss)).envelope);
+  CHECK(decode_code(control(pause, kAcceptLoss)) == EBADMSG);  // a pause has nothing to lose
+  CHECK(decode_code(control(resume, 2)) == EBADMSG);           // unknown bits are refused, not ignored
+  CHECK(decode(encode(1, Command{.op = resume, .flags = kAcceptLoss})).envelope);
+  CHECK(decode_code(encode(1, Command{.op = pause, .flags = kAcceptLoss})) == EBADMSG);
+  CHECK(decode_code(encode(1, Command{.op = resume, .flags = 0x80})) == EBADMSG);
+  CHECK(encode(1, Command{.op = resume}).size() == kHeaderSize + 2);  // op, flags
+}
+
+TEST_CASE("damaged ranges in a rank's stats: bounded, counted, with a known reason and a size") {
+  CHECK(std::string(damage_name(Damage::ChecksumMismatch)) == "checksum-mismatch");
+  CHECK(std::string(damage_name(Damage::ReadError)) == "read-error");
+  CHECK(std::string(damage_name(Damage::Missing)) == "missing");
+  CHECK(std::string(damage_name(static_cast<Damage>(0))) == "unknown");
+  auto report = [](uint32_t count, std::vector<DamagedRange> ranges) {
+    Report r;
+    r.stats.damaged_allocations = count;
+    r.stats.damaged = std::move(ranges);
+    return encode(1, r);
+  };
+  const DamagedRange good{.address = 0x1000, .size = 4096, .reason = 1, .chunk = 0};
+  CHECK(decode(report(9, {good, good, good, good})).envelope);               // the first 4 of 9
+  CHECK(decode_code(report(9, {good, good, good, good, good})) == EBADMSG);  // more than kMaxDamagedRanges
+  CHECK(decode_code(report(1, {good, good})) == EBADMSG);                    // more listed than counted
+  CHECK(decode_code(report(1, {{.address = 0x1000, .size = 4096, .reason = 0}})) == EBADMSG);
+  CHECK(decode_code(report(1, {{.address = 0x1000, .size = 4096, .reason = kDamageMax + 1}})) == EBADMSG);
+  CHECK(decode_code(report(1, {{.address = 0x1000, .size = 0, .reason = 1}})) == EBADMSG);
+  // Sessions carry the same stats, and page by size: each listed range is 25 bytes of its entry.
+  SessionInfo info;
+  const std::size_t bare = encoded_size(info);
+  info.stats.damaged_allocations = 2;
+  info.stats.damaged = {good, good};
+  CHECK(encoded_size(info) == bare + 2 * (8 + 8 + 1 + 8));
+  Sessions page;
+  page.sessions.push_back(info);
+  page.total = 1;
+  CHECK(decode(encode(1, page)).envelope);
+  page.sessions[0].stats.damaged_allocations = 1;  // fewer counted than listed
+  CHECK(decode_code(encode(1, page)) == EBADMSG);
+  // The daemon's page of 128 sessions fits a message even when each lists every range it may.
+  info.job = std::string(kMaxNameLength, 'j');
+  info.stats.damaged_allocations = 1000;
+  info.stats.damaged.assign(kMaxDamagedRanges, good);
+  CHECK(128 * encoded_size(info) + 64 <= kMaxPayload);
 }
 
 TEST_CASE("encode refuses fields beyond their limits") {

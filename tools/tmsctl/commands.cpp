@@ -67,6 +67,44 @@ uint64_t unmanaged_total(const proto::RankStats& s) {
   return t;
 }
 
+// "0x7f2a40000000" as programs and CUDA print addresses.
+std::string address_text(uint64_t address) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(address));
+  return buf;
+}
+
+std::string damage_reason_text(const proto::DamagedRange& d) {
+  const std::string chunk = std::to_string(d.chunk);
+  switch (static_cast<proto::Damage>(d.reason)) {
+    case proto::Damage::ChecksumMismatch: return "checksum mismatch in chunk " + chunk;
+    case proto::Damage::ReadError: return "read error in chunk " + chunk + " (I/O error or short read)";
+    case proto::Damage::Missing: return "chunk " + chunk + " missing from the backup";
+  }
+  return "damaged";
+}
+
+// The status line under a rank whose backup is damaged: each range, and the way out.
+std::string damaged_text(const proto::RankStats& s) {
+  std::string out = std::to_string(s.damaged_allocations) + " allocation(s), " + human_bytes(s.damaged_bytes) + ": ";
+  for (std::size_t i = 0; i < s.damaged.size(); ++i)
+    out += (i ? ", " : "") + address_text(s.damaged[i].address) + " (" + human_bytes(s.damaged[i].size) + "; " +
+           damage_reason_text(s.damaged[i]) + ")";
+  if (s.damaged_allocations > s.damaged.size())
+    out += " and " + std::to_string(s.damaged_allocations - s.damaged.size()) + " more";
+  return out + "; repair the file and `tmsctl resume`, or `tmsctl resume --accept-loss` (zero-filled)";
+}
+
+json damaged_json(const proto::RankStats& s) {
+  json ranges = json::array();
+  for (const auto& d : s.damaged)
+    ranges.push_back({{"address", address_text(d.address)},
+                      {"size", d.size},
+                      {"reason", proto::damage_name(static_cast<proto::Damage>(d.reason))},
+                      {"chunk", d.chunk}});
+  return {{"allocations", s.damaged_allocations}, {"bytes", s.damaged_bytes}, {"ranges", ranges}};
+}
+
 fs::path self_dir() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -132,7 +170,8 @@ int cmd_status(const Common& common) {
                      {"disk_bytes", s.disk_bytes},
                      {"last_pause", {{"bytes", s.stats.last_pause_bytes}, {"ns", s.stats.last_pause_ns}}},
                      {"last_resume", {{"bytes", s.stats.last_resume_bytes}, {"ns", s.stats.last_resume_ns}}},
-                     {"last_change_unix_ms", s.stats.last_change_unix_ms}});
+                     {"last_change_unix_ms", s.stats.last_change_unix_ms},
+                     {"damaged", damaged_json(s.stats)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -160,6 +199,9 @@ int cmd_status(const Common& common) {
              human_bytes(s.stats.unmanaged_bytes[i]);
     }
     if (!why.empty()) std::printf("%-16s %5s %8s   unmanaged: %s\n", "", "", "", why.c_str());
+    // Memory a resume could not restore, in the program's terms, and what to do about it.
+    if (s.stats.damaged_allocations)
+      std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
   }
   return 0;
 }
@@ -182,8 +224,10 @@ std::string result_text(const proto::RankResult& r, bool pause) {
   char figures[96];
   std::snprintf(figures, sizeof(figures), " in %.2f s (%.2f GB/s)", static_cast<double>(r.nanos) / 1e9,
                 gb_per_s(r.bytes, r.nanos));
-  // Every chunk a resume reads is checked against the checksum taken when it was written.
-  return std::string(pause ? "paused " : "resumed and verified ") + human_bytes(r.bytes) + figures;
+  // Every chunk a resume reads is checked against the checksum taken when it was written. What else
+  // the rank says (memory lost to a damaged backup, replaced with zeros) follows: it must be seen.
+  return std::string(pause ? "paused " : "resumed and verified ") + human_bytes(r.bytes) + figures +
+         (r.message.empty() ? "" : "; " + r.message);
 }
 
 // A rank that did not answer before the deadline, in words: it may still be at work.
@@ -193,10 +237,11 @@ std::string unanswered_text(const Deadline& deadline, bool pause) {
          " (" + still + " see `tmsctl status`)";
 }
 
-int cmd_control(const Common& common, const Selector& sel, bool pause) {
+int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
   const std::string verb = pause ? "pause" : "resume";
   proto::Control req;
   req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
+  if (accept_loss) req.flags = proto::kAcceptLoss;
   if (sel.all) {
     if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0)
       return fail(common, verb, "--all cannot be combined with --job, --rank or --pid", kExitUsage);

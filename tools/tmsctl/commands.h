@@ -40,7 +40,8 @@ struct LaunchOptions {
 void print_failure(bool json, const std::string& where, const std::string& message, int errnum, bool usage);
 
 int cmd_status(const Common& common);
-int cmd_control(const Common& common, const Selector& sel, bool pause);
+// accept_loss (resume only): proto::kAcceptLoss, damaged allocations get zero-filled memory.
+int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss = false);
 int cmd_gc(const Common& common);
 int cmd_env(const Common& common, const LaunchOptions& launch);
 int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector<std::string>& command);

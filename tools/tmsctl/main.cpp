@@ -183,6 +183,11 @@ int main(int argc, char** argv) {
   add_selector(pause);
   auto* resume = app.add_subcommand("resume", "restore the selected ranks' GPU memory at the same addresses");
   add_selector(resume);
+  // Resume only: a pause has nothing to lose.
+  bool accept_loss = false;
+  resume->add_flag("--accept-loss", accept_loss,
+                   "allocations whose backup is damaged (see status) get zero-filled memory at their addresses: "
+                   "their data is LOST; without it they stay paused and the rest of the process runs");
 
   auto* gc = app.add_subcommand("gc", "remove files left by ranks that no longer run");
 
@@ -268,7 +273,7 @@ int main(int argc, char** argv) {
     return usage_error(common.json, "tmsctl", "only `run` takes a command after --");
   if (status->parsed()) return cmd_status(common);
   if (pause->parsed()) return cmd_control(common, sel, true);
-  if (resume->parsed()) return cmd_control(common, sel, false);
+  if (resume->parsed()) return cmd_control(common, sel, false, accept_loss);
   if (gc->parsed()) return cmd_gc(common);
   if (env->parsed()) return cmd_env(common, launch);
   if (command.empty())

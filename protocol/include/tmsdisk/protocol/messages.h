@@ -36,6 +36,9 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    (the ranks asked) first, then one CONTROL_RESULT per rank as soon as it answers; at the daemon's
 //    deadline the last page comes without the ranks that did not answer, so that a client that stops
 //    waiting (tmsctl's own deadline) has every answer so far and can name the ranks still silent.
+//    CONTROL and COMMAND carry flags (kAcceptLoss: `tmsctl resume --accept-loss`), and RankStats the
+//    allocations a resume could not restore because their backup is damaged (count, bytes and the
+//    first kMaxDamagedRanges ranges), so that `tmsctl status` names them in the application's terms.
 inline constexpr uint16_t kVersion = 4;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
@@ -130,6 +133,21 @@ inline constexpr uint8_t kOutcomeMax = 1;
 
 enum class CommitState : uint8_t { Paused = 1, Resumed = 2 };
 
+// Control.flags and Command.flags.
+// A resume replaces allocations whose backup is damaged (checksum mismatch, read error, chunk
+// missing) with zero-filled memory at the same addresses, instead of leaving them paused. Resume only.
+inline constexpr uint8_t kAcceptLoss = 1;
+
+// Why a resume could not restore an allocation from its backup (DamagedRange.reason).
+enum class Damage : uint8_t {
+  ChecksumMismatch = 1,  // a chunk read back does not match the checksum sealed when it was written
+  ReadError = 2,         // reading a chunk failed: an I/O error, or the file is shorter than recorded
+  Missing = 3,           // the daemon holds no sealed copy of a chunk (never written, or its record is gone)
+};
+inline constexpr uint8_t kDamageMax = 3;
+// RankStats lists at most this many damaged ranges (the first ones by address); the counts cover all.
+inline constexpr std::size_t kMaxDamagedRanges = 4;
+
 // Reserve.flags
 inline constexpr uint8_t kReserveFirst = 1;  // starts a new blob set, dropping any half-sent one
 inline constexpr uint8_t kReserveLast = 2;   // the set is complete: apply it (all or nothing)
@@ -152,6 +170,19 @@ struct Header {
 // ---------------------------------------------------------------------------------------------
 // Shared records
 
+// An allocation a resume could not restore, in the application's terms: its address and size, why,
+// and the first chunk (of the daemon's chunk size) that failed.
+struct DamagedRange {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint8_t reason = 0;  // Damage
+  uint64_t chunk = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(address), f(size), f(reason), f(chunk);
+  }
+};
+
 struct RankStats {
   uint8_t state = 0;  // RankState
   uint64_t resident_bytes = 0;
@@ -163,11 +194,17 @@ struct RankStats {
   uint64_t last_resume_bytes = 0;
   uint64_t last_resume_ns = 0;
   uint64_t last_change_unix_ms = 0;
+  // Paused allocations a resume could not restore because their backup is damaged (counted in
+  // paused_bytes too); `damaged` lists the first kMaxDamagedRanges of them by address.
+  uint32_t damaged_allocations = 0;
+  uint64_t damaged_bytes = 0;
+  std::vector<DamagedRange> damaged;
 
   template <class F>
   void fields(F&& f) {
     f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations), f(last_pause_bytes),
-        f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms);
+        f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms), f(damaged_allocations),
+        f(damaged_bytes), f(damaged);
   }
   bool check(std::string& why) const;
 };
@@ -380,10 +417,11 @@ struct Report {
 
 struct Command {
   static constexpr MsgType kType = MsgType::Command;
-  uint8_t op = 0;  // CommandOp
+  uint8_t op = 0;     // CommandOp
+  uint8_t flags = 0;  // kAcceptLoss, from the Control that asked
   template <class F>
   void fields(F&& f) {
-    f(op);
+    f(op), f(flags);
   }
   bool check(std::string& why) const;
 };
@@ -442,9 +480,10 @@ struct Control {
   int64_t rank = -1;
   int32_t pid = 0;
   uint32_t timeout_ms = 0;  // 0: no limit
+  uint8_t flags = 0;        // kAcceptLoss (resume only); forwarded to each rank in its Command
   template <class F>
   void fields(F&& f) {
-    f(op), f(match), f(job, kMaxNameLength), f(rank), f(pid), f(timeout_ms);
+    f(op), f(match), f(job, kMaxNameLength), f(rank), f(pid), f(timeout_ms), f(flags);
   }
   bool check(std::string& why) const;
 };
@@ -597,6 +636,8 @@ std::vector<uint8_t> encode(uint64_t request_id, const Message& body);
 // Bytes one RankResult takes inside a ControlResult: a sender fills a page while the sum stays
 // within kMaxPayload (less a few bytes for the page's own fields).
 std::size_t encoded_size(const RankResult& r);
+// Bytes one SessionInfo takes inside a Sessions page (which pages the same way).
+std::size_t encoded_size(const SessionInfo& s);
 
 struct DecodeResult {
   std::optional<Envelope> envelope;  // set on success
@@ -621,6 +662,7 @@ const char* type_name(MsgType type) noexcept;
 const char* state_name(RankState state) noexcept;
 const char* outcome_name(Outcome outcome) noexcept;  // "done", "no-op"
 const char* unmanaged_name(Unmanaged reason) noexcept;
+const char* damage_name(Damage reason) noexcept;  // "checksum-mismatch", "read-error", "missing"
 
 template <class T>
 constexpr MsgType type_of() noexcept {
