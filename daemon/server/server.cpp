@@ -546,6 +546,7 @@ struct Server::Impl {
       w.staging_budget_bytes = config.staging_budget_mb * kMiB;
       w.chunk_bytes = static_cast<uint32_t>(config.chunk_mb * kMiB);
       w.max_staging_budget_bytes = config.max_staging_budget_mb * kMiB;
+      w.version = TMSDISK_VERSION;  // `tmsctl doctor` names the daemon it reached
       send(c, rid, w);
       return;
     }

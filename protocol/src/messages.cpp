@@ -371,6 +371,13 @@ bool Welcome::check(std::string& why) const {
     why = "slot layout exceeds the staging buffer";
     return false;
   }
+  // It is printed as it is: no control characters that could rewrite a terminal.
+  for (char c : version) {
+    if (c < 0x21 || c > 0x7e) {
+      why = "version must be printable ASCII without spaces";
+      return false;
+    }
+  }
   return true;
 }
 

@@ -15,7 +15,7 @@ help_options() { grep -oE '^ +(-[a-z], ?)?--[a-z][a-z0-9-]*' | grep -oE -- '--[a
 named_options() { sed 's/\\-/-/g' | grep -oE -- '--[a-z][a-z0-9-]*[a-z0-9]' | { grep -vx -- '--help' || true; } | sort -u; }
 
 ctl_help=$("$tmsctl" --help | help_options)
-for cmd in status pause resume gc env run; do
+for cmd in status pause resume gc env run doctor; do
   ctl_help+=$'\n'$("$tmsctl" "$cmd" --help | help_options)
 done
 ctl_help=$(sort -u <<<"$ctl_help")

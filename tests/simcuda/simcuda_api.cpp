@@ -174,8 +174,9 @@ CUresult ctx_synchronize(Driver& d, CUcontext ctx) {
 
 int device_attribute(const Driver& d, CUdevice_attribute a) {
   switch (a) {
+    // Shareable handles are handles of VMM allocations: a device without VMM has neither.
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return d.cfg.vmm;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
@@ -709,7 +710,9 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute*
 
 CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
-  return call([&](Driver& d) { return address_reserve(d, ptr, size, alignment, addr, flags); });
+  return call([&](Driver& d) {
+    return d.cfg.vmm ? address_reserve(d, ptr, size, alignment, addr, flags) : CUDA_ERROR_NOT_SUPPORTED;
+  });
 }
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
@@ -718,7 +721,8 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                      unsigned long long flags) {
-  return call([&](Driver& d) { return mem_create(d, handle, size, prop, flags); });
+  return call(
+      [&](Driver& d) { return d.cfg.vmm ? mem_create(d, handle, size, prop, flags) : CUDA_ERROR_NOT_SUPPORTED; });
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -744,7 +748,8 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 
 CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                        CUmemAllocationGranularity_flags option) {
-  return call([&](Driver& d) { return mem_granularity(d, granularity, prop, option); });
+  return call(
+      [&](Driver& d) { return d.cfg.vmm ? mem_granularity(d, granularity, prop, option) : CUDA_ERROR_NOT_SUPPORTED; });
 }
 
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {

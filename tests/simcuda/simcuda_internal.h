@@ -36,6 +36,7 @@ struct Config {
   uint64_t capacity = uint64_t{1024} << 20;
   std::string state_path;
   int rdma_with_vmm = 1;
+  int vmm = 1;  // 0: a device without virtual memory management (SIMCUDA_VIRTUAL_MEMORY_MANAGEMENT)
   long long fail_after_creates = -1;  // < 0: never
 };
 

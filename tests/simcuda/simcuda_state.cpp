@@ -50,6 +50,7 @@ Config read_config() {
   c.device_count = static_cast<int>(env_int("SIMCUDA_DEVICE_COUNT", 1, 0, kMaxDevices));
   c.capacity = static_cast<uint64_t>(env_int("SIMCUDA_DEVICE_MEM_MB", 1024, 1, 1LL << 24)) << 20;
   c.rdma_with_vmm = static_cast<int>(env_int("SIMCUDA_GPU_DIRECT_RDMA_WITH_CUDA_VMM", 1, 0, 1));
+  c.vmm = static_cast<int>(env_int("SIMCUDA_VIRTUAL_MEMORY_MANAGEMENT", 1, 0, 1));
   c.fail_after_creates = env_int("SIMCUDA_FAIL_AFTER_CREATES", -1, 0, LLONG_MAX);
   const char* s = getenv("SIMCUDA_STATE");
   if (s != nullptr && *s != '\0') {

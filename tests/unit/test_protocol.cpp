@@ -67,6 +67,8 @@ TEST_CASE("every message type round-trips with its fields") {
   w.rank_dir = "/r/0/j/rank0-1";
   CHECK(round_trip(w).rank_dir == w.rank_dir);
   CHECK(round_trip(w).adopted == 1);
+  w.version = "0.1.0";
+  CHECK(round_trip(w).version == "0.1.0");
 
   Reserve r;
   r.flags = kReserveFirst | kReserveLast;
@@ -457,6 +459,9 @@ TEST_CASE("text fields with control characters are refused: no terminal escapes,
   rr.message = "\x1b[2J";
   cr.results.push_back(rr);
   CHECK(decode_code(encode(1, cr)) == EBADMSG);
+  Welcome w;
+  w.version = "0.1.0\x1b[2J";  // printed by `tmsctl doctor` as it is
+  CHECK(decode_code(encode(1, w)) == EBADMSG);
   CommandDone utf8;
   utf8.message = "caf\xc3\xa9 ok";
   auto d = decode(encode(1, utf8));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "doctor.h"
 
 namespace {
 
@@ -20,7 +21,7 @@ constexpr const char* kGlobalGroup = "Global options (before or after the comman
 // Options whose value is the next argument, wherever they appear (to find the command word).
 bool takes_value(std::string_view arg) {
   for (std::string_view o : {"--socket", "--job", "--rank", "--pid", "--timeout", "--staging-budget-mb", "--min-mb",
-                             "--on-touch", "--chunk-mb"})
+                             "--on-touch", "--chunk-mb", "--root"})
     if (arg == o) return true;
   return false;
 }
@@ -141,9 +142,10 @@ int main(int argc, char** argv) {
       "  tmsctl run -- python train.py        launch with the tmsdisk shim preloaded\n"
       "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
       "  tmsctl resume --job J                bring it back at the same addresses\n"
-      "  tmsctl status                        what each rank holds where\n\n"
-      "Exit status: 0 success (also when there was nothing to do), 1 a rank or the daemon failed or did\n"
-      "not answer in time (--timeout), 2 a usage error."};
+      "  tmsctl status                        what each rank holds where\n"
+      "  tmsctl doctor                        check this node before enabling the service\n\n"
+      "Exit status: 0 success (also when there was nothing to do), 1 a rank, the daemon or a doctor check\n"
+      "failed, or a rank or the daemon did not answer in time (--timeout), 2 a usage error."};
   app.require_subcommand(1);
   Common common;
   // --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
@@ -228,7 +230,30 @@ int main(int argc, char** argv) {
   add_launch(run);
   bool no_start_daemon = false;
   run->add_flag("--no-start-daemon", no_start_daemon, "fail instead of starting a private daemon when none answers");
-  for (CLI::App* sub : {status, pause, resume, gc, env, run}) add_global(sub);
+  DoctorOptions doctor_options;
+  auto* doctor = app.add_subcommand(
+      "doctor",
+      "check this node before enabling the service: storage roots, io_uring, memlock, the CUDA driver and its VMM "
+      "support, the systemd socket, the daemon; each problem comes with what to do");
+  doctor
+      ->add_option("--root", doctor_options.roots,
+                   "a storage root to check; repeat for each (default: the daemon's "
+                   "first root)")
+      ->type_name("DIR");
+  doctor->footer(
+      "Checks, one line each (ok, warn or FAIL, what was looked at, and for a problem what to do):\n"
+      "  daemon    tmsdiskd answers at the socket, and its version\n"
+      "  systemd   tmsdiskd.socket installed, enabled and listening\n"
+      "  driver    libcuda.so.1 loads and initializes; each device's memory, and its virtual memory\n"
+      "            management (without it the shim cannot pause anything on that device)\n"
+      "  root      not on tmpfs, ramfs or overlay; O_DIRECT works (one 4 KiB block written and read back\n"
+      "            in a file removed at once); free space against the device memory of the node\n"
+      "  io_uring  a ring can be created, or why not (kernel.io_uring_disabled, seccomp, the kernel)\n"
+      "  memlock   tmsdiskd's RLIMIT_MEMLOCK against the staging it pins (budget per rank x GPUs)\n"
+      "Only the roots given, or the daemon's first one, are checked: name each root of the daemon's\n"
+      "configuration with --root to check them all. Exit status: 0 when nothing FAILed (warnings\n"
+      "included), 1 otherwise, 2 on a usage error.");
+  for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor}) add_global(sub);
 
   // `tmsctl run [options] -- CMD ARGS...`: everything after the first `--` is the command, untouched
   // by option parsing (its own flags may look like ours).
@@ -255,7 +280,7 @@ int main(int argc, char** argv) {
   }
   if (!first_word.empty()) {
     bool known = false;
-    for (CLI::App* sub : {status, pause, resume, gc, env, run}) known |= sub->get_name() == first_word;
+    for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor}) known |= sub->get_name() == first_word;
     if (!known)
       return usage_error(json, "tmsctl", "unknown command '" + first_word + "' (commands: " + command_list(app) + ")");
   }
@@ -276,6 +301,7 @@ int main(int argc, char** argv) {
   if (resume->parsed()) return cmd_control(common, sel, false, accept_loss);
   if (gc->parsed()) return cmd_gc(common);
   if (env->parsed()) return cmd_env(common, launch);
+  if (doctor->parsed()) return cmd_doctor(common, doctor_options);
   if (command.empty())
     return usage_error(common.json, "tmsctl run", "no command given: tmsctl run [options] -- COMMAND [ARGS...]");
   return cmd_run(common, launch, command);

@@ -44,7 +44,8 @@ inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
 
-inline constexpr std::size_t kMaxNameLength = 64;  // job names
+inline constexpr std::size_t kMaxNameLength = 64;     // job names
+inline constexpr std::size_t kMaxVersionLength = 64;  // a package version, e.g. "0.1.0"
 
 // A job name becomes a directory under each root, so it is kept to characters that are safe there:
 // 1-64 letters, digits, '.', '_' or '-', not starting with '.' (no "..", no hidden names).
@@ -318,10 +319,13 @@ struct Welcome {
   // refuses a staging budget the daemon would refuse, before the program starts. staging_budget_bytes
   // and chunk_bytes above are then the defaults a rank gets.
   uint64_t max_staging_budget_bytes = 0;
+  // To a control client: the daemon's package version ("0.1.0"), which `tmsctl doctor` reports. The
+  // protocol version in the header is what decides compatibility; this is for people.
+  std::string version;
   template <class F>
   void fields(F&& f) {
     f(session_id), f(token), f(staging_budget_bytes), f(chunk_bytes), f(slot_count), f(restored),
-        f(rank_dir, kMaxPathLength), f(adopted), f(max_staging_budget_bytes);
+        f(rank_dir, kMaxPathLength), f(adopted), f(max_staging_budget_bytes), f(version, kMaxVersionLength);
   }
   bool check(std::string& why) const;
 };
