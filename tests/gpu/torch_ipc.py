@@ -39,7 +39,9 @@ def child(inbox, outbox):
 
 def tmsctl(*args):
     r = subprocess.run([os.environ["TMSCTL"], "--json", *args, "--pid", str(os.getpid())], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.stdout.strip() else [{"ok": False, "message": r.stderr.strip()}]
+    # One object per rank; a failure of the command itself is one object {"ok": false, "error": ...}.
+    answer = json.loads(r.stdout) if r.stdout.strip() else {"ok": False, "error": r.stderr.strip()}
+    return answer if isinstance(answer, list) else [{"ok": False, "message": answer.get("error", "")}]
 
 
 def report(name, ok, detail=""):
