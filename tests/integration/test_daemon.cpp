@@ -52,6 +52,12 @@ void flip_bit_on_disk(const std::string& path, uint64_t offset) {
 
 constexpr uint64_t MiB = 1ull << 20;
 
+uint64_t now_unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
 struct Daemon {
   TempDir dir{test_tmp_root()};
   std::string socket = dir / "d.sock";
@@ -93,6 +99,18 @@ struct Daemon {
     if (!c) return 999;
     auto s = c->list_sessions();
     return s ? s->size() : 999;
+  }
+  // What LIST_SESSIONS answers (`tmsctl status`), empty if it fails.
+  std::vector<proto::SessionInfo> sessions() {
+    auto c = ctl::Client::connect(socket);
+    if (!c) return {};
+    auto s = c->list_sessions();
+    return s ? std::move(s).value() : std::vector<proto::SessionInfo>{};
+  }
+  // Whether the one session listed is an orphan (its shim's connection gone, its files kept).
+  bool one_orphan() {
+    auto s = sessions();
+    return s.size() == 1 && s[0].orphaned == 1;
   }
   std::string rank_dir(std::size_t root, const std::string& job, int64_t rank, pid_t pid) const {
     return roots[root] + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" +
@@ -902,7 +920,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     REQUIRE(c.commit(proto::CommitState::Paused));
     c.close();  // the process lives on: its paused memory exists only in these files
     const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
-    REQUIRE(eventually([&] { return d.session_count() == 0; }));
+    REQUIRE(eventually([&] { return d.one_orphan(); }));
     CHECK(fs::exists(dir + "/data"));
     auto wrong = ShimClient::connect(
         d.socket, {.job = "orphan", .rank = 4, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
@@ -932,13 +950,88 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   }
   ::close(go[0]);
   const std::string dir = d.rank_dir(0, "orphan", 5, child);
-  REQUIRE(eventually([&] { return fs::exists(dir + "/manifest") && d.session_count() == 0; }));
+  REQUIRE(eventually([&] { return fs::exists(dir + "/manifest") && d.one_orphan(); }));
   CHECK(fs::exists(dir + "/data"));
   ::close(go[1]);
   int status = 0;
   ::waitpid(child, &status, 0);
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(eventually([&] { return !fs::exists(dir); }));
+}
+
+TEST_CASE("an orphan is listed by LIST_SESSIONS as orphaned, since when and with what it keeps on disk (issue 11)") {
+  Daemon d;
+  d.start();
+  const std::vector<BlobSize> blobs = {{1, 12 * MiB}};
+  auto c = d.shim({.job = "listed", .rank = 2});
+  const uint64_t token = c.welcome().token;
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  const uint64_t before = now_unix_ms();
+  c.close();  // the process lives on: its paused memory exists only in the rank's files
+  // Before, the session vanished from the list while it still counted against the per-user limit.
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  const proto::SessionInfo orphan = d.sessions().at(0);
+  CHECK(orphan.job == "listed");
+  CHECK(orphan.rank == 2);
+  CHECK(orphan.pid == ::getpid());
+  CHECK(orphan.orphaned_unix_ms >= before);
+  CHECK(orphan.orphaned_unix_ms <= now_unix_ms());
+  CHECK(orphan.disk_bytes >= 12 * MiB);
+
+  // It cannot be paused or resumed until it reconnects, and the refusal says why.
+  auto ctl = d.control();
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Resume);
+  req.match = proto::kMatchJob;
+  req.job = "listed";
+  auto refused = ctl.control(req);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().errnum() == ENOTCONN);
+  CHECK_THAT(refused.error().message, Catch::Contains("lost their connection") && Catch::Contains("orphaned"));
+
+  auto again = d.shim({.job = "listed", .rank = 2, .token = token});
+  CHECK(again.welcome().adopted == 1);
+  auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].orphaned == 0);
+  CHECK(listed[0].orphaned_unix_ms == 0);
+  REQUIRE(again.read_all(blobs, check_pattern));
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+}
+
+TEST_CASE("the per-user session limit's refusal counts the orphans among the sessions (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-sessions-per-uid", "2"});
+  CHECK(as_other_user([&] {
+          const ShimClient::Options options{
+              .job = "lim", .rank = 0, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB};
+          auto orphan = ShimClient::connect(d.socket, options);
+          if (!orphan) return orphan.error().errnum() == EACCES ? kUnreachable : 11;
+          const std::vector<BlobSize> blobs = {{1, 8 * MiB}};
+          if (!orphan->reserve(blobs) || !orphan->write_all(blobs, fill_pattern) ||
+              !orphan->commit(proto::CommitState::Paused))
+            return 12;
+          orphan->close();  // this process lives on: the session stays, an orphan
+          if (!eventually([&] { return d.one_orphan(); })) return 13;
+          ShimClient::Options second = options;
+          second.rank = 1;
+          auto live = ShimClient::connect(d.socket, second);
+          if (!live) return 14;
+          ShimClient::Options third = options;
+          third.rank = 2;
+          auto refused = ShimClient::connect(d.socket, third);
+          if (refused || refused.error().errnum() != EDQUOT) return 15;
+          const std::string& why = refused.error().message;
+          if (why.find("already has 2 sessions (1 orphaned") == std::string::npos) return 16;
+          if (why.find("kept for reconnection until each reconnects with its session token or its process exits") ==
+              std::string::npos)
+            return 17;
+          if (why.find("tmsctl status") == std::string::npos) return 18;
+          return 0;
+        }) == 0);
 }
 
 TEST_CASE("a root daemon refuses a root that other users can write to") {
