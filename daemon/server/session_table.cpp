@@ -169,6 +169,8 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
     store = storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
   if (!store) return std::move(store).error();
   s.store = std::move(store.value());
+  if (!s.store->record_problem().empty())
+    spdlog::error("session {} (pid {}): {}", s.id, cred.pid, s.store->record_problem());
 
   s.conn_id = conn_id;
   s.stats.last_change_unix_ms = unix_ms();

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <utility>
@@ -1032,6 +1034,157 @@ TEST_CASE("the per-user session limit's refusal counts the orphans among the ses
           if (why.find("tmsctl status") == std::string::npos) return 18;
           return 0;
         }) == 0);
+}
+
+namespace {
+
+// The bytes of a file, to show that nothing in it changed.
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+proto::Read read_of(uint64_t blob, uint64_t offset, uint32_t length) {
+  proto::Read rd;
+  rd.slot = 1;
+  rd.length = length;
+  rd.blob = blob;
+  rd.offset = offset;
+  return rd;
+}
+
+// A rank (job "lost", rank 3) pauses blob 4 and the daemon stops; `damage` does what it does to the
+// rank's directory while no daemon runs; the daemon starts on the same roots and the rank reconnects
+// with its token, as the shim does. `data` receives the data file's bytes before the damage.
+ShimClient paused_rank_after_restart(Daemon& d, const std::function<void(const std::string& dir)>& damage,
+                                     std::string& data) {
+  d.start();
+  auto c = d.shim({.job = "lost", .rank = 3});
+  const uint64_t token = c.welcome().token;
+  const std::vector<BlobSize> blobs = {{4, 12 * MiB}};
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  CHECK(d.proc.stop() == 0);
+  c.close();
+  data = file_bytes(dir + "/data");
+  REQUIRE(data.size() >= 12 * MiB);
+  damage(dir);
+  d.start();
+  return d.shim({.job = "lost", .rank = 3, .token = token});
+}
+
+// What every use of a rank's files with a lost record gets: its resume, a new pause and a pause
+// commit are refused with `what` (the file and why) and the way out; the data file is untouched.
+void check_refused_and_kept(Daemon& d, ShimClient& rank, const std::string& what, const std::string& data) {
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  const std::string kept = dir + "/data (" + std::to_string(data.size()) + " bytes) is kept untouched";
+  // The resume: its first READ. It used to find the data file truncated to 0 bytes and said only
+  // "blob 4 is not in the reserved set".
+  auto read = rank.call(read_of(4, 0, 4 * MiB));
+  REQUIRE_FALSE(read);
+  INFO(read.error().message);
+  CHECK(read.error().errnum() == EUCLEAN);  // the shim counts the allocation as damaged (missing)
+  CHECK_THAT(read.error().message,
+             Catch::StartsWith(what) && Catch::Contains(kept) && Catch::Contains("--accept-loss"));
+  // Asked whether to resume first, the daemon says so: a rank with every allocation resident closes
+  // the record by committing a resume; one with paused memory resumes, and is refused as above.
+  auto state = rank.call(proto::PauseState{});
+  REQUIRE(state);
+  CHECK(std::get<proto::PauseStateReply>(*state).paused == 1);
+  // A new set would truncate and punch the data file.
+  auto reserve = rank.reserve({{4, 12 * MiB}});
+  REQUIRE_FALSE(reserve);
+  CHECK(reserve.error().errnum() == EBUSY);
+  CHECK_THAT(reserve.error().message, Catch::Contains(what));
+  auto commit = rank.commit(proto::CommitState::Paused);
+  REQUIRE_FALSE(commit);
+  CHECK(commit.error().errnum() == EBUSY);
+  auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].disk_bytes == data.size());
+  CHECK(file_bytes(dir + "/data") == data);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a manifest deleted while the daemon was down: the data file is kept, the resume refused naming it (issue 11)") {
+  Daemon d;
+  std::string data;
+  auto rank = paused_rank_after_restart(
+      d, [](const std::string& dir) { REQUIRE(fs::remove(dir + "/manifest")); }, data);
+  CHECK(rank.welcome().restored == 0);
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  check_refused_and_kept(d, rank,
+                         "the pause record " + dir +
+                             "/manifest is missing: without it tmsdiskd cannot "
+                             "tell where this rank's paused memory lies in its data file",
+                         data);
+
+  // The rank's connection drops: its files are kept for it, an orphan (they may hold its memory).
+  const uint64_t token = rank.welcome().token;
+  rank.close();
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  CHECK(file_bytes(dir + "/data") == data);
+  auto again = d.shim({.job = "lost", .rank = 3, .token = token});
+  CHECK(again.call(read_of(4, 0, 4 * MiB)).error().errnum() == EUCLEAN);
+
+  // The user accepts the loss: the shim maps zeros and commits the resume. The files serve again.
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+  auto state = again.call(proto::PauseState{});
+  REQUIRE(state);
+  CHECK(std::get<proto::PauseStateReply>(*state).paused == 0);
+  const std::vector<BlobSize> blobs = {{4, 12 * MiB}};
+  REQUIRE(again.reserve(blobs));
+  REQUIRE(again.write_all(blobs, fill_pattern));
+  REQUIRE(again.commit(proto::CommitState::Paused));
+  REQUIRE(again.read_all(blobs, check_pattern));
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+}
+
+TEST_CASE(
+    "a corrupted manifest: the data file is kept, the resume refused saying it is unreadable and why (issue 11)") {
+  Daemon d;
+  std::string data;
+  auto rank = paused_rank_after_restart(
+      d, [](const std::string& dir) { flip_bit_on_disk(dir + "/manifest", 40); }, data);
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  check_refused_and_kept(
+      d, rank,
+      "the pause record " + dir + "/manifest is unreadable (checksum mismatch: the file is torn or was modified)",
+      data);
+}
+
+TEST_CASE("a checksum journal deleted after the daemon died mid-pause: the chunks it sealed are kept, not removed") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "lost", .rank = 3});
+  const uint64_t token = c.welcome().token;
+  REQUIRE(c.reserve({{4, 8 * MiB}}));
+  for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {  // acknowledged: the shim may release the memory
+    fill_pattern(4, off, c.slot(0), 4 * MiB);
+    REQUIRE(c.call(proto::Write{{.slot = 0, .length = 4 * MiB, .blob = 4, .offset = off}}));
+  }
+  d.proc.kill9();  // no commit, no graceful stop
+  c.close();
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  const std::string data = file_bytes(dir + "/data");
+  REQUIRE(fs::remove(dir + "/sums"));
+  d.start();
+  auto rank = d.shim({.job = "lost", .rank = 3, .token = token});
+  auto read = rank.call(read_of(4, 0, 4 * MiB));
+  REQUIRE_FALSE(read);
+  CHECK(read.error().errnum() == EUCLEAN);
+  CHECK_THAT(read.error().message, Catch::StartsWith("the checksum journal " + dir +
+                                                     "/sums of the pause in progress when tmsdiskd stopped "
+                                                     "is missing"));
+  // Every chunk passed for never written before, so the daemon deemed the files of no use to the rank:
+  // a dropped connection removed them.
+  rank.close();
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  CHECK(file_bytes(dir + "/data") == data);
 }
 
 TEST_CASE("a root daemon refuses a root that other users can write to") {

@@ -148,6 +148,9 @@ enum class Damage : uint8_t {
   ReadError = 2,         // reading a chunk failed: an I/O error, or the file is shorter than recorded
   Missing = 3,           // the daemon holds no sealed copy of a chunk (never written, or its record is gone)
 };
+// A READ refused with EUCLEAN: the daemon's record of where the chunk lies or what it must read back
+// as (the rank's manifest, or its checksum journal) is missing or unreadable. The data file is kept
+// untouched; the message names the file and what the user can do. The shim counts it as Missing.
 inline constexpr uint8_t kDamageMax = 3;
 // RankStats lists at most this many damaged ranges (the first ones by address); the counts cover all.
 inline constexpr std::size_t kMaxDamagedRanges = 4;
