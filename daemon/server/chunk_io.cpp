@@ -46,7 +46,9 @@ proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
 }
 
 proto::Message ChunkIo::pause_state(Session& s) {
-  return proto::PauseStateReply{.paused = static_cast<uint8_t>(s.store->paused() ? 1 : 0),
+  // "Paused" also while a lost record keeps the files: a rank with every allocation resident then
+  // commits a resume (freeing them for its next pause), one with paused memory resumes it first.
+  return proto::PauseStateReply{.paused = static_cast<uint8_t>(s.store->awaits_resume() ? 1 : 0),
                                 .generation = s.store->generation()};
 }
 

@@ -22,8 +22,10 @@ constexpr std::size_t kPageOverhead = 64;
 void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m) {
   proto::Sessions out;
   std::vector<const Session*> visible;
+  // Orphans too: they hold files and count against max-sessions-per-uid, so the user must see them.
+  // Only a session whose shim just went, waiting for its I/O before it closes or turns orphan, is left out.
   for (auto& [id, s] : sessions_.all())
-    if (may_act_on(uid, s) && s.conn_id != 0) visible.push_back(&s);
+    if (may_act_on(uid, s) && (s.conn_id != 0 || s.orphan)) visible.push_back(&s);
   out.total = static_cast<uint32_t>(visible.size());
   // Paged by count and by size: a rank's stats list its damaged ranges, so an entry's size varies.
   std::size_t bytes = kPageOverhead;
@@ -37,6 +39,8 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.job = s.job;
     info.disk_bytes = s.store->disk_bytes();
     info.stats = s.stats;
+    info.orphaned = s.orphan ? 1 : 0;
+    info.orphaned_unix_ms = s.orphan ? s.orphaned_unix_ms : 0;
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;
@@ -55,15 +59,19 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
   op.conn_id = conn_id;
   op.request_id = request_id;
   if (m.timeout_ms) op.deadline = Clock::now() + std::chrono::milliseconds(m.timeout_ms);
-  std::size_t denied = 0;
+  std::size_t denied = 0, orphaned = 0;
   for (auto& [sid, s] : sessions_.all()) {
-    if (s.conn_id == 0) continue;
+    if (s.conn_id == 0 && !s.orphan) continue;
     const bool match = (m.match & proto::kMatchAll) || (!((m.match & proto::kMatchJob) && s.job != m.job) &&
                                                         !((m.match & proto::kMatchRank) && s.rank != m.rank) &&
                                                         !((m.match & proto::kMatchPid) && s.cred.pid != m.pid));
     if (!match) continue;
     if (!may_act_on(uid, s)) {
       ++denied;
+      continue;
+    }
+    if (s.orphan) {  // nothing to send a COMMAND on
+      ++orphaned;
       continue;
     }
     op.waiting.insert(sid);
@@ -75,6 +83,12 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
                    error_reply(EPERM, fmt::format("{} matching rank(s) belong to other users; only root or their "
                                                   "owner may pause or resume them",
                                                   denied)));
+    if (orphaned)
+      return send_(conn_id, request_id,
+                   error_reply(ENOTCONN, fmt::format("the {} matching rank(s) lost their connection to tmsdiskd "
+                                                     "(orphaned in `tmsctl status`); they can be paused or resumed "
+                                                     "once they reconnect",
+                                                     orphaned)));
     return send_(conn_id, request_id, error_reply(ENOENT, "no running rank matches; see `tmsctl status`"));
   }
   // Who was asked goes out before any answer can (the answers come in on later turns of the loop),

@@ -55,20 +55,37 @@ Session* SessionTable::find(uint64_t id) {
 // node's RAM by opening sessions.
 Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
   uint64_t uid_sessions = 0, uid_staging = 0, all_staging = 0;
+  uint64_t uid_orphans = 0, uid_orphan_staging = 0;
   for (auto& [sid, other] : sessions_) {
     all_staging += other.staging_charge;
     if (other.cred.uid != cred.uid) continue;
     ++uid_sessions;
     uid_staging += other.staging_charge;
+    if (other.orphan) {
+      ++uid_orphans;
+      uid_orphan_staging += other.staging_charge;
+    }
   }
+  // Orphans count like any session but run no program the user can see: the refusal says how many
+  // there are and how long they stay, so that the user can tell why the limit is reached.
+  const std::string orphans_note =
+      uid_orphans == 0 ? std::string()
+                       : fmt::format(
+                             " ({} orphaned: ranks that lost their connection, kept for reconnection until "
+                             "each reconnects with its session token or its process exits)",
+                             uid_orphans);
   if (cred.uid != 0 && uid_sessions >= config_.max_sessions_per_uid)
-    return make_error(EDQUOT, fmt::format("uid {} already has {} sessions, the most this daemon allows "
-                                          "(max-sessions-per-uid)",
-                                          cred.uid, uid_sessions));
+    return make_error(EDQUOT, fmt::format("uid {} already has {} sessions{}, the most this daemon allows "
+                                          "(max-sessions-per-uid); `tmsctl status` lists them",
+                                          cred.uid, uid_sessions, orphans_note));
   if (cred.uid != 0 && uid_staging + staging > config_.max_staging_per_uid_mb * kMiB)
-    return make_error(EDQUOT, fmt::format("uid {} would hold {} MiB of staging, more than {} MiB "
-                                          "(max-staging-per-uid-mb); lower TMS_DISK_BACKUP_CHUNK_MB",
-                                          cred.uid, (uid_staging + staging) / kMiB, config_.max_staging_per_uid_mb));
+    return make_error(EDQUOT,
+                      fmt::format("uid {} would hold {} MiB of staging, more than {} MiB (max-staging-per-uid-mb){}; "
+                                  "lower TMS_DISK_BACKUP_CHUNK_MB",
+                                  cred.uid, (uid_staging + staging) / kMiB, config_.max_staging_per_uid_mb,
+                                  uid_orphans == 0 ? std::string()
+                                                   : fmt::format(", {} MiB of it kept for {} orphaned session(s)",
+                                                                 uid_orphan_staging / kMiB, uid_orphans)));
   if (all_staging + staging > config_.max_total_staging_mb * kMiB)
     return make_error(ENOMEM, fmt::format("the daemon's staging budget ({} MiB, max-total-staging-mb) is exhausted",
                                           config_.max_total_staging_mb));
@@ -152,6 +169,8 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
     store = storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
   if (!store) return std::move(store).error();
   s.store = std::move(store.value());
+  if (!s.store->record_problem().empty())
+    spdlog::error("session {} (pid {}): {}", s.id, cred.pid, s.store->record_problem());
 
   s.conn_id = conn_id;
   s.stats.last_change_unix_ms = unix_ms();
@@ -186,6 +205,7 @@ void SessionTable::maybe_destroy(uint64_t sid) {
     // maps of others': an exporter pausing it then would leave the importer on stale memory): keep
     // the session until it reconnects with its token or exits.
     s.orphan = true;
+    s.orphaned_unix_ms = unix_ms();
     s.staging.reset();
     if (s.pidfd) {
       epoll_event ev{};

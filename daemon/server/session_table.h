@@ -43,6 +43,8 @@ struct Session {
   UniqueFd pidfd;           // readable once the rank's process has exited (-1 on kernels without pidfd)
   bool orphan = false;      // connection gone, process alive, files hold its only copy: kept
   bool adopted = false;     // continues an orphan: its files, exports and opens carried over
+  // When it became an orphan: `tmsctl status` says since when.
+  uint64_t orphaned_unix_ms = 0;
   std::vector<proto::BlobSize> pending_reserve;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id

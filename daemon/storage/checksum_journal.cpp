@@ -28,9 +28,11 @@ uint64_t record_hash(const uint64_t (&fields)[3], uint64_t seed) {
 Result<ChecksumJournal> ChecksumJournal::open(int rank_dir, bool create, const std::string& path) {
   constexpr int kFlags = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
   int fd = create ? -1 : ::openat(rank_dir, kSumsName, kFlags);
-  if (fd < 0 && (create || errno == ENOENT)) fd = ::openat(rank_dir, kSumsName, kFlags | O_CREAT | O_EXCL, kFileMode);
+  const bool creating = fd < 0 && (create || errno == ENOENT);
+  if (creating) fd = ::openat(rank_dir, kSumsName, kFlags | O_CREAT | O_EXCL, kFileMode);
   if (fd < 0) return errno_error("cannot open the checksum journal " + path);
   ChecksumJournal j;
+  j.created_ = creating;
   j.fd_.reset(fd);
   j.path_ = path;
   struct stat st {};
@@ -77,7 +79,10 @@ Result<std::vector<ChecksumJournal::Record>> ChecksumJournal::load(uint64_t chun
     for (uint64_t i = 0; i < got; ++i) {
       const uint64_t* r = &buf[4 * i];
       const uint64_t fields[3] = {r[0], r[1], r[2]};
-      if (record_hash(fields, seed_) == r[3]) out[first + i] = {true, r[0], r[1], r[2]};
+      if (record_hash(fields, seed_) == r[3])
+        out[first + i] = {.valid = true, .blob = r[0], .chunk = r[1], .checksum = r[2]};
+      else if (r[0] | r[1] | r[2] | r[3])
+        out[first + i].corrupt = true;
     }
     if (got < want) break;  // the end of the file: later chunks were never written
     first += got;

@@ -28,6 +28,9 @@ class ChecksumJournal {
  public:
   struct Record {
     bool valid = false;
+    // Not a hole (bytes were written there) yet it fails its check: a record damaged outside
+    // tmsdiskd. The chunk it sealed may have been acknowledged, and its memory released.
+    bool corrupt = false;
     uint64_t blob = 0;
     uint64_t chunk = 0;
     uint64_t checksum = 0;
@@ -39,6 +42,10 @@ class ChecksumJournal {
   // `create` the file must not exist yet (a fresh rank directory); otherwise an existing one is
   // opened, or created when absent. Anything but a regular file with one link is refused.
   static Result<ChecksumJournal> open(int rank_dir, bool create, const std::string& path);
+  // Whether open() made the file: without `create`, the journal was missing (deleted outside tmsdiskd
+  // if a pause in progress needs it).
+  bool created() const noexcept { return created_; }
+  const std::string& path() const noexcept { return path_; }
 
   // A new reservation: forgets every record. The seed is set once its manifest is written.
   Status reset();
@@ -54,6 +61,7 @@ class ChecksumJournal {
   UniqueFd fd_;
   std::string path_;
   uint64_t seed_ = 0;
+  bool created_ = false;
 };
 
 }  // namespace tmsdisk::storage::detail

@@ -162,12 +162,25 @@ struct RankStore::Impl {
   bool writing = false;  // a reservation was made and no commit has closed it yet
   uint64_t generation = 0;
   bool removed = false;
+  // Set by adopt() when the record of where the rank's memory lies and what it must read back as is
+  // gone or unusable (record_problem()): the whole refusal, naming the file and what to do.
+  std::string record_problem;
+  // Ordinals of chunks of the pause in progress whose journal record is corrupt: each may have been
+  // written and acknowledged, so its memory released; none can be verified.
+  std::unordered_set<uint64_t> corrupt_records;
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
   Status reserve_locked(std::span<const proto::BlobSize> set);
   Status load_manifest();
   Status load_journal(uint64_t seed, uint64_t chunks);
+  // Bytes in the data file of each root, as they are.
+  std::vector<uint64_t> data_file_sizes() const;
+  // "the data file P (N bytes) is kept untouched", for every root.
+  std::string kept_files_text() const;
+  // Keeps every file as it is and refuses, with `what` and the way out, whatever would read, move
+  // or overwrite the rank's data (invariant 6): the record that locates and verifies it is `what`.
+  void lose_record(const std::string& what);
   // Writes the manifest; *hash (when given) receives the XXH3-64 of its bytes.
   Status write_manifest(uint32_t state, uint64_t gen, uint64_t* hash = nullptr);
   Result<const BlobState*> find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const;
@@ -239,6 +252,17 @@ Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
         return make_error(EEXIST, fmt::format("{} belongs to the live process {}: a reconnecting rank must present "
                                               "its session token to adopt it",
                                               rf.rank_path, owner->pid));
+      }
+      // Without a readable owner nothing proves its process gone, and the pid in its name is alive (it
+      // is the caller's): a data file with bytes may hold that very process's paused memory (its owner
+      // file deleted, its token refused for that), so it is kept. Without one there is nothing to keep.
+      struct stat data_st {};
+      if (!owner && ::fstatat(old.get(), kDataName, &data_st, AT_SYMLINK_NOFOLLOW) == 0 && data_st.st_size > 0) {
+        return make_error(EEXIST, fmt::format("{} has no valid owner file ({}) but a data file of {} bytes, which "
+                                              "may hold the paused memory of pid {}, still running: tmsdiskd leaves "
+                                              "it untouched. Remove the directory yourself if it is stale",
+                                              rf.rank_path, text ? "not one tmsdiskd wrote" : text.error().describe(),
+                                              data_st.st_size, id.pid));
       }
       if (auto s = empty_dir(old.get(), rf.rank_path, kRemoveDepth, nullptr); !s) return s;
       old.reset();
@@ -401,6 +425,16 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
                                          "are the only copy of that memory. Resume before reserving a new set",
                                          generation));
+  }
+  // A new set recycles extents the old one left free, and truncates and punches what it does not
+  // use: over files whose record is lost, that could destroy the only copy of paused memory.
+  if (!record_problem.empty()) return make_error(EBUSY, record_problem);
+  if (!corrupt_records.empty()) {
+    return make_error(EBUSY, fmt::format("{} chunk(s) of the pause in progress when tmsdiskd stopped have a corrupt "
+                                         "record in the checksum journal {}: they may hold memory the rank released, "
+                                         "so no new set is reserved over them. Resume first (`tmsctl resume`, or "
+                                         "`tmsctl resume --accept-loss` for what cannot be verified)",
+                                         corrupt_records.size(), journal.path()));
   }
   const std::size_t n = roots.size();
 
@@ -569,6 +603,7 @@ Status RankStore::reserve(std::span<const proto::BlobSize> blobs) {
 
 Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
+  if (!record_problem.empty()) return make_error(EUCLEAN, record_problem);
   auto it = index.find(blob);
   if (it == index.end()) return make_error(ENOENT, fmt::format("blob {} is not in the reserved set", blob));
   const BlobState& b = blobs[it->second];
@@ -607,6 +642,7 @@ Status RankStore::Impl::record(uint64_t blob, uint64_t offset, uint64_t checksum
     --missing;
   }
   b.sums[ci] = checksum;
+  corrupt_records.erase(b.first_chunk + ci);
   return {};
 }
 
@@ -657,6 +693,14 @@ Result<uint64_t> RankStore::expected_checksum(uint64_t blob, uint64_t offset) co
     auto found = impl_->find_chunk(blob, offset, &ci);
     if (!found) return std::move(found).error();
     if (!(*found)->have[ci]) {
+      if (impl_->corrupt_records.count((*found)->first_chunk + ci)) {
+        return make_error(
+            EUCLEAN,
+            fmt::format("the record of this chunk in the checksum journal {} is corrupt, so the chunk cannot be "
+                        "verified; {}. If you have an intact copy of the journal, put it back and restart tmsdiskd; "
+                        "otherwise `tmsctl resume --accept-loss` gives the allocation zero-filled memory",
+                        impl_->journal.path(), impl_->kept_files_text()));
+      }
       return make_error(
           ENODATA, fmt::format("chunk at offset {} of blob {} was never written in this generation", offset, blob));
     }
@@ -690,7 +734,7 @@ uint64_t RankStore::missing_chunks() const noexcept {
 }
 
 bool RankStore::holds_unresumed_data() const noexcept {
-  if (impl_->paused) return true;
+  if (awaits_resume()) return true;
   if (!impl_->writing) return false;
   uint64_t total = 0;
   for (const auto& b : impl_->blobs) total += b.chunks;
@@ -699,6 +743,14 @@ bool RankStore::holds_unresumed_data() const noexcept {
 
 bool RankStore::paused() const noexcept {
   return impl_->paused;
+}
+
+bool RankStore::awaits_resume() const noexcept {
+  return impl_->paused || !impl_->record_problem.empty() || !impl_->corrupt_records.empty();
+}
+
+const std::string& RankStore::record_problem() const noexcept {
+  return impl_->record_problem;
 }
 
 uint64_t RankStore::generation() const noexcept {
@@ -718,6 +770,14 @@ std::vector<proto::BlobSize> RankStore::blobs() const {
 
 uint64_t RankStore::disk_bytes() const noexcept {
   uint64_t total = 0;
+  if (!impl_->record_problem.empty()) {
+    // Nothing is known to be used or free: all of it is kept.
+    try {
+      for (uint64_t n : impl_->data_file_sizes()) total += n;
+    } catch (const std::bad_alloc&) {
+    }
+    return total;
+  }
   for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes();
   return total;
 }
@@ -729,6 +789,10 @@ Status RankStore::commit(proto::CommitState state) {
     if (state != proto::CommitState::Paused && state != proto::CommitState::Resumed) {
       return make_error(EINVAL, fmt::format("unknown commit state {}", static_cast<int>(state)));
     }
+    // The rank says every allocation is resident again (or was given up with --accept-loss): what
+    // the files hold is no longer needed, and a lost record stops mattering. A pause, though, has
+    // nothing to commit: no set could be reserved.
+    if (state == proto::CommitState::Paused && !m.record_problem.empty()) return make_error(EBUSY, m.record_problem);
     if (state == proto::CommitState::Paused) {
       if (m.missing > 0) {
         uint64_t total = 0;
@@ -753,6 +817,8 @@ Status RankStore::commit(proto::CommitState state) {
     m.paused = state == proto::CommitState::Paused;
     m.writing = false;
     m.generation = generation;
+    m.record_problem.clear();
+    m.corrupt_records.clear();
     // The manifest now holds every checksum; the journal's records are of no further use. Failing
     // to empty it costs only its few bytes: a committed manifest never reads it.
     (void)m.journal.reset();
@@ -776,26 +842,76 @@ Status RankStore::Impl::write_manifest(uint32_t state, uint64_t gen, uint64_t* h
   return write_file_atomic(first.rank_dir.get(), kManifestTmpName, kManifestName, bytes, true, first.rank_path);
 }
 
+namespace {
+
+// What a lost record means, said after what is lost.
+constexpr const char* kNoRecordMeans =
+    ": without it tmsdiskd cannot tell where this rank's paused memory lies in its data file, nor verify it";
+constexpr const char* kNoJournalMeans =
+    ": without it tmsdiskd cannot verify the chunks that pause wrote, some of which may hold the only copy of "
+    "memory the rank released";
+
+}  // namespace
+
+std::vector<uint64_t> RankStore::Impl::data_file_sizes() const {
+  std::vector<uint64_t> sizes;
+  sizes.reserve(roots.size());
+  for (const auto& rf : roots) {
+    struct stat st {};
+    sizes.push_back(rf.data && ::fstat(rf.data.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0);
+  }
+  return sizes;
+}
+
+std::string RankStore::Impl::kept_files_text() const {
+  const std::vector<uint64_t> sizes = data_file_sizes();
+  std::string files;
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    if (r) files += r + 1 == roots.size() ? " and " : ", ";
+    files += fmt::format("{} ({} bytes)", join_path(roots[r].rank_path, kDataName), sizes[r]);
+  }
+  return fmt::format("the data file{} {} {} kept untouched", roots.size() > 1 ? "s" : "", files,
+                     roots.size() > 1 ? "are" : "is");
+}
+
+void RankStore::Impl::lose_record(const std::string& what) {
+  record_problem = fmt::format(
+      "{}; {}, and tmsdiskd neither restores memory from {} nor reserves a new pause over {}. If you have an "
+      "intact copy, put it back and restart tmsdiskd: the rank reconnects and `tmsctl resume` restores its memory. "
+      "Otherwise `tmsctl resume --accept-loss` gives the paused allocations zero-filled memory at the same "
+      "addresses (the files are reused from then on). The rank keeps running meanwhile",
+      what, kept_files_text(), roots.size() > 1 ? "them" : "it", roots.size() > 1 ? "them" : "it");
+}
+
+// Never truncates, punches or removes: whatever the record is missing, the data files may hold the
+// only copy of memory the rank released (invariant 6). A record that cannot be used becomes
+// record_problem, which refuses every use of the files until the rank commits a resume (issue 11).
 Status RankStore::Impl::load_manifest() {
   RootFiles& first = roots[0];
   std::string path = join_path(first.rank_path, kManifestName);
   auto bytes = read_small_file(first.rank_dir.get(), kManifestName, kMaxManifestBytes, path);
   if (!bytes) {
-    if (bytes.error().errnum() != ENOENT) return std::move(bytes).error();
-    // Nothing was ever committed: whatever the data files hold is unreferenced.
-    for (auto& rf : roots) {
-      while (::ftruncate(rf.data.get(), 0) != 0 && errno == EINTR) {
-      }
+    if (bytes.error().errnum() != ENOENT) {
+      lose_record(
+          fmt::format("the pause record {} is unreadable ({}){}", path, bytes.error().describe(), kNoRecordMeans));
+      return {};
     }
+    // No reservation was ever recorded: the data files are still as create() made them, empty. A
+    // byte in them means the record was deleted (or the daemon stopped between preallocating a first
+    // reservation and recording it, when the rank released nothing: it closes the record itself, see
+    // awaits_resume()).
+    const std::vector<uint64_t> sizes = data_file_sizes();
+    if (std::all_of(sizes.begin(), sizes.end(), [](uint64_t n) { return n == 0; })) return {};
+    lose_record(fmt::format("the pause record {} is missing{}", path, kNoRecordMeans));
     return {};
   }
+  auto unreadable = [&](const std::string& why) {
+    lose_record(fmt::format("the pause record {} is unreadable ({}){}", path, why, kNoRecordMeans));
+    return Status{};
+  };
   std::string why;
   auto mf = decode_manifest(*bytes, why);
-  if (!mf) {
-    return make_error(EBADMSG, path + " is corrupt (" + why +
-                                   "); this rank's paused data cannot be trusted. Restart the rank; its files are "
-                                   "reclaimed once it exits");
-  }
+  if (!mf) return unreadable(why);
   if (mf->chunk_bytes != chunk) {
     return make_error(EINVAL, fmt::format("{} was written with chunk size {}, this session uses {}: reconnect with "
                                           "the chunk size of the original session",
@@ -814,9 +930,11 @@ Status RankStore::Impl::load_manifest() {
     if (::fstat(roots[r].data.get(), &st) != 0)
       return errno_error("cannot stat the data file in " + roots[r].rank_path);
     if (static_cast<uint64_t>(st.st_size) < mf->data_end[r]) {
-      return make_error(EBADMSG, fmt::format("the data file in {} is shorter ({} bytes) than its manifest says ({}): "
-                                             "it was truncated outside tmsdiskd and the rank's paused data is lost",
-                                             roots[r].rank_path, st.st_size, mf->data_end[r]));
+      lose_record(
+          fmt::format("the data file {} is shorter ({} bytes) than its pause record {} says ({} bytes): it "
+                      "was truncated outside tmsdiskd, and the paused memory it held is lost",
+                      join_path(roots[r].rank_path, kDataName), st.st_size, path, mf->data_end[r]));
+      return {};
     }
     allocs.push_back(ExtentAllocator::with_free_file(kIoAlignment, mf->data_end[r]));
   }
@@ -826,17 +944,16 @@ Status RankStore::Impl::load_manifest() {
   uint64_t missing_count = 0;
   uint64_t ordinal = 0;
   for (auto& mb : mf->blobs) {
-    if (mb.size > kMaxBlobSize || !idx.emplace(mb.id, loaded.size()).second) {
-      return make_error(EBADMSG, fmt::format("{} lists blob {} twice or with an invalid size", path, mb.id));
-    }
+    if (mb.size > kMaxBlobSize || !idx.emplace(mb.id, loaded.size()).second)
+      return unreadable(fmt::format("it lists blob {} twice or with an invalid size", mb.id));
     for (std::size_t r = 0; r < n; ++r) {
       const auto& e = mb.extents[r];
       uint64_t want = extent_length(mb.size, chunk, n, r);
-      if (e.length != want || (want > 0 && !allocs[r].claim(e.offset, e.length))) {
-        return make_error(EBADMSG, fmt::format("{}: the extent of blob {} on root {} is inconsistent (wrong length, "
-                                               "overlap or past the end)",
-                                               path, mb.id, r));
-      }
+      if (e.length != want || (want > 0 && !allocs[r].claim(e.offset, e.length)))
+        return unreadable(
+            fmt::format("the extent of blob {} on root {} is inconsistent: wrong length, overlap or "
+                        "past the end",
+                        mb.id, r));
     }
     BlobState s;
     s.id = mb.id;
@@ -844,17 +961,21 @@ Status RankStore::Impl::load_manifest() {
     s.chunks = mb.size == 0 ? 0 : (mb.size - 1) / chunk + 1;
     s.first_chunk = ordinal;
     ordinal += s.chunks;
-    if (mb.sums.size() != s.chunks || mb.have.size() != s.chunks) {
-      return make_error(EBADMSG, fmt::format("{}: wrong number of checksums for blob {}", path, mb.id));
-    }
+    if (mb.sums.size() != s.chunks || mb.have.size() != s.chunks)
+      return unreadable(fmt::format("wrong number of checksums for blob {}", mb.id));
     s.extents = std::move(mb.extents);
     s.sums = std::move(mb.sums);
     s.have = std::move(mb.have);
     for (uint8_t h : s.have) missing_count += h ? 0 : 1;
     loaded.push_back(std::move(s));
   }
-  if (mf->state == kManifestPaused && missing_count > 0) {
-    return make_error(EBADMSG, fmt::format("{} says paused but {} chunks have no checksum", path, missing_count));
+  if (mf->state == kManifestPaused && missing_count > 0)
+    return unreadable(fmt::format("it says paused but {} chunks have no checksum", missing_count));
+  if (mf->state == kManifestWriting && journal.created()) {
+    // The pause in progress when the previous daemon stopped sealed its chunks in the journal only.
+    lose_record(fmt::format("the checksum journal {} of the pause in progress when tmsdiskd stopped is missing{}",
+                            journal.path(), kNoJournalMeans));
+    return {};
   }
   for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(allocs[r]);
   blobs = std::move(loaded);
@@ -872,16 +993,31 @@ Status RankStore::Impl::load_manifest() {
 Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
   journal.set_seed(seed);
   auto records = journal.load(chunks);
-  if (!records) return std::move(records).error();
+  if (!records) {
+    // Nothing loaded is usable without it: forget the reservation rather than half-know it.
+    blobs.clear();
+    index.clear();
+    for (auto& rf : roots) rf.alloc = ExtentAllocator(kIoAlignment);
+    missing = 0;
+    writing = false;
+    lose_record(
+        fmt::format("the checksum journal {} of the pause in progress when tmsdiskd stopped is unreadable "
+                    "({}){}",
+                    journal.path(), records.error().describe(), kNoJournalMeans));
+    return {};
+  }
   for (auto& b : blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
       const auto& r = (*records)[b.first_chunk + ci];
-      if (!r.valid || r.blob != b.id || r.chunk != ci) continue;
-      if (!b.have[ci]) {
-        b.have[ci] = 1;
-        --missing;
+      if (r.valid && r.blob == b.id && r.chunk == ci) {
+        if (!b.have[ci]) {
+          b.have[ci] = 1;
+          --missing;
+        }
+        b.sums[ci] = r.checksum;
+      } else if (r.corrupt || r.valid) {  // a valid record in another chunk's place is no less wrong
+        corrupt_records.insert(b.first_chunk + ci);
       }
-      b.sums[ci] = r.checksum;
     }
   }
   return {};

@@ -101,8 +101,11 @@ class RankStore {
 
   // Re-adopts an existing rank directory after a daemon restart: the owner file on every root must
   // name the same pid, start time and token. Loads the manifest (blobs, extents, checksums, paused
-  // or resumed) and, for a pause in progress, the checksums journaled since its reservation; a
-  // corrupt manifest is refused. Without a manifest the rank starts empty.
+  // or resumed) and, for a pause in progress, the checksums journaled since its reservation. Without
+  // a manifest and with empty data files the rank starts empty. A manifest that is missing while the
+  // data files hold bytes, or unreadable, or a journal a pause in progress needs that is missing, is
+  // no reason to refuse the rank nor to touch its files: the store is adopted with record_problem()
+  // set. A manifest of another chunk size or root count is refused (reconnecting as before works).
   static Result<std::unique_ptr<RankStore>> adopt(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
   ~RankStore();
@@ -146,13 +149,15 @@ class RankStore {
   // acknowledged without a record that outlives the daemon.
   Result<uint64_t> seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
   // Checks `chunk`, just read from (blob, offset), against the checksum sealed for it: its checksum,
-  // or EBADMSG on a mismatch, ENODATA if it was never written in this generation.
+  // or EBADMSG on a mismatch, ENODATA if it was never written in this generation, EUCLEAN if its
+  // record is lost (record_problem(), or its journal record is corrupt).
   Result<uint64_t> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk) const;
 
   // seal() with a given checksum (tests). Returns false (and records nothing) when (blob, offset)
   // names no chunk of the reserved set or the journal cannot be written.
   bool record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
-  // The checksum written for that chunk in the current generation, or ENODATA if it was never written.
+  // The checksum written for that chunk in the current generation, or ENODATA if it was never written
+  // (EUCLEAN: its record is lost, as verify()).
   Result<uint64_t> expected_checksum(uint64_t blob, uint64_t offset) const;
   // Number of chunks of the reserved set that have no recorded checksum yet.
   uint64_t missing_chunks() const noexcept;
@@ -166,13 +171,25 @@ class RankStore {
 
   // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
   bool paused() const noexcept;
+  // Why the record that locates and verifies the rank's data cannot be used, empty when it can: the
+  // refusal (EUCLEAN from locate(), seal(), verify(); EBUSY from reserve() and a Paused commit), naming
+  // the file and what the user can do. The files stay exactly as they are (invariant 6) until the
+  // rank commits a resume, which says that every allocation is resident again and clears it.
+  const std::string& record_problem() const noexcept;
+  // True while reserve() is refused until the rank commits a resume: a committed pause, a
+  // record_problem(), or chunks of a pause in progress whose journal record is corrupt (each refused
+  // with EUCLEAN). PAUSE_STATE reports it as "paused", so that a rank with every allocation resident
+  // closes the record with that commit, and one with paused memory resumes it first.
+  bool awaits_resume() const noexcept;
   // True while the files hold the only copy of some of the rank's memory: a committed pause, or a
-  // pause in progress with chunks already written (the rank may have released them).
+  // pause in progress with chunks already written (the rank may have released them); also while
+  // awaits_resume(), since what a lost record described cannot be ruled out.
   bool holds_unresumed_data() const noexcept;
   uint64_t generation() const noexcept;
   std::vector<proto::BlobSize> blobs() const;
 
-  uint64_t disk_bytes() const noexcept;  // bytes allocated in data files on all roots
+  // Bytes allocated in data files on all roots (with a record_problem(), their whole size: all kept).
+  uint64_t disk_bytes() const noexcept;
 
   // Removes the rank's directories on every root (session closed), then the job and uid
   // directories where they became empty. Idempotent. The destructor never removes anything (a

@@ -477,7 +477,8 @@ uint8_t damage_of(const TransferJob& j) noexcept {
     case EBADMSG: return static_cast<uint8_t>(proto::Damage::ChecksumMismatch);
     case EIO: return static_cast<uint8_t>(proto::Damage::ReadError);
     case ENODATA:
-    case ENOENT: return static_cast<uint8_t>(proto::Damage::Missing);
+    case ENOENT:
+    case EUCLEAN: return static_cast<uint8_t>(proto::Damage::Missing);
     default: return 0;
   }
 }
@@ -845,8 +846,12 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   std::vector<std::shared_ptr<Allocation>> damaged;
   std::vector<std::string> zeroed;  // what each replaced allocation was, and why it was lost
   const TransferJob* other_failure = nullptr;
+  // The daemon's account of a record it lost (EUCLEAN: which file, what it kept, what to do): the
+  // damage alone would say only that chunks are missing.
+  std::string lost_record;
   for (TransferJob& j : jobs) {
     if (j.complete) continue;
+    if (j.error && j.error->errnum() == EUCLEAN && lost_record.empty()) lost_record = j.refusal;
     if (const uint8_t d = damage_of(j)) {
       j.a->damaged_chunk.store(chunk_bytes ? *j.refused_offset / chunk_bytes : 0);
       j.a->damage.store(d);
@@ -893,10 +898,11 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     int code = 0;
     if (!damaged.empty()) {
       message = fmt::format(
-          "{} of {} allocation(s) could not be restored because their backup is damaged: {}. The "
+          "{} of {} allocation(s) could not be restored because their backup is damaged: {}. {}The "
           "other allocations are resident and the process runs; calls that touch the damaged memory "
           "follow TMSDISK_ON_TOUCH. To go on, {}",
-          damaged.size(), jobs.size(), damage_list(damaged), kDamageAdvice);
+          damaged.size(), jobs.size(), damage_list(damaged),
+          lost_record.empty() ? "" : "tmsdiskd: " + lost_record + ". ", kDamageAdvice);
       code = damage_errno(damaged.front()->damage.load());
     }
     const std::size_t others = jobs.size() - resumed - zeroed.size() - damaged.size();

@@ -290,6 +290,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
         // Checksum mismatch (EBADMSG), read error (EIO)...: this allocation stays paused.
         j.error = make_error(err->code, fmt::format("blob {}: {}", j.a->id, err->message));
         j.refused_offset = slot.offset;
+        j.refusal = err->message;
         TMS_WARN("%s", j.error->message.c_str());
       }
     } else if (!answered) {

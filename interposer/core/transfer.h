@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cuda_api.h"
@@ -36,6 +37,7 @@ struct TransferJob {
   // From storage: the daemon refused to give back a chunk (error->errnum() says why: a checksum
   // mismatch, a read error...); the offset of the first such chunk. Unset when the failure was ours.
   std::optional<uint64_t> refused_offset;
+  std::string refusal;    // the daemon's own words for that refusal
   bool complete = false;  // every chunk done and TransferSteps::finished succeeded
   // From storage: the new physical memory, mapped before its first chunk is copied back.
   CUmemGenericAllocationHandle handle = 0;

@@ -486,14 +486,29 @@ bool Progress::check(std::string& why) const {
   return true;
 }
 
-bool Sessions::check(std::string& why) const {
-  for (const auto& s : sessions) {
-    if (!s.stats.check(why)) return false;
-    if (!printable(s.job)) {
-      why = "job name has control characters";
-      return false;
-    }
+bool SessionInfo::check(std::string& why) const {
+  if (!stats.check(why)) return false;
+  if (!printable(job)) {
+    why = "job name has control characters";
+    return false;
   }
+  if (orphaned > 1) {
+    why = "orphaned must be 0 or 1";
+    return false;
+  }
+  // The time is what `tmsctl status` shows of an orphan: one without it, or a connected session
+  // with one, contradicts itself.
+  if ((orphaned == 1) != (orphaned_unix_ms != 0)) {
+    why = orphaned ? "an orphaned session without the time it lost its connection"
+                   : "a connected session with an orphaned time";
+    return false;
+  }
+  return true;
+}
+
+bool Sessions::check(std::string& why) const {
+  for (const auto& s : sessions)
+    if (!s.check(why)) return false;
   return true;
 }
 

@@ -140,6 +140,55 @@ TEST_CASE("a selector that matches no rank says so without a stray strerror, as 
   CHECK(answer.value("errno", 0) == ENOENT);
 }
 
+TEST_CASE("status lists an orphaned session: state orphaned, since when, what it keeps and until when (issue 11)") {
+  Node node;
+  node.start_daemon();
+  // A rank that pauses and loses its connection while its process lives: an orphan, which counts
+  // against max-sessions-per-uid and used to be missing from `tmsctl status`.
+  auto rank = ShimClient::connect(node.socket, {.job = "gone", .rank = 7});
+  INFO((rank ? "" : rank.error().describe()));
+  REQUIRE(rank);
+  const std::vector<tmsdisk::proto::BlobSize> blobs = {{1, 4 * MiB}};
+  REQUIRE(rank->reserve(blobs));
+  REQUIRE(rank->write_all(blobs, fill_pattern));
+  REQUIRE(rank->commit(tmsdisk::proto::CommitState::Paused));
+  rank->close();
+  const std::string pid = std::to_string(::getpid());
+
+  json entry;
+  REQUIRE(eventually([&] {
+    Captured c = tmsctl({"status", "--json", "--socket", node.socket});
+    json j = json::parse(c.out, nullptr, false);
+    if (c.rc != 0 || !j.is_array() || j.size() != 1 || j[0].value("state", "") != "orphaned") return false;
+    entry = j[0];
+    return true;
+  }));
+  INFO(entry.dump(2));
+  CHECK(entry.value("job", "") == "gone");
+  CHECK(entry.value("rank", -1) == 7);
+  CHECK(entry.value("pid", 0) == ::getpid());
+  CHECK(entry.value("disk_bytes", uint64_t{0}) >= 4 * MiB);
+  REQUIRE(entry["orphaned"].is_object());
+  CHECK(entry["orphaned"].value("since_unix_ms", uint64_t{0}) > 0);
+  CHECK(entry["orphaned"].value("kept_until", "") == "it reconnects with its session token or pid " + pid + " exits");
+
+  Captured text = tmsctl({"status", "--socket", node.socket});
+  INFO(text.out << text.err);
+  CHECK(text.rc == 0);
+  CHECK(contains(text.out, " orphaned "));  // the state column
+  CHECK(contains(text.out, "orphaned: lost its connection at "));
+  CHECK(contains(text.out,
+                 "(4.0 MiB on disk) are kept, and count against max-sessions-per-uid, until it reconnects "
+                 "with its session token or pid " +
+                     pid + " exits"));
+
+  // A pause or resume of only that rank says why nothing can be done now.
+  Captured resume = tmsctl({"resume", "--job", "gone", "--socket", node.socket});
+  INFO(resume.out << resume.err);
+  CHECK(resume.rc == 1);
+  CHECK(contains(resume.err, "lost their connection to tmsdiskd (orphaned in `tmsctl status`)"));
+}
+
 TEST_CASE("result lines say paused, resumed and verified, or nothing to do, and a no-op keeps the last figures") {
   Node node;
   node.device_mb = 256;

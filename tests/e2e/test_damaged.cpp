@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -36,6 +37,11 @@ void flip_byte(const std::string& path, uint64_t offset) {
   f.write(&b, 1);
   f.close();
   ::sync();
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // The rank's `tmsctl --json status` entry.
@@ -216,4 +222,67 @@ TEST_CASE("freeing the damaged allocation leaves the rank running, and the next 
   CHECK(paused.ok());
   CHECK(paused[0].outcome == "done");
   r.prog->cmd("exit");
+}
+
+TEST_CASE(
+    "a manifest deleted while tmsdiskd was stopped: the resume is refused naming it, the data file and the rank "
+    "live on, --accept-loss gives zeros (issue 11)") {
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("nomanifest", 0);
+  env["TMSDISK_ON_TOUCH"] = "fail";  // touching the memory that stays paused fails at once
+  Proc prog({CUDA_PATTERN_PATH}, env);
+  REQUIRE(prog.line() == "ready");
+  const std::string addr = ok_addr(prog.cmd("alloc 1 8388608 direct"));
+  REQUIRE_FALSE(addr.empty());
+  auto paused = node.pause(prog.pid());
+  INFO(paused.text);
+  REQUIRE(paused.ok());
+  const std::string dir = node.rank_dir("nomanifest", 0, prog.pid());
+  REQUIRE(node.daemon.stop() == 0);
+  const std::string data = file_bytes(dir + "/data");
+  REQUIRE(data.size() >= 8 * MiB);
+  REQUIRE(fs::remove(dir + "/manifest"));
+  node.start_daemon();  // on the same root; the shim reconnects with its session token
+  REQUIRE(eventually([&] { return node.status().size() == 1; }, std::chrono::seconds(60)));
+
+  // Before, the daemon truncated the data file to 0 bytes here, and the resume said only "blob 1 is
+  // not in the reserved set".
+  auto resumed = node.resume(prog.pid());
+  INFO(resumed.text);
+  REQUIRE_FALSE(resumed.ok());
+  REQUIRE(resumed.size() == 1);
+  const std::string& why = resumed[0].message;
+  CHECK(why.find(addr + " (8.0 MiB; chunk 0 is missing from the backup)") != std::string::npos);
+  CHECK(why.find("the pause record " + dir + "/manifest is missing") != std::string::npos);
+  CHECK(why.find(dir + "/data (" + std::to_string(data.size()) + " bytes) is kept untouched") != std::string::npos);
+  CHECK(why.find("--accept-loss") != std::string::npos);
+  CHECK(file_bytes(dir + "/data") == data);
+
+  // The program runs on: its paused allocation stays paused (touching it fails, as asked), the rest works.
+  CHECK(prog.cmd("check 1") == "err copy " + std::to_string(kNotPermitted));
+  CHECK(prog.cmd("addr 1") == "ok " + addr);
+  json st = rank_status(node);
+  INFO(st.dump());
+  CHECK(st["damaged"]["allocations"] == 1);
+  REQUIRE(st["damaged"]["ranges"].size() == 1);
+  CHECK(st["damaged"]["ranges"][0]["reason"] == "missing");
+
+  // The user gives the memory up: zeros at the same address, and the files serve the next pause.
+  const Captured accepted = run_captured(
+      {TMSCTL_PATH, "--socket", node.socket, "resume", "--pid", std::to_string(prog.pid()), "--accept-loss"},
+      node.sim_env());
+  INFO(accepted.out << accepted.err);
+  CHECK(accepted.rc == 0);
+  CHECK(accepted.out.find("DATA LOST: 1 allocation(s)") != std::string::npos);
+  CHECK(prog.cmd("zeros 1") == "ok");
+  auto again = node.pause(prog.pid());
+  INFO(again.text);
+  CHECK(again.ok());
+  auto back = node.resume(prog.pid());
+  INFO(back.text);
+  CHECK(back.ok());
+  CHECK(prog.cmd("zeros 1") == "ok");
+  prog.cmd("exit");
+  CHECK(prog.wait() == 0);
 }

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <utility>
@@ -51,6 +53,12 @@ void flip_bit_on_disk(const std::string& path, uint64_t offset) {
 }
 
 constexpr uint64_t MiB = 1ull << 20;
+
+uint64_t now_unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
 
 struct Daemon {
   TempDir dir{test_tmp_root()};
@@ -93,6 +101,18 @@ struct Daemon {
     if (!c) return 999;
     auto s = c->list_sessions();
     return s ? s->size() : 999;
+  }
+  // What LIST_SESSIONS answers (`tmsctl status`), empty if it fails.
+  std::vector<proto::SessionInfo> sessions() {
+    auto c = ctl::Client::connect(socket);
+    if (!c) return {};
+    auto s = c->list_sessions();
+    return s ? std::move(s).value() : std::vector<proto::SessionInfo>{};
+  }
+  // Whether the one session listed is an orphan (its shim's connection gone, its files kept).
+  bool one_orphan() {
+    auto s = sessions();
+    return s.size() == 1 && s[0].orphaned == 1;
   }
   std::string rank_dir(std::size_t root, const std::string& job, int64_t rank, pid_t pid) const {
     return roots[root] + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" +
@@ -902,7 +922,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
     REQUIRE(c.commit(proto::CommitState::Paused));
     c.close();  // the process lives on: its paused memory exists only in these files
     const std::string dir = d.rank_dir(0, "orphan", 4, ::getpid());
-    REQUIRE(eventually([&] { return d.session_count() == 0; }));
+    REQUIRE(eventually([&] { return d.one_orphan(); }));
     CHECK(fs::exists(dir + "/data"));
     auto wrong = ShimClient::connect(
         d.socket, {.job = "orphan", .rank = 4, .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
@@ -932,13 +952,239 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   }
   ::close(go[0]);
   const std::string dir = d.rank_dir(0, "orphan", 5, child);
-  REQUIRE(eventually([&] { return fs::exists(dir + "/manifest") && d.session_count() == 0; }));
+  REQUIRE(eventually([&] { return fs::exists(dir + "/manifest") && d.one_orphan(); }));
   CHECK(fs::exists(dir + "/data"));
   ::close(go[1]);
   int status = 0;
   ::waitpid(child, &status, 0);
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(eventually([&] { return !fs::exists(dir); }));
+}
+
+TEST_CASE("an orphan is listed by LIST_SESSIONS as orphaned, since when and with what it keeps on disk (issue 11)") {
+  Daemon d;
+  d.start();
+  const std::vector<BlobSize> blobs = {{1, 12 * MiB}};
+  auto c = d.shim({.job = "listed", .rank = 2});
+  const uint64_t token = c.welcome().token;
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  const uint64_t before = now_unix_ms();
+  c.close();  // the process lives on: its paused memory exists only in the rank's files
+  // Before, the session vanished from the list while it still counted against the per-user limit.
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  const proto::SessionInfo orphan = d.sessions().at(0);
+  CHECK(orphan.job == "listed");
+  CHECK(orphan.rank == 2);
+  CHECK(orphan.pid == ::getpid());
+  CHECK(orphan.orphaned_unix_ms >= before);
+  CHECK(orphan.orphaned_unix_ms <= now_unix_ms());
+  CHECK(orphan.disk_bytes >= 12 * MiB);
+
+  // It cannot be paused or resumed until it reconnects, and the refusal says why.
+  auto ctl = d.control();
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Resume);
+  req.match = proto::kMatchJob;
+  req.job = "listed";
+  auto refused = ctl.control(req);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().errnum() == ENOTCONN);
+  CHECK_THAT(refused.error().message, Catch::Contains("lost their connection") && Catch::Contains("orphaned"));
+
+  auto again = d.shim({.job = "listed", .rank = 2, .token = token});
+  CHECK(again.welcome().adopted == 1);
+  auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].orphaned == 0);
+  CHECK(listed[0].orphaned_unix_ms == 0);
+  REQUIRE(again.read_all(blobs, check_pattern));
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+}
+
+TEST_CASE("the per-user session limit's refusal counts the orphans among the sessions (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-sessions-per-uid", "2"});
+  CHECK(as_other_user([&] {
+          const ShimClient::Options options{
+              .job = "lim", .rank = 0, .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB};
+          auto orphan = ShimClient::connect(d.socket, options);
+          if (!orphan) return orphan.error().errnum() == EACCES ? kUnreachable : 11;
+          const std::vector<BlobSize> blobs = {{1, 8 * MiB}};
+          if (!orphan->reserve(blobs) || !orphan->write_all(blobs, fill_pattern) ||
+              !orphan->commit(proto::CommitState::Paused))
+            return 12;
+          orphan->close();  // this process lives on: the session stays, an orphan
+          if (!eventually([&] { return d.one_orphan(); })) return 13;
+          ShimClient::Options second = options;
+          second.rank = 1;
+          auto live = ShimClient::connect(d.socket, second);
+          if (!live) return 14;
+          ShimClient::Options third = options;
+          third.rank = 2;
+          auto refused = ShimClient::connect(d.socket, third);
+          if (refused || refused.error().errnum() != EDQUOT) return 15;
+          const std::string& why = refused.error().message;
+          if (why.find("already has 2 sessions (1 orphaned") == std::string::npos) return 16;
+          if (why.find("kept for reconnection until each reconnects with its session token or its process exits") ==
+              std::string::npos)
+            return 17;
+          if (why.find("tmsctl status") == std::string::npos) return 18;
+          return 0;
+        }) == 0);
+}
+
+namespace {
+
+// The bytes of a file, to show that nothing in it changed.
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+proto::Read read_of(uint64_t blob, uint64_t offset, uint32_t length) {
+  proto::Read rd;
+  rd.slot = 1;
+  rd.length = length;
+  rd.blob = blob;
+  rd.offset = offset;
+  return rd;
+}
+
+// A rank (job "lost", rank 3) pauses blob 4 and the daemon stops; `damage` does what it does to the
+// rank's directory while no daemon runs; the daemon starts on the same roots and the rank reconnects
+// with its token, as the shim does. `data` receives the data file's bytes before the damage.
+ShimClient paused_rank_after_restart(Daemon& d, const std::function<void(const std::string& dir)>& damage,
+                                     std::string& data) {
+  d.start();
+  auto c = d.shim({.job = "lost", .rank = 3});
+  const uint64_t token = c.welcome().token;
+  const std::vector<BlobSize> blobs = {{4, 12 * MiB}};
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  CHECK(d.proc.stop() == 0);
+  c.close();
+  data = file_bytes(dir + "/data");
+  REQUIRE(data.size() >= 12 * MiB);
+  damage(dir);
+  d.start();
+  return d.shim({.job = "lost", .rank = 3, .token = token});
+}
+
+// What every use of a rank's files with a lost record gets: its resume, a new pause and a pause
+// commit are refused with `what` (the file and why) and the way out; the data file is untouched.
+void check_refused_and_kept(Daemon& d, ShimClient& rank, const std::string& what, const std::string& data) {
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  const std::string kept = dir + "/data (" + std::to_string(data.size()) + " bytes) is kept untouched";
+  // The resume: its first READ. It used to find the data file truncated to 0 bytes and said only
+  // "blob 4 is not in the reserved set".
+  auto read = rank.call(read_of(4, 0, 4 * MiB));
+  REQUIRE_FALSE(read);
+  INFO(read.error().message);
+  CHECK(read.error().errnum() == EUCLEAN);  // the shim counts the allocation as damaged (missing)
+  CHECK_THAT(read.error().message,
+             Catch::StartsWith(what) && Catch::Contains(kept) && Catch::Contains("--accept-loss"));
+  // Asked whether to resume first, the daemon says so: a rank with every allocation resident closes
+  // the record by committing a resume; one with paused memory resumes, and is refused as above.
+  auto state = rank.call(proto::PauseState{});
+  REQUIRE(state);
+  CHECK(std::get<proto::PauseStateReply>(*state).paused == 1);
+  // A new set would truncate and punch the data file.
+  auto reserve = rank.reserve({{4, 12 * MiB}});
+  REQUIRE_FALSE(reserve);
+  CHECK(reserve.error().errnum() == EBUSY);
+  CHECK_THAT(reserve.error().message, Catch::Contains(what));
+  auto commit = rank.commit(proto::CommitState::Paused);
+  REQUIRE_FALSE(commit);
+  CHECK(commit.error().errnum() == EBUSY);
+  auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].disk_bytes == data.size());
+  CHECK(file_bytes(dir + "/data") == data);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a manifest deleted while the daemon was down: the data file is kept, the resume refused naming it (issue 11)") {
+  Daemon d;
+  std::string data;
+  auto rank = paused_rank_after_restart(
+      d, [](const std::string& dir) { REQUIRE(fs::remove(dir + "/manifest")); }, data);
+  CHECK(rank.welcome().restored == 0);
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  check_refused_and_kept(d, rank,
+                         "the pause record " + dir +
+                             "/manifest is missing: without it tmsdiskd cannot "
+                             "tell where this rank's paused memory lies in its data file",
+                         data);
+
+  // The rank's connection drops: its files are kept for it, an orphan (they may hold its memory).
+  const uint64_t token = rank.welcome().token;
+  rank.close();
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  CHECK(file_bytes(dir + "/data") == data);
+  auto again = d.shim({.job = "lost", .rank = 3, .token = token});
+  CHECK(again.call(read_of(4, 0, 4 * MiB)).error().errnum() == EUCLEAN);
+
+  // The user accepts the loss: the shim maps zeros and commits the resume. The files serve again.
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+  auto state = again.call(proto::PauseState{});
+  REQUIRE(state);
+  CHECK(std::get<proto::PauseStateReply>(*state).paused == 0);
+  const std::vector<BlobSize> blobs = {{4, 12 * MiB}};
+  REQUIRE(again.reserve(blobs));
+  REQUIRE(again.write_all(blobs, fill_pattern));
+  REQUIRE(again.commit(proto::CommitState::Paused));
+  REQUIRE(again.read_all(blobs, check_pattern));
+  REQUIRE(again.commit(proto::CommitState::Resumed));
+}
+
+TEST_CASE(
+    "a corrupted manifest: the data file is kept, the resume refused saying it is unreadable and why (issue 11)") {
+  Daemon d;
+  std::string data;
+  auto rank = paused_rank_after_restart(
+      d, [](const std::string& dir) { flip_bit_on_disk(dir + "/manifest", 40); }, data);
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  check_refused_and_kept(
+      d, rank,
+      "the pause record " + dir + "/manifest is unreadable (checksum mismatch: the file is torn or was modified)",
+      data);
+}
+
+TEST_CASE("a checksum journal deleted after the daemon died mid-pause: the chunks it sealed are kept, not removed") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "lost", .rank = 3});
+  const uint64_t token = c.welcome().token;
+  REQUIRE(c.reserve({{4, 8 * MiB}}));
+  for (uint64_t off = 0; off < 8 * MiB; off += 4 * MiB) {  // acknowledged: the shim may release the memory
+    fill_pattern(4, off, c.slot(0), 4 * MiB);
+    REQUIRE(c.call(proto::Write{{.slot = 0, .length = 4 * MiB, .blob = 4, .offset = off}}));
+  }
+  d.proc.kill9();  // no commit, no graceful stop
+  c.close();
+  const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
+  const std::string data = file_bytes(dir + "/data");
+  REQUIRE(fs::remove(dir + "/sums"));
+  d.start();
+  auto rank = d.shim({.job = "lost", .rank = 3, .token = token});
+  auto read = rank.call(read_of(4, 0, 4 * MiB));
+  REQUIRE_FALSE(read);
+  CHECK(read.error().errnum() == EUCLEAN);
+  CHECK_THAT(read.error().message, Catch::StartsWith("the checksum journal " + dir +
+                                                     "/sums of the pause in progress when tmsdiskd stopped "
+                                                     "is missing"));
+  // Every chunk passed for never written before, so the daemon deemed the files of no use to the rank:
+  // a dropped connection removed them.
+  rank.close();
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  CHECK(file_bytes(dir + "/data") == data);
 }
 
 TEST_CASE("a root daemon refuses a root that other users can write to") {

@@ -310,6 +310,39 @@ TEST_CASE("damaged ranges in a rank's stats: bounded, counted, with a known reas
   CHECK(128 * encoded_size(info) + 64 <= kMaxPayload);
 }
 
+TEST_CASE("a listed session says whether it is orphaned and since when; an entry that contradicts itself is refused") {
+  Sessions page;
+  page.total = 2;
+  SessionInfo connected;
+  connected.job = "j";
+  SessionInfo orphan = connected;
+  orphan.orphaned = 1;
+  orphan.orphaned_unix_ms = 1700000000123;
+  page.sessions = {connected, orphan};
+  auto back = round_trip(page);
+  REQUIRE(back.sessions.size() == 2);
+  CHECK(back.sessions[0].orphaned == 0);
+  CHECK(back.sessions[0].orphaned_unix_ms == 0);
+  CHECK(back.sessions[1].orphaned == 1);
+  CHECK(back.sessions[1].orphaned_unix_ms == 1700000000123);
+
+  auto refused = [&](SessionInfo bad) {
+    Sessions one;
+    one.total = 1;
+    one.sessions.push_back(std::move(bad));
+    return decode_code(encode(1, one)) == EBADMSG;
+  };
+  SessionInfo no_time = orphan;
+  no_time.orphaned_unix_ms = 0;  // `tmsctl status` could not say since when
+  CHECK(refused(no_time));
+  SessionInfo time_only = connected;
+  time_only.orphaned_unix_ms = 5;  // a connected session is nobody's orphan
+  CHECK(refused(time_only));
+  SessionInfo two = orphan;
+  two.orphaned = 2;
+  CHECK(refused(two));
+}
+
 TEST_CASE("encode refuses fields beyond their limits") {
   Hello h;
   h.role = 1;

@@ -798,46 +798,236 @@ TEST_CASE("adopt refuses a wrong owner and starts empty without a manifest") {
   REQUIRE((*fresh)->remove());
 }
 
-TEST_CASE("a corrupt manifest is refused") {
+namespace {
+
+// A store adopted with a lost record: every use of the files refused with `problem`, the files as
+// they were (`data` is the data file's bytes before the loss).
+void check_lost_record(RankStore& store, const std::string& data_path, const std::string& data) {
+  const std::string& problem = store.record_problem();
+  INFO(problem);
+  REQUIRE_FALSE(problem.empty());
+  CHECK_THAT(problem, Catch::Contains(data_path + " (" + std::to_string(data.size()) + " bytes) is kept untouched") &&
+                          Catch::Contains("--accept-loss") && Catch::Contains("restart tmsdiskd"));
+  CHECK(store.awaits_resume());
+  CHECK(store.holds_unresumed_data());  // a closed connection keeps the session and its files
+  CHECK_FALSE(store.paused());
+  CHECK(store.disk_bytes() == data.size());
+  auto located = store.locate(1, 0, kChunk);
+  REQUIRE_FALSE(located);
+  CHECK(located.error().errnum() == EUCLEAN);
+  CHECK(located.error().message == problem);
+  CHECK(store.expected_checksum(1, 0).error().errnum() == EUCLEAN);
+  CHECK_FALSE(store.record_checksum(1, 0, 5));
+  // A new set would recycle, truncate and punch the old extents: refused, as is a pause of nothing.
+  auto reserved = store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}});
+  REQUIRE_FALSE(reserved);
+  CHECK(reserved.error().errnum() == EBUSY);
+  CHECK(reserved.error().message == problem);
+  auto committed = store.commit(proto::CommitState::Paused);
+  REQUIRE_FALSE(committed);
+  CHECK(committed.error().errnum() == EBUSY);
+  CHECK(read_text(data_path) == data);
+}
+
+// A rank paused with 3 chunks of blob 1 written (bytes 0x11, 0x22, 0x33); returns its data file path.
+std::string paused_rank(Roots& roots, const RankIdentity& id) {
+  auto store = make_store(roots, id);
+  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  REQUIRE(store->reserve(set));
+  for (uint64_t c = 0; c < 3; ++c)
+    write_chunk(*store, 1, c * kChunk, kChunk, static_cast<unsigned char>(0x11 * (c + 1)));
+  fill_checksums(*store, set);
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  return store->dir_path() + "/data";
+}  // the daemon "exits" without removing anything
+
+}  // namespace
+
+TEST_CASE(
+    "a corrupt manifest keeps the data file untouched and refuses its use, saying the record is unreadable and why") {
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity();
-  std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
-  std::string manifest;
-  {
-    auto store = make_store(roots, id);
-    REQUIRE(store->reserve(set));
-    fill_checksums(*store, set);
-    REQUIRE(store->commit(proto::CommitState::Paused));
-    manifest = store->dir_path() + "/manifest";
-  }
+  const std::string data_path = paused_rank(roots, id);
+  const std::string manifest = std::filesystem::path(data_path).parent_path() / "manifest";
+  const std::string data = read_text(data_path);
+  REQUIRE(data.size() >= 3 * kChunk);
   const std::string good = read_text(manifest);
   REQUIRE(good.size() > 64);
 
-  auto expect_refused = [&](const std::string& bytes, const char* why) {
+  auto expect_lost = [&](const std::string& bytes, const char* why) {
     write_text(manifest, bytes);
     auto r = RankStore::adopt(roots, id, kChunk);
-    REQUIRE_FALSE(r);
-    CHECK(r.error().errnum() == EBADMSG);
-    CHECK_THAT(r.error().message, Catch::Contains("corrupt") && Catch::Contains(why));
+    INFO((r ? std::string() : r.error().describe()));
+    REQUIRE(r);  // the rank gets its session: its memory stays paused, the process runs
+    CHECK_THAT((*r)->record_problem(),
+               Catch::StartsWith("the pause record " + manifest + " is unreadable (") && Catch::Contains(why));
+    check_lost_record(**r, data_path, data);
   };
   std::string flipped = good;
   flipped[good.size() / 2] ^= 0x40;
-  expect_refused(flipped, "checksum mismatch");
+  expect_lost(flipped, "checksum mismatch");
   std::string magic = good;
   magic[0] = 'X';
-  expect_refused(magic, "magic");
-  expect_refused(good.substr(0, good.size() - 9), "checksum");
-  expect_refused("", "too short");
+  expect_lost(magic, "magic");
+  expect_lost(good.substr(0, good.size() - 9), "checksum");
+  expect_lost("", "too short");
 
+  // Another chunk size is the session's mistake, not the record's: refused, and reconnecting as
+  // before works.
   write_text(manifest, good);
   auto wrong_chunk = RankStore::adopt(roots, id, 2 * kChunk);
   REQUIRE_FALSE(wrong_chunk);
   CHECK_THAT(wrong_chunk.error().message, Catch::Contains("chunk size"));
   auto ok = RankStore::adopt(roots, id, kChunk);
   REQUIRE(ok);
+  CHECK((*ok)->record_problem().empty());
   CHECK((*ok)->paused());
+  CHECK(chunk_is(**ok, 1, 2 * kChunk, kChunk, 0x33));
   REQUIRE((*ok)->remove());
+}
+
+TEST_CASE("a deleted manifest never truncates the data file: its use is refused until the rank commits a resume") {
+  TempDir a, b;
+  Roots roots = open_roots({a.path(), b.path()});
+  RankIdentity id = my_identity("lost", 4);
+  const std::string data0 = paused_rank(roots, id);
+  const std::string dir0 = std::filesystem::path(data0).parent_path();
+  const std::string data1 = b.path() + "/" + rank_relative_dir(id) + "/data";
+  const std::string bytes0 = read_text(data0), bytes1 = read_text(data1);
+  REQUIRE(bytes0.size() > 0);
+  REQUIRE(bytes1.size() > 0);  // striped: chunk 1 lives on the second root
+  REQUIRE(std::filesystem::remove(dir0 + "/manifest"));
+
+  auto r = RankStore::adopt(roots, id, kChunk);
+  INFO((r ? std::string() : r.error().describe()));
+  REQUIRE(r);
+  RankStore& store = **r;
+  const std::string& problem = store.record_problem();
+  INFO(problem);
+  CHECK_THAT(problem, Catch::StartsWith("the pause record " + dir0 +
+                                        "/manifest is missing: without it tmsdiskd "
+                                        "cannot tell where this rank's paused memory lies"));
+  CHECK_THAT(problem,
+             Catch::Contains("the data files " + data0 + " (" + std::to_string(bytes0.size()) + " bytes) and " + data1 +
+                             " (" + std::to_string(bytes1.size()) + " bytes) are kept untouched"));
+  CHECK(store.disk_bytes() == bytes0.size() + bytes1.size());
+  CHECK(store.awaits_resume());
+  CHECK(store.holds_unresumed_data());
+  CHECK(store.locate(1, 0, kChunk).error().errnum() == EUCLEAN);
+  CHECK(store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}}).error().errnum() == EBUSY);
+  CHECK(read_text(data0) == bytes0);
+  CHECK(read_text(data1) == bytes1);
+
+  // The rank has every allocation resident again (it gave the paused ones up, --accept-loss): the
+  // record stops mattering, and the files serve the next pause.
+  REQUIRE(store.commit(proto::CommitState::Resumed));
+  CHECK(store.record_problem().empty());
+  CHECK_FALSE(store.awaits_resume());
+  REQUIRE(store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}}));
+  fill_checksums(store, std::vector<proto::BlobSize>{{1, 3 * kChunk}});
+  REQUIRE(store.commit(proto::CommitState::Paused));
+  REQUIRE(store.remove());
+}
+
+TEST_CASE("a rank that never reserved has empty data files: adopt without a manifest starts empty, no problem") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("fresh", 1);
+  { auto store = make_store(roots, id); }
+  auto r = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(r);
+  CHECK((*r)->record_problem().empty());
+  CHECK_FALSE((*r)->awaits_resume());
+  REQUIRE((*r)->reserve(std::vector<proto::BlobSize>{{1, kChunk}}));
+  REQUIRE((*r)->remove());
+}
+
+TEST_CASE("a checksum journal deleted mid-pause: the chunks it sealed are kept, and their use refused naming it") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("nosums", 1);
+  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  std::string dir;
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(set));
+    for (uint64_t c = 0; c < 3; ++c) write_chunk(*store, 1, c * kChunk, kChunk, 0x44);
+    fill_checksums(*store, set);  // every chunk acknowledged: the rank may have released all of it
+    dir = store->dir_path();
+  }  // the daemon dies before the pause is committed
+  const std::string data = read_text(dir + "/data");
+  REQUIRE(std::filesystem::remove(dir + "/sums"));
+  auto r = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(r);
+  CHECK_THAT((*r)->record_problem(), Catch::StartsWith("the checksum journal " + dir +
+                                                       "/sums of the pause in progress when tmsdiskd stopped "
+                                                       "is missing"));
+  // Before, the chunks passed for never written: nothing held, and a closed connection removed the files.
+  check_lost_record(**r, dir + "/data", data);
+  REQUIRE((*r)->remove());
+}
+
+TEST_CASE(
+    "a corrupt record in the checksum journal: that chunk is refused, the others verify, nothing is reserved over it") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("badsum", 1);
+  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  std::string dir;
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(set));
+    fill_checksums(*store, set);
+    dir = store->dir_path();
+  }  // the daemon dies before the pause is committed
+  std::string sums = read_text(dir + "/sums");
+  REQUIRE(sums.size() == 3 * 32);
+  sums[32 + 16] ^= 0x01;  // the checksum of chunk 1
+  write_text(dir + "/sums", sums);
+  const std::string data = read_text(dir + "/data");
+  auto r = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(r);
+  RankStore& store = **r;
+  CHECK(store.record_problem().empty());
+  CHECK(store.expected_checksum(1, 0));
+  CHECK(store.expected_checksum(1, 2 * kChunk));
+  auto bad = store.expected_checksum(1, kChunk);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().errnum() == EUCLEAN);
+  CHECK_THAT(bad.error().message,
+             Catch::Contains("the record of this chunk in the checksum journal " + dir + "/sums is corrupt") &&
+                 Catch::Contains(dir + "/data (" + std::to_string(data.size()) + " bytes) is kept untouched"));
+  CHECK(store.awaits_resume());
+  CHECK(store.holds_unresumed_data());
+  auto reserved = store.reserve(set);
+  REQUIRE_FALSE(reserved);
+  CHECK(reserved.error().errnum() == EBUSY);
+  CHECK_THAT(reserved.error().message, Catch::Contains("1 chunk(s)") && Catch::Contains(dir + "/sums"));
+  CHECK(read_text(dir + "/data") == data);
+  REQUIRE(store.commit(proto::CommitState::Resumed));  // every allocation resident again
+  CHECK_FALSE(store.awaits_resume());
+  REQUIRE(store.reserve(set));
+  REQUIRE(store.remove());
+}
+
+TEST_CASE("create keeps a directory of its own pid whose owner file is gone when its data file holds bytes") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("noowner", 2);
+  const std::string data_path = paused_rank(roots, id);
+  const std::string dir = std::filesystem::path(data_path).parent_path();
+  const std::string data = read_text(data_path);
+  REQUIRE(std::filesystem::remove(dir + "/owner"));
+  // Its adoption fails for the missing owner (ENOENT), after which the daemon used to start afresh and
+  // replace the directory, paused data and all.
+  auto again = RankStore::create(roots, id, kChunk);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().errnum() == EEXIST);
+  CHECK_THAT(again.error().message, Catch::Contains(dir + " has no valid owner file") &&
+                                        Catch::Contains("data file of " + std::to_string(data.size()) + " bytes"));
+  CHECK(read_text(data_path) == data);
+  CHECK(exists(dir + "/manifest"));
 }
 
 // ---------------------------------------------------------------------------------------------

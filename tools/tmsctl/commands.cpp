@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -105,6 +106,54 @@ json damaged_json(const proto::RankStats& s) {
   return {{"allocations", s.damaged_allocations}, {"bytes", s.damaged_bytes}, {"ranges", ranges}};
 }
 
+// "2024-05-01 14:03:07" in local time, as people read a clock.
+std::string local_time_text(uint64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  char buf[32];
+  if (!::localtime_r(&t, &tm) || std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm) == 0) return "?";
+  return buf;
+}
+
+// "3h 12m", "4m 05s", "12s": how long ago `unix_ms` was.
+std::string age_text(uint64_t unix_ms) {
+  const auto now = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  const uint64_t s = now > unix_ms ? (now - unix_ms) / 1000 : 0;
+  char buf[48];
+  if (s >= 86400)
+    std::snprintf(buf, sizeof(buf), "%llud %lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s % 86400 / 3600));
+  else if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%lluh %02llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof(buf), "%llum %02llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof(buf), "%llus", static_cast<unsigned long long>(s));
+  return buf;
+}
+
+// An orphan is kept with no time limit: until its rank comes back or its process ends.
+std::string kept_until_text(const proto::SessionInfo& s) {
+  return "it reconnects with its session token or pid " + std::to_string(s.pid) + " exits";
+}
+
+// The state column: an orphan's own, since the rank's last report predates its lost connection.
+const char* session_state_text(const proto::SessionInfo& s) {
+  return s.orphaned ? "orphaned" : proto::state_name(static_cast<proto::RankState>(s.stats.state));
+}
+
+// The status line under an orphan: since when, what it holds, until when it is kept.
+std::string orphan_text(const proto::SessionInfo& s) {
+  return "lost its connection at " + local_time_text(s.orphaned_unix_ms) + " (" + age_text(s.orphaned_unix_ms) +
+         " ago) while " + proto::state_name(static_cast<proto::RankState>(s.stats.state)) + "; its files (" +
+         human_bytes(s.disk_bytes) + " on disk) are kept, and count against max-sessions-per-uid, until " +
+         kept_until_text(s);
+}
+
 fs::path self_dir() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -162,7 +211,7 @@ int cmd_status(const Common& common) {
                      {"uid", s.uid},
                      {"job", s.job},
                      {"rank", s.rank},
-                     {"state", proto::state_name(static_cast<proto::RankState>(s.stats.state))},
+                     {"state", session_state_text(s)},
                      {"resident_bytes", s.stats.resident_bytes},
                      {"paused_bytes", s.stats.paused_bytes},
                      {"unmanaged_bytes", unmanaged},
@@ -171,7 +220,12 @@ int cmd_status(const Common& common) {
                      {"last_pause", {{"bytes", s.stats.last_pause_bytes}, {"ns", s.stats.last_pause_ns}}},
                      {"last_resume", {{"bytes", s.stats.last_resume_bytes}, {"ns", s.stats.last_resume_ns}}},
                      {"last_change_unix_ms", s.stats.last_change_unix_ms},
-                     {"damaged", damaged_json(s.stats)}});
+                     {"damaged", damaged_json(s.stats)},
+                     {"orphaned",
+                      s.orphaned ? json{{"since_unix_ms", s.orphaned_unix_ms},
+                                        {"last_state", proto::state_name(static_cast<proto::RankState>(s.stats.state))},
+                                        {"kept_until", kept_until_text(s)}}
+                                 : json(nullptr)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -188,9 +242,9 @@ int cmd_status(const Common& common) {
       last = human_bytes(s.stats.last_pause_bytes) + " " + rate_text(s.stats.last_pause_bytes, s.stats.last_pause_ns) +
              " / " + rate_text(s.stats.last_resume_bytes, s.stats.last_resume_ns);
     std::printf("%-16s %5s %8d %-16s %10s %10s %10s %10s %s\n", s.job.c_str(), rank_text(s.rank).c_str(), s.pid,
-                proto::state_name(static_cast<proto::RankState>(s.stats.state)),
-                human_bytes(s.stats.resident_bytes).c_str(), human_bytes(s.stats.paused_bytes).c_str(),
-                human_bytes(unmanaged_total(s.stats)).c_str(), human_bytes(s.disk_bytes).c_str(), last.c_str());
+                session_state_text(s), human_bytes(s.stats.resident_bytes).c_str(),
+                human_bytes(s.stats.paused_bytes).c_str(), human_bytes(unmanaged_total(s.stats)).c_str(),
+                human_bytes(s.disk_bytes).c_str(), last.c_str());
     // Why the unmanaged bytes are not paused, so that nobody has to guess what stayed on the GPU.
     std::string why;
     for (std::size_t i = 0; i < proto::kUnmanagedReasons; ++i) {
@@ -202,6 +256,7 @@ int cmd_status(const Common& common) {
     // Memory a resume could not restore, in the program's terms, and what to do about it.
     if (s.stats.damaged_allocations)
       std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
+    if (s.orphaned) std::printf("%-16s %5s %8s   orphaned: %s\n", "", "", "", orphan_text(s).c_str());
   }
   return 0;
 }

@@ -39,6 +39,9 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    CONTROL and COMMAND carry flags (kAcceptLoss: `tmsctl resume --accept-loss`), and RankStats the
 //    allocations a resume could not restore because their backup is damaged (count, bytes and the
 //    first kMaxDamagedRanges ranges), so that `tmsctl status` names them in the application's terms.
+//    SessionInfo says whether the session is an orphan (its rank lost the connection and its files are
+//    kept for it to reconnect) and since when: orphans count against max-sessions-per-uid, so
+//    `tmsctl status` lists them (issue 11).
 inline constexpr uint16_t kVersion = 4;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
@@ -145,6 +148,9 @@ enum class Damage : uint8_t {
   ReadError = 2,         // reading a chunk failed: an I/O error, or the file is shorter than recorded
   Missing = 3,           // the daemon holds no sealed copy of a chunk (never written, or its record is gone)
 };
+// A READ refused with EUCLEAN: the daemon's record of where the chunk lies or what it must read back
+// as (the rank's manifest, or its checksum journal) is missing or unreadable. The data file is kept
+// untouched; the message names the file and what the user can do. The shim counts it as Missing.
 inline constexpr uint8_t kDamageMax = 3;
 // RankStats lists at most this many damaged ranges (the first ones by address); the counts cover all.
 inline constexpr std::size_t kMaxDamagedRanges = 4;
@@ -226,11 +232,18 @@ struct SessionInfo {
   int64_t rank = 0;
   std::string job;
   uint64_t disk_bytes = 0;  // bytes reserved on disk for this rank
-  RankStats stats;
+  RankStats stats;          // as the rank last reported them (an orphan's: before it lost its connection)
+  // 1: the rank lost its connection while its files hold memory it released (or it shares memory
+  // through legacy IPC); the daemon keeps the session and its files until the rank reconnects with its
+  // session token or its process exits. It counts against max-sessions-per-uid like any session.
+  uint8_t orphaned = 0;
+  uint64_t orphaned_unix_ms = 0;  // when it lost its connection; set exactly when orphaned
   template <class F>
   void fields(F&& f) {
-    f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats);
+    f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats), f(orphaned),
+        f(orphaned_unix_ms);
   }
+  bool check(std::string& why) const;
 };
 
 // A rank a CONTROL was sent to (ControlTargets).
