@@ -722,6 +722,10 @@ uint64_t RankStore::disk_bytes() const noexcept {
   return total;
 }
 
+uint64_t RankStore::disk_bytes_on(std::size_t root) const noexcept {
+  return root < impl_->roots.size() ? impl_->roots[root].alloc.used_bytes() : 0;
+}
+
 Status RankStore::commit(proto::CommitState state) {
   try {
     Impl& m = *impl_;
