@@ -42,8 +42,8 @@ struct Node {
     REQUIRE(rc == 0);
   }
   ShimClient rank(const std::string& job, int64_t rank) {
-    auto c = ShimClient::connect(socket, {.job = job, .rank = rank, .staging_budget_bytes = 16 * MiB,
-                                          .chunk_bytes = 4 * MiB});
+    auto c = ShimClient::connect(socket,
+                                 {.job = job, .rank = rank, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
     INFO((c ? "" : c.error().describe()));
     REQUIRE(c);
     return std::move(c.value());
@@ -167,7 +167,7 @@ TEST_CASE("the metrics file counts a pause and a resume as each completes, with 
   CHECK_FALSE(fs::exists(node.metrics));
 }
 
-TEST_CASE("failures are counted by cause; a rank whose connection drops before it answers, as disconnected") {
+TEST_CASE("failures are counted by cause - a rank whose connection drops before it answers, as disconnected") {
   Node node;
   fs::create_directories(node.textfile_dir);
   node.start(node.metrics);
@@ -202,7 +202,7 @@ TEST_CASE("failures are counted by cause; a rank whose connection drops before i
   CHECK(e.value("tmsdisk_operation_duration_seconds_count", {{"op", "resume"}}) == 0);
 }
 
-TEST_CASE("a metrics file that cannot be written is logged once; the daemon serves on and writes it once it can") {
+TEST_CASE("a metrics file that cannot be written is logged once - the daemon serves on and writes it once it can") {
   Node node;
   node.start(node.metrics);  // its directory does not exist yet
   auto rank = node.rank("nowhere", 0);
