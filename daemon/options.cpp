@@ -146,6 +146,20 @@ constexpr Setting kSettings[] = {
      .help = "io_uring submission queue entries",
      .min = 1,
      .max = 4096},
+    {.name = "metrics-file",
+     .value_name = "PATH",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.metrics_file; },
+     .help = "Prometheus metrics for node-exporter's textfile collector, e.g. "
+             "/var/lib/node_exporter/textfile_collector/tmsdisk.prom: written atomically every metrics-interval-s "
+             "and after each pause or resume, removed on stopping (default: none)",
+     .may_be_empty = true},
+    {.name = "metrics-interval-s",
+     .value_name = "S",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.metrics_interval_s; },
+     .help = "seconds between writes of metrics-file (it is also written after each pause or resume)",
+     .min = 1,
+     .max = 3600,
+     .unit = "s"},
     {.name = "private",
      .target = [](DaemonOptions& o) -> Target { return &o.private_mode; },
      .help = "run as this user's private daemon (what `tmsctl run` and the shim start when no daemon answers): "
@@ -210,7 +224,7 @@ bool store(const Setting& s, const std::vector<Element>& elements, DaemonOptions
   };
   auto text = [&](const Element& e) -> std::optional<std::string> {
     const auto* v = std::get_if<std::string>(&e);
-    if (!v || v->empty()) return std::nullopt;
+    if (!v || (v->empty() && !s.may_be_empty)) return std::nullopt;
     if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(), *v) == s.choices.end()) return std::nullopt;
     return *v;
   };
@@ -422,6 +436,7 @@ std::string expected_form(const Setting& s, Source source) {
           return file ? "true or false" : "no value";
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (!s.choices.empty()) return "one of " + joined(s.choices, file ? "\"" : "");
+          if (s.may_be_empty) return file ? "a path, as a string in double quotes (\"\": none)" : "a path";
           return file ? "a path, as a string in double quotes" : "a path";
         } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
           return file ? fmt::format("an array of paths, e.g. {} = [\"/nvme0/tmsdisk\", \"/nvme1/tmsdisk\"]", s.name)

@@ -44,6 +44,7 @@ struct Setting {
   std::string_view unit{};                      // integers: MiB, s
   std::span<const std::string_view> choices{};  // text that must be one of these
   bool command_line_only = false;               // refused as a config-file key (--config, --detach...)
+  bool may_be_empty = false;                    // text: "" is a value, meaning none (metrics-file)
 };
 
 // Every setting, in the order --help, --check-config and the man page list them.

@@ -109,6 +109,7 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
       spdlog::error("session {}: cannot seal blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
       return error_reply(sum.error().errnum(), sum.error().describe());
     }
+    if (on_moved) on_moved(p.op, p.length);
     return proto::Written{};
   }
   auto sum = s.store->verify(p.blob, p.offset, bytes);
@@ -116,6 +117,7 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
     spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
     return error_reply(sum.error().errnum(), sum.error().describe());
   }
+  if (on_moved) on_moved(p.op, p.length);
   return proto::ReadDone{};
 }
 

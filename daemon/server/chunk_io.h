@@ -36,6 +36,9 @@ class ChunkIo {
   // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
   void on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
 
+  // Told each chunk written or read and checked, with its length (the metrics' moved bytes).
+  std::function<void(io::Op, uint64_t)> on_moved;
+
  private:
   struct Pending {
     uint64_t session_id = 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chunk_io.h"
+#include "metrics.h"
 
 namespace tmsdisk::server {
 namespace {
@@ -118,11 +119,13 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
     cmd.flags = m.flags;
     const uint64_t cmd_id = next_command_++;
     s.commands.emplace(cmd_id, op_id);
+    if (metrics_) metrics_->command_sent(cmd_id, sid, static_cast<proto::CommandOp>(cmd.op));
     send_(s.conn_id, cmd_id, cmd);
   }
 }
 
 void ControlRouter::command_done(Session& s, uint64_t command_id, const proto::CommandDone& m) {
+  if (metrics_) metrics_->command_answered(command_id, m);  // before the result goes on: then it is counted
   auto it = s.commands.find(command_id);
   if (it == s.commands.end()) return;  // the tmsctl that asked has gone; nothing to forward
   const uint64_t op_id = it->second;
@@ -140,6 +143,7 @@ void ControlRouter::progress(Session& s, uint64_t command_id, proto::Progress& m
 }
 
 void ControlRouter::session_lost(Session& s) {
+  if (metrics_) metrics_->session_lost(s.id);
   proto::CommandDone lost;
   lost.code = ECONNRESET;
   lost.message = "the rank exited or lost its connection before answering";

@@ -20,6 +20,8 @@
 
 namespace tmsdisk::server {
 
+class Metrics;
+
 class ControlRouter {
  public:
   using Clock = std::chrono::steady_clock;
@@ -27,6 +29,9 @@ class ControlRouter {
   using Send = std::function<void(uint64_t conn_id, uint64_t request_id, const proto::Message& m)>;
 
   ControlRouter(SessionTable& sessions, Send send) : sessions_(sessions), send_(std::move(send)) {}
+
+  // Counts each COMMAND's result there (metrics.h), answered or lost, whoever still waits for it.
+  void set_metrics(Metrics* metrics) noexcept { metrics_ = metrics; }
 
   // A tmsctl's requests, on connection `conn_id` of a client of uid `uid`.
   void list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m);
@@ -68,6 +73,7 @@ class ControlRouter {
   std::map<uint64_t, Op> ops_;
   uint64_t next_op_ = 1;
   uint64_t next_command_ = 1;
+  Metrics* metrics_ = nullptr;
 };
 
 }  // namespace tmsdisk::server

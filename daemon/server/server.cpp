@@ -29,6 +29,7 @@
 #include "control_router.h"
 #include "fd_reaper.h"
 #include "ipc_exports.h"
+#include "metrics.h"
 #include "session_table.h"
 #include "storage.h"
 #include "tmsdisk/common/unique_fd.h"
@@ -98,6 +99,7 @@ struct Server::Impl {
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<ChunkIo> chunks;
   std::unique_ptr<ControlRouter> router;
+  std::unique_ptr<MetricsExporter> metrics;
 
   explicit Impl(Config c) : config(std::move(c)) {}
 
@@ -198,6 +200,8 @@ struct Server::Impl {
         });
 
     if (auto s = take_lock(); !s) return s;
+    // After the lock: a second daemon refused here must not overwrite (or remove) the first one's file.
+    metrics = std::make_unique<MetricsExporter>(config, *sessions, roots, *router, *chunks);
     sweep();
     if (auto s = bind_socket(); !s) return s;
     if (config.sweep_interval_s > 0) {
@@ -710,6 +714,7 @@ struct Server::Impl {
       const int idle = idle_exit_timeout();
       if (stopping) break;
       if (idle >= 0 && (timeout < 0 || idle < timeout)) timeout = idle;
+      if (const int m = metrics->write_if_due(); m >= 0 && (timeout < 0 || m < timeout)) timeout = m;
       int n = ::epoll_wait(epoll_fd.get(), events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0) {
         if (errno == EINTR) continue;

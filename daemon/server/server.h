@@ -34,6 +34,8 @@ struct Config {
   unsigned queue_depth = 64;
   bool exit_when_idle = false;                           // embedded per-user daemon: stop after last session
   unsigned idle_exit_s = 60;                             // ... or when no session came this long after start
+  std::string metrics_file;                              // Prometheus textfile (metrics.h); empty: none
+  unsigned metrics_interval_s = 15;                      // ... written this often, and after each operation
   int listen_fd = -1;                                    // an already-listening socket (systemd activation)
   std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
 };

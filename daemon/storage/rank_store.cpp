@@ -782,6 +782,20 @@ uint64_t RankStore::disk_bytes() const noexcept {
   return total;
 }
 
+uint64_t RankStore::disk_bytes_on(std::size_t root) const noexcept {
+  if (root >= impl_->roots.size()) return 0;
+  if (!impl_->record_problem.empty()) {
+    // As disk_bytes(): with the record lost, the whole data file is kept.
+    try {
+      const std::vector<uint64_t> sizes = impl_->data_file_sizes();
+      return root < sizes.size() ? sizes[root] : 0;
+    } catch (const std::bad_alloc&) {
+      return 0;
+    }
+  }
+  return impl_->roots[root].alloc.used_bytes();
+}
+
 Status RankStore::commit(proto::CommitState state) {
   try {
     Impl& m = *impl_;

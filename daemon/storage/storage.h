@@ -190,6 +190,8 @@ class RankStore {
 
   // Bytes allocated in data files on all roots (with a record_problem(), their whole size: all kept).
   uint64_t disk_bytes() const noexcept;
+  // Those on root `root` (its index in Roots; 0 for an index beyond them), for the metrics per root.
+  uint64_t disk_bytes_on(std::size_t root) const noexcept;
 
   // Removes the rank's directories on every root (session closed), then the job and uid
   // directories where they became empty. Idempotent. The destructor never removes anything (a

@@ -157,3 +157,19 @@ TEST_CASE("tmsdiskd --help and --check-config exit 0 and print to stdout") {
   CHECK(o.err.empty());
   CHECK_THAT(o.out, StartsWith("tmsdiskd: /nonexistent/tmsdiskd.conf: absent") && Contains("\nroot = [ \"/r\" ]\n"));
 }
+
+TEST_CASE("metrics-file may be empty, meaning none, where another path may not; its interval is checked") {
+  DaemonOptions o;
+  REQUIRE(apply_config_text("metrics-file = \"/var/lib/node_exporter/textfile_collector/tmsdisk.prom\"\n"
+                            "metrics-interval-s = 60\n",
+                            "a.conf", o)
+              .empty());
+  CHECK(o.config.metrics_file == "/var/lib/node_exporter/textfile_collector/tmsdisk.prom");
+  CHECK(o.config.metrics_interval_s == 60);
+  CHECK(apply_config_text("metrics-file = \"\"\n", "a.conf", o).empty());
+  CHECK(o.config.metrics_file.empty());
+  CHECK_FALSE(apply_config_text("socket = \"\"\n", "a.conf", o).empty());
+  const Problems p = apply_config_text("metrics-interval-s = 0\n", "a.conf", o);
+  REQUIRE(p.size() == 1);
+  CHECK_THAT(p[0], Contains("metrics-interval-s = 0: expected an integer from 1 to 3600 (s)"));
+}
