@@ -227,11 +227,11 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
 
   for (Operation op : kAllOps) {
     const std::string name = fmt::format("tmsdisk_{}s_total", name_of(op));
-    out.family(name, "counter",
-               fmt::format("{} the daemon asked of ranks (tmsctl {}), one per rank, by result: ok, failed, or no_op "
-                           "(nothing to {}). A process's own {}s (tmsdisk_{}()) are not counted.",
-                           op == Operation::pause ? "Pauses" : "Resumes", name_of(op), name_of(op), name_of(op),
-                           name_of(op)));
+    out.family(
+        name, "counter",
+        fmt::format("{} the daemon asked of ranks (tmsctl {}), one per rank, by result: ok, failed, or no_op "
+                    "(nothing to {}). A process's own {}s (tmsdisk_{}()) are not counted.",
+                    op == Operation::pause ? "Pauses" : "Resumes", name_of(op), name_of(op), name_of(op), name_of(op)));
     for (OperationResult r : kAllResults)
       out.sample(name, std::vector<Label>{{"result", std::string(name_of(r))}},
                  results_[static_cast<std::size_t>(op)][static_cast<std::size_t>(r)]);

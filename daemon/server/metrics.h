@@ -103,8 +103,10 @@ inline constexpr double kDurationBuckets[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 struct MetricsSnapshot {
   uint64_t sessions_connected = 0;
   uint64_t sessions_orphaned = 0;
-  uint64_t staging_bytes = 0;  // pinned staging the daemon holds mapped for its sessions
-  std::vector<std::pair<std::string, uint64_t>> disk_bytes;  // per root: allocated in its ranks' files
+  // Pinned staging the daemon holds mapped for its sessions.
+  uint64_t staging_bytes = 0;
+  // Per root: bytes allocated in the files of its ranks.
+  std::vector<std::pair<std::string, uint64_t>> disk_bytes;
 };
 
 // Takes the snapshot from the session table: every session's staging, and its store's bytes on each root.

@@ -2,8 +2,6 @@
 // tmsdiskd's metrics (daemon/server/metrics.h): the exposition its formatter writes, read back with the
 // tests' own parser (exposition_parser.h); how results are counted; the file written atomically and
 // its failures logged once per distinct error.
-#include "metrics.h"
-
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -17,6 +15,7 @@
 #include <sstream>
 
 #include "exposition_parser.h"
+#include "metrics.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -227,7 +226,7 @@ TEST_CASE("a write that fails is logged once per distinct error, and the recover
   for (int i = 0; i < 3; ++i) CHECK_FALSE(file.write("tmsdisk_x 1\n"));
   fs::create_directory(missing);
   fs::permissions(missing, fs::perms::owner_read | fs::perms::owner_exec);  // another error: read-only
-  const bool as_root = ::geteuid() == 0;                                   // root writes there anyway
+  const bool as_root = ::geteuid() == 0;                                    // root writes there anyway
   for (int i = 0; i < 3; ++i) file.write("tmsdisk_x 1\n");
   fs::permissions(missing, fs::perms::owner_all);
   for (int i = 0; i < 3; ++i) CHECK(file.write("tmsdisk_x 1\n"));
