@@ -57,6 +57,27 @@ inline std::vector<std::string> make_env(const Env& extra) {
   return out;
 }
 
+// Starts `argv` with `env` (make_env) and the given descriptors as its stdin, stdout and stderr
+// (-1: keep the test's own). Returns the child's pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const Env& env, int in, int out, int err) {
+  auto envs = make_env(env);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fds[3] = {in, out, err};
+    for (int i = 0; i < 3; ++i)
+      if (fds[i] >= 0) ::dup2(fds[i], i);
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
+    e.push_back(nullptr);
+    ::execve(a[0], a.data(), e.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 // A child process with line-oriented stdin/stdout.
 class Proc {
  public:
@@ -64,20 +85,7 @@ class Proc {
     int in[2], out[2];
     REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    auto envs = make_env(env);
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      std::vector<char*> a, e;
-      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
-      e.push_back(nullptr);
-      ::execve(a[0], a.data(), e.data());
-      ::_exit(127);
-    }
+    pid_ = spawn(argv, env, in[0], out[1], -1);
     ::close(in[0]);
     ::close(out[1]);
     to_.reset(in[1]);
@@ -152,22 +160,9 @@ inline Captured run_captured(const std::vector<std::string>& argv, const Env& en
   int out[2], err[2];
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
-  auto envs = make_env(env);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    std::vector<char*> a, e;
-    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
-    e.push_back(nullptr);
-    ::execve(a[0], a.data(), e.data());
-    ::_exit(127);
-  }
+  UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  REQUIRE(null);
+  const pid_t pid = spawn(argv, env, null.get(), out[1], err[1]);
   ::close(out[1]);
   ::close(err[1]);
   UniqueFd from_out(out[0]), from_err(err[0]);
