@@ -447,6 +447,17 @@ struct Server::Impl {
         c.closing = true;
         return;
       }
+      if (n == -ETOOMANYREFS) {
+        // The message arrived whole (so its request id is known), its descriptors did not: what it
+        // asks cannot be done. Those that arrived are closed with the others (Discard).
+        auto h = proto::peek_header(buf);
+        send_error(c, h ? h->request_id : 0, EINVAL,
+                   fmt::format("too many descriptors passed with one message (more than {}; at most {}, and only "
+                               "IPC_EXPORT takes one)",
+                               proto::kMaxPassedFds, proto::kMaxPassedFds));
+        c.closing = true;
+        return;
+      }
       if (n < 0) {
         c.closing = true;
         drop_outbox(c);

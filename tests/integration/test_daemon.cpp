@@ -123,6 +123,50 @@ int raw_exchange(const std::string& socket, const std::vector<uint8_t>& bytes) {
   return e->code;
 }
 
+// Sends `bytes` with every descriptor of `fds` in one SCM_RIGHTS message (send_message passes one).
+void send_with_fds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  REQUIRE(::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+}
+
+// `n` pipes, whose write ends a test passes to the daemon: once every copy of one is closed, its
+// read end reports a hangup.
+struct Pipes {
+  std::vector<UniqueFd> readers, writers;
+  explicit Pipes(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      int p[2];
+      REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+      readers.emplace_back(p[0]);
+      writers.emplace_back(p[1]);
+    }
+  }
+  std::vector<int> write_ends() const {
+    std::vector<int> out;
+    for (auto& w : writers) out.push_back(w.get());
+    return out;
+  }
+  // Whether every write end is closed everywhere (ours and every copy passed).
+  bool all_closed() const {
+    for (auto& r : readers) {
+      pollfd p{r.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLHUP)) return false;
+    }
+    return true;
+  }
+};
+
 uint64_t dir_bytes(const std::string& dir) {
   uint64_t total = 0;
   for (auto& e : fs::recursive_directory_iterator(dir)) {
@@ -1159,41 +1203,37 @@ TEST_CASE("descriptors a client passes with messages that take none are closed, 
   Daemon d;
   d.start();
   auto c = d.shim();
-  // Write ends of pipes: once every copy is closed, the read end reports a hangup.
-  std::vector<UniqueFd> readers, writers;
-  for (int i = 0; i < 3; ++i) {
-    int p[2];
-    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-    readers.emplace_back(p[0]);
-    writers.emplace_back(p[1]);
-  }
   // Three descriptors on one message (the first taken, the others extra), on a message that takes
   // none: a REPORT, which has no answer.
+  Pipes pipes(3);
   auto bytes = proto::encode(1, proto::Report{});
   REQUIRE(!bytes.empty());
-  int fds[3] = {writers[0].get(), writers[1].get(), writers[2].get()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))]{};
-  iovec iov{bytes.data(), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
-  REQUIRE(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
-  for (auto& w : writers) w.reset();
-  for (auto& r : readers) {
-    CHECK(eventually([&] {
-      pollfd p{r.get(), POLLIN, 0};
-      return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
-    }));
-  }
+  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  pipes.writers.clear();
+  CHECK(eventually([&] { return pipes.all_closed(); }));
   // The session is unharmed.
   CHECK(c.call(proto::IpcClose{.export_id = 1}).error().errnum() == ENOENT);
+}
+
+TEST_CASE("more descriptors than a message may carry are refused as such, and all of them are closed (issue 11)") {
+  Daemon d;
+  d.start();
+  auto c = d.shim();
+  Pipes pipes(proto::kMaxPassedFds + 4);
+  auto bytes = proto::encode(77, proto::Report{});  // 28 bytes: nothing about the message is too large
+  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  pipes.writers.clear();
+  auto reply = c.receive();
+  REQUIRE(reply);
+  CHECK(reply->request_id == 77);  // answered as the request it is
+  auto* e = std::get_if<proto::ErrorReply>(&reply->body);
+  REQUIRE(e);
+  INFO(e->message);
+  CHECK(e->message.find("too many descriptors passed with one message") != std::string::npos);
+  CHECK(e->message.find("64 KiB") == std::string::npos);
+  CHECK(eventually([&] { return pipes.all_closed(); }));    // those the daemon took, and those it never got
+  CHECK(!c.receive());                                      // a protocol violation: the connection is closed
+  CHECK(d.shim({.job = "next"}).welcome().slot_count > 0);  // and the daemon serves others
 }
 
 TEST_CASE("a rank whose session ended with nothing to keep reconnects with its token and starts afresh") {
