@@ -30,6 +30,7 @@
 #include "fd_reaper.h"
 #include "ipc_exports.h"
 #include "session_table.h"
+#include "staging_workers.h"
 #include "storage.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
@@ -51,7 +52,7 @@ constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
 // by its session id with SessionTable::kOrphanKeyBit set.
-enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kFirstConnection = 16 };
+enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kKeyStaging = 5, kFirstConnection = 16 };
 
 // A reply waiting in a connection's outbox, with the descriptor it passes (IPC_OPENED).
 struct Outgoing {
@@ -64,6 +65,10 @@ struct Connection {
   UniqueFd fd;
   ucred cred{};
   bool hello_done = false;
+  // Its HELLO is accepted and its staging buffer is being built off the loop: nothing more is read
+  // from it until the WELCOME (or the refusal) is sent.
+  bool hello_pending = false;
+  uint64_t hello_request_id = 0;
   proto::Role role = proto::Role::Control;
   uint64_t session_id = 0;  // shim connections
   std::deque<Outgoing> outbox;
@@ -94,7 +99,10 @@ struct Server::Impl {
   uint64_t next_conn = kFirstConnection;
   IpcExports ipc{random_token, IpcExports::Limits{config.max_ipc_exports_per_uid, config.max_ipc_exports}};
   FdReaper reaper;  // descriptors clients passed that are not kept
-  // Declared after the engine, so destroyed before it: staging buffers unregister from it.
+  // Declared after the engine, so destroyed before it: staging buffers unregister from it, and the
+  // workers build and tear them down; before the sessions, so destroyed after them (a session's
+  // buffer is handed to the workers to tear down).
+  std::unique_ptr<StagingWorkers> staging;
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<ChunkIo> chunks;
   std::unique_ptr<ControlRouter> router;
@@ -186,6 +194,8 @@ struct Server::Impl {
       spdlog::warn("io_uring unavailable ({}); using synchronous pread/pwrite, which is slower",
                    engine->fallback_reason());
 
+    staging = std::make_unique<StagingWorkers>(*engine, config.before_staging);
+
     epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
     stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
@@ -211,6 +221,7 @@ struct Server::Impl {
     for (auto [fd, key] : {std::pair{listen_fd.get(), uint64_t{kKeyListen}},
                            {stop_fd.get(), uint64_t{kKeyStop}},
                            {engine->event_fd(), uint64_t{kKeyIo}},
+                           {staging->event_fd(), uint64_t{kKeyStaging}},
                            {sweep_fd.get(), uint64_t{kKeySweep}}}) {
       if (fd < 0) continue;
       epoll_event ev{};
@@ -301,10 +312,11 @@ struct Server::Impl {
   }
 
   // Writable while replies wait; readable unless a peer that does not read its replies has many
-  // queued (backpressure: it cannot make the daemon buffer without bound by sending more requests).
+  // queued (backpressure: it cannot make the daemon buffer without bound by sending more requests),
+  // or its HELLO is being served.
   void update_interest(Connection& c) {
     uint32_t want = 0;
-    if (c.outbox.size() < kReadPauseReplies) want |= EPOLLIN;
+    if (!c.hello_pending && c.outbox.size() < kReadPauseReplies) want |= EPOLLIN;
     if (!c.outbox.empty()) want |= EPOLLOUT;
     if (want == c.interest) return;
     c.interest = want;
@@ -391,7 +403,7 @@ struct Server::Impl {
     auto next = Clock::time_point::max();
     std::vector<uint64_t> silent;
     for (auto& [id, c] : conns) {
-      if (c->hello_done) continue;
+      if (c->hello_done || c->hello_pending) continue;  // a HELLO being served said something
       const auto deadline = c->accepted + kHelloDeadline;
       if (deadline <= now)
         silent.push_back(id);
@@ -408,6 +420,7 @@ struct Server::Impl {
     if (it == conns.end()) return;
     Connection& c = *it->second;
     ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+    if (c.hello_pending) sessions->abandon_open(id);  // its charge goes now; its buffer when built
     if (c.session_id) {
       // The shim's pending commands fail; its files go once no I/O of it is in flight.
       if (Session* s = sessions->find(c.session_id)) router->session_lost(*s);
@@ -422,7 +435,7 @@ struct Server::Impl {
     std::vector<uint8_t> buf;
     // Bounded per wakeup so one busy peer cannot starve the others; a peer that leaves its replies
     // unread is not read further (update_interest).
-    for (int i = 0; i < 64 && !c.closing && c.outbox.size() < kReadPauseReplies; ++i) {
+    for (int i = 0; i < 64 && !c.closing && !c.hello_pending && c.outbox.size() < kReadPauseReplies; ++i) {
       int fd = -1;
       std::vector<int> extra;
       long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
@@ -561,7 +574,69 @@ struct Server::Impl {
       send(c, rid, w);
       return;
     }
-    auto r = sessions->open(c.cred, c.id, h);
+    // What is cheap is checked here; the staging buffer (seconds for a GiB on a loaded node) is
+    // built by a worker, and the HELLO finishes in on_staging_done(). Meanwhile the connection is
+    // not read, and its quotas are charged.
+    auto shape = sessions->begin_open(c.cred, c.id, h);
+    if (!shape) {
+      spdlog::warn("refused session for pid {} uid {}: {}", c.cred.pid, c.cred.uid, shape.error().describe());
+      send_error(c, rid, shape.error().errnum(), shape.error().describe());
+      c.closing = true;
+      return;
+    }
+    c.hello_pending = true;
+    c.hello_request_id = rid;
+    update_interest(c);
+    std::string why;
+    const int claimed = engine->claim_buffer_slot(&why);
+    if (claimed < 0)
+      spdlog::info("pid {}: staging not registered with io_uring ({}); using plain I/O", c.cred.pid, why);
+    try {
+      staging->build(c.id, h.job, shape->chunk_bytes, shape->slot_count, claimed);
+    } catch (const std::bad_alloc&) {
+      engine->release_buffer_slot(claimed);
+      sessions->abandon_open(c.id);
+      c.hello_pending = false;
+      send_error(c, rid, ENOMEM, "the daemon is out of memory; try again later");
+      c.closing = true;
+    }
+  }
+
+  // Staging buffers built (HELLOs to finish) and torn down (their fixed-buffer slots to release).
+  void on_staging_done() {
+    auto done = staging->finished();
+    for (int slot : done.emptied_slots) engine->release_buffer_slot(slot);
+    for (auto& b : done.built) {
+      Connection* c = conn(b.conn_id);
+      const bool awaited = c && c->hello_pending;
+      if (b.claimed_index >= 0) {
+        if (b.buffer && b.buffer->buf_index() == b.claimed_index) {
+          engine->commit_buffer_slot(b.claimed_index, b.buffer->base(), b.buffer->bytes());
+        } else {
+          // Not registered there (a buffer tears down without it): the slot is free again.
+          engine->release_buffer_slot(b.claimed_index);
+          if (b.buffer && awaited)
+            spdlog::info("pid {}: staging not registered with io_uring ({}); using plain I/O", c->cred.pid,
+                         b.not_registered);
+        }
+      }
+      if (!awaited) continue;  // the client went away: the buffer goes with `b` (StagingPtr)
+      c->hello_pending = false;
+      update_interest(*c);
+      if (!b.buffer) {
+        sessions->abandon_open(c->id);
+        spdlog::warn("refused session for pid {} uid {}: {}", c->cred.pid, c->cred.uid, b.error.describe());
+        send_error(*c, c->hello_request_id, b.error.errnum(), b.error.describe());
+        c->closing = true;
+        continue;
+      }
+      finish_hello(*c, std::move(b.buffer));
+    }
+  }
+
+  void finish_hello(Connection& c, StagingPtr buffer) {
+    const uint64_t rid = c.hello_request_id;
+    auto r = sessions->finish_open(c.id, std::move(buffer));
     if (!r) {
       spdlog::warn("refused session for pid {} uid {}: {}", c.cred.pid, c.cred.uid, r.error().describe());
       send_error(c, rid, r.error().errnum(), r.error().describe());
@@ -732,6 +807,7 @@ struct Server::Impl {
           case kKeyListen: accept_all(); break;
           case kKeyStop: stopping = true; break;
           case kKeyIo: on_io(); break;
+          case kKeyStaging: on_staging_done(); break;
           case kKeySweep: {
             uint64_t ticks;
             (void)!::read(sweep_fd.get(), &ticks, sizeof(ticks));
@@ -747,6 +823,8 @@ struct Server::Impl {
             if (!c) break;
             if (events[i].events & EPOLLOUT) flush(*c);
             if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(*c);
+            // Not read while its HELLO is served, but a hangup still says it has gone.
+            if (c->hello_pending && (events[i].events & (EPOLLHUP | EPOLLERR))) c->closing = true;
             if (c->closing && (c->outbox.empty() || (events[i].events & (EPOLLHUP | EPOLLERR)))) close_connection(key);
           }
         }

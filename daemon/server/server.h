@@ -36,6 +36,10 @@ struct Config {
   unsigned idle_exit_s = 60;                             // ... or when no session came this long after start
   int listen_fd = -1;                                    // an already-listening socket (systemd activation)
   std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
+  // Tests only: runs on a staging worker before it builds the staging buffer of a HELLO (with its
+  // job name), and may block there to hold that HELLO in the slow path. It must return before the
+  // server is destroyed, which waits for it.
+  std::function<void(const std::string& job)> before_staging;
 };
 
 // What is wrong with `config` as a whole: settings each valid alone but not together, named by the

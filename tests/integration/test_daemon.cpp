@@ -12,11 +12,14 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -589,7 +592,143 @@ struct FaultyDaemon {
     daemon = std::make_unique<InProcessDaemon>(cfg, std::move(fault));
   }
 };
+
+// A daemon on a thread of this process, for tests that set its test hooks or read its accounting.
+struct LocalDaemon {
+  TempDir dir{test_tmp_root()};
+  std::string socket = dir / "d.sock";
+  std::unique_ptr<InProcessDaemon> daemon;
+  explicit LocalDaemon(const std::function<void(server::Config&)>& adjust = {}) {
+    fs::create_directories(dir / "root");
+    server::Config cfg;
+    cfg.roots = {dir / "root"};
+    cfg.socket_path = socket;
+    if (adjust) adjust(cfg);
+    daemon = std::make_unique<InProcessDaemon>(cfg, nullptr);
+  }
+  server::Server& server() { return *daemon->srv; }
+};
+
+// Holds the staging buffers of HELLOs of one job in the slow path (Config::before_staging) until
+// released. Shared with the hook, which the daemon's workers may call until the daemon is gone.
+class StagingGate {
+ public:
+  explicit StagingGate(std::string job) { state_->job = std::move(job); }
+  std::function<void(const std::string&)> hook() const {
+    return [st = state_](const std::string& job) {
+      if (job != st->job) return;
+      std::unique_lock lock(st->mu);
+      ++st->entered;
+      st->cv.notify_all();
+      st->cv.wait(lock, [&] { return st->released; });
+    };
+  }
+  // Whether `n` builds reached the hook (within a bound that only shows that nothing hung).
+  bool wait_entered(int n) {
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->entered >= n; });
+  }
+  bool holding() {
+    std::lock_guard lock(state_->mu);
+    return state_->entered > 0 && !state_->released;
+  }
+  void release() {
+    std::lock_guard lock(state_->mu);
+    state_->released = true;
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string job;
+    int entered = 0;
+    bool released = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// Releases the gate when a test ends, however it ends: the daemon waits for its workers when it stops.
+struct ReleaseAtEnd {
+  StagingGate& gate;
+  ~ReleaseAtEnd() { gate.release(); }
+};
+
 }  // namespace
+
+TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile (issue 11)") {
+  StagingGate gate("held");
+  LocalDaemon d([&](server::Config& c) {
+    c.before_staging = gate.hook();
+    c.max_total_staging_mb = 48;  // the held HELLO's 32 MiB and another's 8, with no room for 32 more
+  });
+  std::future<Result<ShimClient>> held;
+  ReleaseAtEnd release_at_end{gate};  // before `held` waits for its answer, whatever happens
+  held = std::async(std::launch::async, [&] {
+    return ShimClient::connect(d.socket, {.job = "held", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+  });
+  REQUIRE(gate.wait_entered(1));  // its buffer is in the slow path, and stays there
+
+  // Meanwhile another client's HELLO is answered, and a control request too.
+  auto other = ShimClient::connect(d.socket, {.job = "other", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  INFO((other ? "" : other.error().describe()));
+  REQUIRE(other);
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  auto listed = ctl->list_sessions();
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);  // "other": the held one is no session yet
+  // The held HELLO is charged from its acceptance: 32 + 8 + 32 MiB would pass max-total-staging-mb.
+  auto third =
+      ShimClient::connect(d.socket, {.job = "third", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(!third);
+  CHECK(third.error().errnum() == ENOMEM);
+  // All of that while the held one was still held, unanswered.
+  CHECK(gate.holding());
+  CHECK(held.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+
+  gate.release();
+  auto h = held.get();
+  INFO((h ? "" : h.error().describe()));
+  REQUIRE(h);
+  CHECK(h->welcome().slot_count == 8);
+  const std::vector<BlobSize> blobs = {{1, 12 * MiB + 4096}};
+  REQUIRE(h->reserve(blobs));
+  CHECK(h->write_all(blobs, fill_pattern));
+  CHECK(h->read_all(blobs, check_pattern));
+  CHECK(ctl->list_sessions()->size() == 2);
+}
+
+TEST_CASE("a client that leaves while its staging buffer is built gives its charge back at once (issue 11)") {
+  StagingGate gate("gone");
+  LocalDaemon d([&](server::Config& c) {
+    c.before_staging = gate.hook();
+    c.max_total_staging_mb = 48;  // room for one 32 MiB session
+  });
+  ReleaseAtEnd release_at_end{gate};
+  UniqueFd gone(proto::connect_seqpacket(d.socket));
+  REQUIRE(gone);
+  proto::Hello hello;
+  hello.role = static_cast<uint8_t>(proto::Role::Shim);
+  hello.job = "gone";
+  hello.staging_budget_bytes = 32 * MiB;
+  hello.chunk_bytes = 4 * MiB;
+  REQUIRE(proto::send_message(gone.get(), proto::encode(1, hello)) == 0);
+  REQUIRE(gate.wait_entered(1));
+  const ShimClient::Options next_options{.job = "next", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB};
+  auto refused = ShimClient::connect(d.socket, next_options);
+  REQUIRE(!refused);
+  CHECK(refused.error().errnum() == ENOMEM);  // the unanswered HELLO holds its 32 MiB
+
+  gone.reset();  // its client goes away unanswered
+  Result<ShimClient> next = make_error(EAGAIN, "not connected yet");
+  CHECK(eventually([&] {
+    next = ShimClient::connect(d.socket, next_options);
+    return next.ok();
+  }));
+  CHECK(gate.holding());  // given back while the buffer it asked for was still being built
+}
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
   std::atomic<bool> fail_next_write{false};
