@@ -420,7 +420,10 @@ struct Server::Impl {
     if (it == conns.end()) return;
     Connection& c = *it->second;
     ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
-    if (c.hello_pending) sessions->abandon_open(id);  // its charge goes now; its buffer when built
+    if (c.hello_pending) {
+      sessions->abandon_open(id);  // its charge goes now; its buffer when built
+      router->opening_done(id);
+    }
     if (c.session_id) {
       // The shim's pending commands fail; its files go once no I/O of it is in flight.
       if (Session* s = sessions->find(c.session_id)) router->session_lost(*s);
@@ -596,6 +599,7 @@ struct Server::Impl {
     } catch (const std::bad_alloc&) {
       engine->release_buffer_slot(claimed);
       sessions->abandon_open(c.id);
+      router->opening_done(c.id);
       c.hello_pending = false;
       send_error(c, rid, ENOMEM, "the daemon is out of memory; try again later");
       c.closing = true;
@@ -623,14 +627,15 @@ struct Server::Impl {
       if (!awaited) continue;  // the client went away: the buffer goes with `b` (StagingPtr)
       c->hello_pending = false;
       update_interest(*c);
-      if (!b.buffer) {
+      if (b.buffer) {
+        finish_hello(*c, std::move(b.buffer));
+      } else {
         sessions->abandon_open(c->id);
         spdlog::warn("refused session for pid {} uid {}: {}", c->cred.pid, c->cred.uid, b.error.describe());
         send_error(*c, c->hello_request_id, b.error.errnum(), b.error.describe());
         c->closing = true;
-        continue;
       }
-      finish_hello(*c, std::move(b.buffer));
+      router->opening_done(c->id);  // a pause or resume waiting for it asks it now, if it became a session
     }
   }
 

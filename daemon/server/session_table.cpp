@@ -141,6 +141,14 @@ void SessionTable::abandon_open(uint64_t conn_id) {
   openings_.erase(conn_id);
 }
 
+std::vector<uint64_t> SessionTable::openings_where(
+    const std::function<bool(const ucred&, const std::string&, int64_t)>& wanted) const {
+  std::vector<uint64_t> out;
+  for (const auto& [conn, o] : openings_)
+    if (wanted(o.cred, o.hello.job, o.hello.rank)) out.push_back(conn);
+  return out;
+}
+
 Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging) {
   auto node = openings_.extract(conn_id);
   if (node.empty()) return make_error(ENOENT, "internal: no session is being opened on this connection");

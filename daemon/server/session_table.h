@@ -83,6 +83,9 @@ class SessionTable {
   Result<Session*> finish_open(uint64_t conn_id, StagingPtr staging);
   // The opening's buffer could not be built, or its connection closed first: its charge goes.
   void abandon_open(uint64_t conn_id);
+  // The connections whose HELLO is being served, for a rank that `wanted` selects (its peer, job, rank).
+  std::vector<uint64_t> openings_where(
+      const std::function<bool(const ucred&, const std::string& job, int64_t rank)>& wanted) const;
 
   Session* find(uint64_t id);
   std::map<uint64_t, Session>& all() noexcept { return sessions_; }

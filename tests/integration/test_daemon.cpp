@@ -1044,6 +1044,41 @@ TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent ran
   for (const auto& r : results->results) CHECK(r.message == "already paused");
 }
 
+TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it and asks that rank too (issue 11)") {
+  StagingGate gate("late");
+  LocalDaemon d([&](server::Config& c) { c.before_staging = gate.hook(); });
+  std::future<Result<ShimClient>> late;
+  ReleaseAtEnd release_at_end{gate};
+  late = std::async(std::launch::async, [&] {
+    return ShimClient::connect(d.socket, {.job = "late", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  });
+  REQUIRE(gate.wait_entered(1));  // its HELLO is in, its session is not there yet
+  proto::Hello hello;
+  hello.role = static_cast<uint8_t>(proto::Role::Control);
+  auto ctl = proto::connect_and_hello(d.socket, hello, 60'000);
+  INFO(ctl.message);
+  REQUIRE(ctl);
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+  req.match = proto::kMatchJob;
+  req.job = "late";
+  REQUIRE(proto::send_message(ctl.sock, proto::encode(2, req)) == 0);
+
+  gate.release();
+  auto h = late.get();
+  REQUIRE(h);
+  // The rank was asked (it was no session when the pause came, so it used to be "no running rank").
+  proto::Message first = next_message(ctl.sock, 60'000);
+  auto* targets = std::get_if<proto::ControlTargets>(&first);
+  INFO((std::holds_alternative<proto::ErrorReply>(first) ? std::get<proto::ErrorReply>(first).message : ""));
+  REQUIRE(targets);
+  REQUIRE(targets->ranks.size() == 1);
+  CHECK(targets->ranks[0].session_id == h->welcome().session_id);
+  auto cmd = h->receive();
+  REQUIRE(cmd);
+  CHECK(std::holds_alternative<proto::Command>(cmd->body));
+}
+
 TEST_CASE("a client's own deadline names the ranks that did not answer and keeps the answers it has (issue 11)") {
   Daemon d;
   d.start();
