@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -43,11 +44,10 @@ using Clock = std::chrono::steady_clock;
 namespace proto = tmsdisk::proto;
 
 constexpr uint64_t kMiB = 1ull << 20;
-constexpr std::size_t kMaxOutboxBytes = 16 << 20;  // queued reply bytes before a non-reading peer is dropped
-constexpr std::size_t kReadPauseReplies = 256;     // stop reading a peer with this many replies queued
-constexpr std::size_t kMaxQueuedFds = 16;          // descriptors queued for a peer that does not read them
+// A peer with this many replies queued (or kReadPauseBytes of them, server.h) is not read further.
+constexpr std::size_t kReadPauseReplies = 256;
+constexpr std::size_t kMaxQueuedFds = 16;  // descriptors queued for a peer that does not read them
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
-constexpr std::size_t kMaxConnectionsPerUid = 512;
 constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
@@ -96,6 +96,10 @@ struct Server::Impl {
   bool stopping = false;
 
   std::map<uint64_t, std::unique_ptr<Connection>> conns;
+  std::map<uid_t, std::size_t> backlog_by_uid;  // queued_cost() of the replies queued for each user
+  // The most ever queued for one connection and for one user, for tests (reply_backlog_peaks()).
+  std::atomic<uint64_t> peak_connection_backlog{0};
+  std::atomic<uint64_t> peak_uid_backlog{0};
   uint64_t next_conn = kFirstConnection;
   IpcExports ipc{random_token, IpcExports::Limits{config.max_ipc_exports_per_uid, config.max_ipc_exports}};
   FdReaper reaper;  // descriptors clients passed that are not kept
@@ -201,7 +205,7 @@ struct Server::Impl {
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
-    chunks = std::make_unique<ChunkIo>(*engine, *sessions);
+    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid);
     router =
         std::make_unique<ControlRouter>(*sessions, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
@@ -289,34 +293,87 @@ struct Server::Impl {
         return;
       }
     }
-    if (c.outbox_bytes + out.bytes.size() > kMaxOutboxBytes) {
-      spdlog::warn("connection {} (pid {}) does not read its replies; closing it", c.id, c.cred.pid);
+    // Reading stops well before these (update_interest): what passes them comes from replies the
+    // peer's requests did not just ask for (I/O completions, a pause's progress and results, IPC
+    // notices), which cannot be held back. Such a peer is closed rather than buffered for: it gets
+    // no error, as it reads nothing; the log says why.
+    const std::size_t cost = queued_cost(out);
+    if (c.outbox_bytes + cost > kMaxOutboxBytes) {
+      spdlog::warn(
+          "connection {} (pid {} uid {}) does not read its replies ({} bytes queued, the most one connection "
+          "may have); closing it",
+          c.id, c.cred.pid, c.cred.uid, c.outbox_bytes);
       c.closing = true;
       drop_outbox(c);
       return;
     }
-    c.outbox_bytes += out.bytes.size();
+    std::size_t& uid_backlog = backlog_by_uid[c.cred.uid];
+    if (c.cred.uid != 0 && uid_backlog + cost > config.max_unread_replies_mb_per_uid * kMiB) {
+      spdlog::warn(
+          "uid {} has {} bytes of replies queued for connections that do not read them, the most one user "
+          "may have (max-unread-replies-mb-per-uid); closing connection {} (pid {}), whose reply does not "
+          "fit",
+          c.cred.uid, uid_backlog, c.id, c.cred.pid);
+      c.closing = true;
+      drop_outbox(c);
+      return;
+    }
+    c.outbox_bytes += cost;
+    uid_backlog += cost;
     c.outbox_fds += out.fd ? 1 : 0;
     c.outbox.push_back(std::move(out));
+    raise_peak(peak_connection_backlog, c.outbox_bytes);
+    raise_peak(peak_uid_backlog, uid_backlog);
     update_interest(c);
   }
 
-  static void drop_outbox(Connection& c) {
+  // What a queued reply costs the daemon: its bytes, and its share of the outbox's bookkeeping (the
+  // deque's entry, the allocator's header).
+  static std::size_t queued_cost(const Outgoing& o) noexcept { return o.bytes.capacity() + sizeof(Outgoing) + 32; }
+
+  static void raise_peak(std::atomic<uint64_t>& peak, uint64_t now) noexcept {
+    uint64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  void pop_outgoing(Connection& c) {
+    const std::size_t cost = queued_cost(c.outbox.front());
+    c.outbox_bytes -= cost;
+    forget_backlog(c.cred.uid, cost);
+    c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
+    c.outbox.pop_front();
+  }
+
+  void drop_outbox(Connection& c) {
+    forget_backlog(c.cred.uid, c.outbox_bytes);
     c.outbox.clear();
     c.outbox_bytes = 0;
     c.outbox_fds = 0;
+  }
+
+  void forget_backlog(uid_t uid, std::size_t cost) {
+    auto it = backlog_by_uid.find(uid);
+    if (it == backlog_by_uid.end()) return;
+    it->second -= std::min(it->second, cost);
+    if (it->second == 0) backlog_by_uid.erase(it);
   }
 
   void send_error(Connection& c, uint64_t request_id, int code, const std::string& message) {
     send(c, request_id, error_reply(code, message));
   }
 
-  // Writable while replies wait; readable unless a peer that does not read its replies has many
-  // queued (backpressure: it cannot make the daemon buffer without bound by sending more requests),
-  // or its HELLO is being served.
+  // Requests are read from a peer only while few of its replies wait for it (backpressure: a peer
+  // that does not read its replies stops being read, and its requests wait in its own socket, so it
+  // cannot make the daemon buffer without bound by sending more), and not while its HELLO is served.
+  static bool reads_paused(const Connection& c) noexcept {
+    return c.hello_pending || c.outbox.size() >= kReadPauseReplies || c.outbox_bytes >= kReadPauseBytes;
+  }
+
+  // Writable while replies wait; readable unless reads_paused().
   void update_interest(Connection& c) {
     uint32_t want = 0;
-    if (!c.hello_pending && c.outbox.size() < kReadPauseReplies) want |= EPOLLIN;
+    if (!reads_paused(c)) want |= EPOLLIN;
     if (!c.outbox.empty()) want |= EPOLLOUT;
     if (want == c.interest) return;
     c.interest = want;
@@ -335,9 +392,7 @@ struct Server::Impl {
         c.closing = true;
         break;
       }
-      c.outbox_bytes -= c.outbox.front().bytes.size();
-      c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
-      c.outbox.pop_front();
+      pop_outgoing(c);
     }
     update_interest(c);
   }
@@ -374,8 +429,15 @@ struct Server::Impl {
       }
       if (c->cred.uid != 0 && std::count_if(conns.begin(), conns.end(), [&](const auto& kv) {
                                 return kv.second->cred.uid == c->cred.uid;
-                              }) >= static_cast<long>(kMaxConnectionsPerUid)) {
-        spdlog::warn("uid {} has {} connections open; refusing more", c->cred.uid, kMaxConnectionsPerUid);
+                              }) >= static_cast<long>(config.max_connections_per_uid)) {
+        const std::string why = fmt::format(
+            "uid {} already has {} connections to tmsdiskd, the most one user may have (max-connections-per-uid): "
+            "each rank and each running tmsctl holds one; end some, or ask the administrator to raise the limit",
+            c->cred.uid, config.max_connections_per_uid);
+        spdlog::warn("refused a connection of pid {}: {}", c->cred.pid, why);
+        // Said before the close, as the answer to whatever it sends first (HELLO): the socket's
+        // buffer is empty, so this does not block, and a failure only loses the explanation.
+        (void)proto::send_message(fd, proto::encode(0, error_reply(EDQUOT, why)));
         continue;
       }
       c->interest = EPOLLIN;
@@ -430,6 +492,7 @@ struct Server::Impl {
       sessions->detach(c.session_id);
     }
     router->connection_closed(id);
+    drop_outbox(c);  // its replies no longer count against its user
     conns.erase(it);
     set_accepting(true);
   }
@@ -438,7 +501,7 @@ struct Server::Impl {
     std::vector<uint8_t> buf;
     // Bounded per wakeup so one busy peer cannot starve the others; a peer that leaves its replies
     // unread is not read further (update_interest).
-    for (int i = 0; i < 64 && !c.closing && !c.hello_pending && c.outbox.size() < kReadPauseReplies; ++i) {
+    for (int i = 0; i < 64 && !c.closing && !reads_paused(c); ++i) {
       int fd = -1;
       std::vector<int> extra;
       long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
@@ -906,6 +969,10 @@ void Server::stop() noexcept {
 
 const Config& Server::config() const noexcept {
   return impl_->config;
+}
+
+Server::ReplyBacklog Server::reply_backlog_peaks() const noexcept {
+  return {impl_->peak_connection_backlog.load(), impl_->peak_uid_backlog.load()};
 }
 
 }  // namespace tmsdisk::server

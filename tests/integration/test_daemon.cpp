@@ -655,6 +655,25 @@ struct ReleaseAtEnd {
   ~ReleaseAtEnd() { gate.release(); }
 };
 
+ShimClient::Options small_session(const std::string& job, int64_t rank = 0) {
+  return {.job = job, .rank = rank, .staging_budget_bytes = 128 << 10, .chunk_bytes = 64 << 10};
+}
+
+// Sends `request` on `sock` (made non-blocking) until its buffer is full or the daemon closed it.
+// Returns how many were sent.
+int flood(int sock, const proto::Message& request) {
+  ::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+  const auto bytes = proto::encode(1, request);
+  int sent = 0;
+  while (sent < 100000 && proto::send_message(sock, bytes) == 0) ++sent;
+  return sent;
+}
+
+bool hung_up(int sock) {
+  pollfd p{sock, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
 }  // namespace
 
 TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile (issue 11)") {
@@ -1203,16 +1222,109 @@ TEST_CASE("a connection that never says HELLO is closed after the deadline") {
 }
 
 TEST_CASE("a client that floods requests without reading replies cannot stall the daemon") {
-  Daemon d;
-  d.start();
-  auto flooder = d.shim({.job = "flood"});
-  proto::ListSessions ls;
-  auto bytes = proto::encode(1, ls);
-  ::fcntl(flooder.fd(), F_SETFL, ::fcntl(flooder.fd(), F_GETFL) | O_NONBLOCK);
-  int sent = 0;
-  while (sent < 100000 && proto::send_message(flooder.fd(), bytes) == 0) ++sent;  // until our buffer is full
+  LocalDaemon d;
+  // Sessions to list, so that each LIST_SESSIONS answer is a few KiB: replies worth queuing.
+  std::vector<ShimClient> ranks;
+  for (int r = 0; r < 40; ++r) {
+    auto c = ShimClient::connect(d.socket, small_session("flood", r));
+    REQUIRE(c);
+    ranks.push_back(std::move(c.value()));
+  }
+  auto flooder = ShimClient::connect(d.socket, small_session("flooder"));
+  REQUIRE(flooder);
+  const int sent = flood(flooder->fd(), proto::ListSessions{});  // until our buffer is full
   CHECK(sent > 0);
-  CHECK(d.session_count() >= 1);  // another client is still served promptly
+  // The daemon queues answers it cannot deliver until they reach kReadPauseBytes, then stops
+  // reading the flooder (whose requests wait in its own socket): at most one more answer queues.
+  CHECK(eventually([&] { return d.server().reply_backlog_peaks().connection_bytes >= server::kReadPauseBytes; }));
+  const auto peak = d.server().reply_backlog_peaks().connection_bytes;
+  INFO("most queued for the flooder: " << peak << " bytes");
+  CHECK(peak <= server::kReadPauseBytes + proto::kMaxMessageSize + 1024);
+  // Another client is still served.
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  CHECK(ctl->list_sessions()->size() == 41);
+  // The flooder was held back, not dropped: it gets an answer to every request once it reads.
+  ::fcntl(flooder->fd(), F_SETFL, ::fcntl(flooder->fd(), F_GETFL) & ~O_NONBLOCK);
+  int answered = 0;
+  for (; answered < sent; ++answered) {
+    auto reply = flooder->receive();
+    if (!reply || !std::holds_alternative<proto::Sessions>(reply->body)) break;
+  }
+  CHECK(answered == sent);
+}
+
+TEST_CASE("replies queued for one user's connections that do not read them are bounded in all (issue 11)") {
+  LocalDaemon d([](server::Config& c) { c.max_unread_replies_mb_per_uid = 1; });
+  CHECK(as_other_user([&] {
+          std::vector<ShimClient> conns;
+          for (int r = 0; r < 24; ++r) {
+            auto c = ShimClient::connect(d.socket, small_session("unread", r));
+            if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
+            conns.push_back(std::move(c.value()));
+          }
+          // Each stops being read at kReadPauseBytes of answers; 24 of them would pass 1 MiB.
+          for (auto& c : conns)
+            if (flood(c.fd(), proto::ListSessions{}) == 0) return 12;
+          auto closed = [&] {
+            return std::count_if(conns.begin(), conns.end(), [](ShimClient& c) { return hung_up(c.fd()); });
+          };
+          if (!eventually([&] { return closed() > 0; })) return 13;    // a reply that did not fit closed its connection
+          if (closed() == static_cast<long>(conns.size())) return 14;  // the others were only held back
+          return 0;
+        }) == 0);
+  const auto peaks = d.server().reply_backlog_peaks();
+  INFO("most queued for the user: " << peaks.uid_bytes << " bytes");
+  CHECK(peaks.uid_bytes <= 1 * MiB);
+  CHECK(peaks.uid_bytes > 1 * MiB / 2);  // it was pushed towards the bound
+}
+
+TEST_CASE("a user's connections beyond max-connections-per-uid are refused with the reason (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-connections-per-uid", "2"});
+  CHECK(as_other_user([&] {
+          proto::Hello control;
+          control.role = static_cast<uint8_t>(proto::Role::Control);
+          auto a = proto::connect_and_hello(d.socket, control, 60'000);
+          if (!a) return a.error == EACCES ? kUnreachable : 11;
+          auto b = proto::connect_and_hello(d.socket, control, 60'000);
+          if (!b) return 12;
+          auto c = proto::connect_and_hello(d.socket, control, 60'000);
+          if (c || c.error != EDQUOT) return 13;
+          if (c.message.find("max-connections-per-uid") == std::string::npos) return 14;
+          ::close(std::exchange(a.sock, -1));  // one fewer: room for another
+          bool again = eventually([&] { return bool(proto::connect_and_hello(d.socket, control, 60'000)); });
+          return again ? 0 : 15;
+        }) == 0);
+}
+
+TEST_CASE("allocations reserved and being reserved are bounded per user, with the limit named (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-blobs-per-uid", "1000"});
+  CHECK(as_other_user([&] {
+          auto a = ShimClient::connect(d.socket, small_session("blobs", 0));
+          if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
+          auto b = ShimClient::connect(d.socket, small_session("blobs", 1));
+          if (!b) return 12;
+          auto blobs = [](uint64_t first, std::size_t n) {
+            std::vector<BlobSize> out;
+            for (std::size_t i = 0; i < n; ++i) out.push_back({first + i, 4096});
+            return out;
+          };
+          // A sends 600 blobs of a set and not yet its end; B's 600 would make 1200 being sent.
+          if (!a->call(proto::Reserve{.flags = proto::kReserveFirst, .blobs = blobs(1, 600)})) return 13;
+          auto refused = b->call(proto::Reserve{.flags = proto::kReserveFirst, .blobs = blobs(1, 600)});
+          if (refused || refused.error().errnum() != EDQUOT) return 14;
+          if (refused.error().message.find("max-blobs-per-uid") == std::string::npos) return 15;
+          // A completes its set: 601 reserved. B's whole set of 500 would make 1101 reserved; 300 fit.
+          if (!a->call(proto::Reserve{.flags = proto::kReserveLast, .blobs = blobs(601, 1)})) return 16;
+          auto too_many = b->reserve(blobs(1, 500));
+          if (too_many || too_many.error().errnum() != EDQUOT) return 17;
+          if (!b->reserve(blobs(1, 300))) return 18;
+          return 0;
+        }) == 0);
 }
 
 TEST_CASE("the daemon takes its settings from a TOML config file") {
