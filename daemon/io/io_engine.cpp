@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <utility>
 
@@ -100,6 +101,12 @@ struct Engine::Impl {
   std::string fallback;  // why ring_ok is false
   std::string no_fixed;  // why register_buffer() cannot work, if it cannot
   std::vector<FixedBuffer> fixed;
+  // Held by a thread registering or emptying a fixed buffer. The kernel holds the ring's own lock
+  // meanwhile (for as long as pinning a GiB takes), which io_uring_enter would wait for: the owner
+  // submits only when it can take this one at once, and otherwise leaves its SQEs in the ring for
+  // its next submit(). Whoever registers tells the owner when it is done (the daemon's staging
+  // workers post to its event loop), so they do not wait long.
+  mutable std::mutex registering;
 
   std::vector<Slot> slots;
   uint32_t free_head = kNone;
@@ -233,6 +240,8 @@ struct Engine::Impl {
       ++in_kernel;
     }
     if (io_uring_sq_ready(&ring) == 0) return;
+    std::unique_lock not_registering(registering, std::try_to_lock);
+    if (!not_registering) return;
     int rc;
     do rc = io_uring_submit(&ring);
     while (rc == -EINTR);
@@ -375,44 +384,77 @@ int Engine::event_fd() const noexcept {
 }
 
 int Engine::register_buffer(void* base, std::size_t len, std::string* why) noexcept {
-  Impl& m = *impl_;
-  if (!m.no_fixed.empty()) {
-    set_why(why, [&] { return m.no_fixed; });
+  const int idx = claim_buffer_slot(why);
+  if (idx < 0) return -1;
+  if (fill_buffer_slot(idx, base, len, why) != 0) {
+    release_buffer_slot(idx);
     return -1;
   }
-  if (!base || len == 0 || len > kMaxFixedBuffer) {
-    set_why(why, [&] { return fmt::format("registered buffers must be 1 byte to 1 GiB (got {})", len); });
-    return -1;
-  }
-  int idx = -1;
-  for (std::size_t i = 0; i < m.fixed.size(); ++i) {
-    if (!m.fixed[i].used) {
-      idx = static_cast<int>(i);
-      break;
-    }
-  }
-  if (idx < 0) {
-    set_why(why, [&] { return fmt::format("all {} registered-buffer slots are in use", m.fixed.size()); });
-    return -1;
-  }
-  iovec iov{base, len};
-  __u64 tag = 0;  // no tag: the kernel posts no CQE when the buffer is later released
-  int rc = io_uring_register_buffers_update_tag(&m.ring, static_cast<unsigned>(idx), &iov, &tag, 1);
-  if (rc != 1) {
-    set_why(why, [&] { return describe_register_error(rc < 0 ? rc : -EIO, len); });
-    return -1;
-  }
-  m.fixed[idx] = {static_cast<const char*>(base), len, true};
+  commit_buffer_slot(idx, base, len);
   return idx;
 }
 
 void Engine::unregister_buffer(int index) noexcept {
   Impl& m = *impl_;
   if (index < 0 || static_cast<std::size_t>(index) >= m.fixed.size() || !m.fixed[index].used) return;
+  empty_buffer_slot(index);
+  release_buffer_slot(index);
+}
+
+int Engine::claim_buffer_slot(std::string* why) noexcept {
+  Impl& m = *impl_;
+  if (!m.no_fixed.empty()) {
+    set_why(why, [&] { return m.no_fixed; });
+    return -1;
+  }
+  for (std::size_t i = 0; i < m.fixed.size(); ++i) {
+    if (!m.fixed[i].used) {
+      m.fixed[i] = {nullptr, 0, true};  // claimed: no base yet, so fixed_range_ok() refuses requests
+      return static_cast<int>(i);
+    }
+  }
+  set_why(why, [&] { return fmt::format("all {} registered-buffer slots are in use", m.fixed.size()); });
+  return -1;
+}
+
+int Engine::fill_buffer_slot(int index, void* base, std::size_t len, std::string* why) const noexcept {
+  const Impl& m = *impl_;  // only the ring's descriptor is read: see claim_buffer_slot() in the header
+  if (!base || len == 0 || len > kMaxFixedBuffer) {
+    set_why(why, [&] { return fmt::format("registered buffers must be 1 byte to 1 GiB (got {})", len); });
+    return -1;
+  }
+  iovec iov{base, len};
+  __u64 tag = 0;  // no tag: the kernel posts no CQE when the buffer is later released
+  std::lock_guard lock(m.registering);
+  int rc =
+      io_uring_register_buffers_update_tag(const_cast<io_uring*>(&m.ring), static_cast<unsigned>(index), &iov, &tag, 1);
+  if (rc != 1) {
+    set_why(why, [&] { return describe_register_error(rc < 0 ? rc : -EIO, len); });
+    return -1;
+  }
+  return 0;
+}
+
+void Engine::commit_buffer_slot(int index, void* base, std::size_t len) noexcept {
+  Impl& m = *impl_;
+  if (index < 0 || static_cast<std::size_t>(index) >= m.fixed.size()) return;
+  m.fixed[index] = {static_cast<const char*>(base), len, true};
+}
+
+void Engine::empty_buffer_slot(int index) const noexcept {
+  const Impl& m = *impl_;
+  if (index < 0 || !m.ring_ok) return;
   // An empty iovec clears the slot; requests already in the kernel keep their own reference.
   iovec iov{nullptr, 0};
   __u64 tag = 0;
-  (void)io_uring_register_buffers_update_tag(&m.ring, static_cast<unsigned>(index), &iov, &tag, 1);
+  std::lock_guard lock(m.registering);
+  (void)io_uring_register_buffers_update_tag(const_cast<io_uring*>(&m.ring), static_cast<unsigned>(index), &iov, &tag,
+                                             1);
+}
+
+void Engine::release_buffer_slot(int index) noexcept {
+  Impl& m = *impl_;
+  if (index < 0 || static_cast<std::size_t>(index) >= m.fixed.size()) return;
   m.fixed[index] = {};
 }
 

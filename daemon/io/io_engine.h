@@ -9,7 +9,9 @@
 // runtimes), create() still succeeds with a synchronous engine that runs pread/pwrite inside
 // submit(), with the same completion semantics; uses_io_uring() and fallback_reason() say so.
 //
-// An Engine is not thread-safe: one thread queues, submits and reaps.
+// An Engine is not thread-safe: one thread (its owner) queues, submits and reaps. The one exception is
+// the middle of a registration in steps (fill_buffer_slot, empty_buffer_slot), which any thread may
+// run: see claim_buffer_slot().
 #pragma once
 
 #include <sys/uio.h>
@@ -80,12 +82,31 @@ class Engine {
   int register_buffer(void* base, std::size_t len, std::string* why = nullptr) noexcept;
   void unregister_buffer(int index) noexcept;
 
+  // register_buffer() in steps, so that its slow part runs off the owner's thread: the kernel pins
+  // every page of the buffer (faulting in those not present), which takes a noticeable time for a
+  // GiB even when they are. On the owner's thread, claim_buffer_slot() reserves a slot of the
+  // fixed-buffer table (-1 and the reason where register_buffer() would fail before the kernel);
+  // then fill_buffer_slot() registers the memory in it, from any thread: it reads only the ring's
+  // descriptor. The kernel holds the ring's lock while it pins (fault the pages in before, so that
+  // this is short), which a submission would wait for: meanwhile submit() leaves queued requests in
+  // the ring instead of blocking, so the caller should have the owner call submit() again when it is
+  // done. Then, on the owner's thread, commit_buffer_slot() lets requests name the slot. The way
+  // back: empty_buffer_slot() from any thread (the same holds), then release_buffer_slot() on the
+  // owner's. A claimed slot that is not committed refuses requests (-EINVAL), like a free one.
+  int claim_buffer_slot(std::string* why = nullptr) noexcept;
+  // Returns 0, or -1 with the reason (the slot then stays claimed and empty).
+  int fill_buffer_slot(int index, void* base, std::size_t len, std::string* why = nullptr) const noexcept;
+  void commit_buffer_slot(int index, void* base, std::size_t len) noexcept;
+  void empty_buffer_slot(int index) const noexcept;
+  void release_buffer_slot(int index) noexcept;
+
   // Queues a request. Never blocks; call submit() to push queued requests to the kernel. A request
   // with length 0 completes with 0; one whose buffer lies outside its registered buffer completes
   // with -EINVAL. Throws std::bad_alloc only (growing the request pool), leaving the engine as it was.
   void queue(const Request& request);
   // Moves queued requests into the kernel as far as the queue depth allows. Never blocks with
-  // io_uring; the synchronous engine performs the I/O here.
+  // io_uring (not even while another thread registers a buffer: the requests then wait for the next
+  // call); the synchronous engine performs the I/O here.
   void submit() noexcept;
 
   // Reaps completed requests into `out` (appending), resubmitting partial ones. Does not block.

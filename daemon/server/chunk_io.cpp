@@ -9,12 +9,6 @@
 #include <new>
 
 namespace tmsdisk::server {
-namespace {
-
-constexpr std::size_t kMaxReserveBlobs = 1 << 20;
-
-}  // namespace
-
 proto::ErrorReply error_reply(int code, const std::string& message) {
   proto::ErrorReply e;
   e.code = code > 0 ? code : EIO;
@@ -22,11 +16,44 @@ proto::ErrorReply error_reply(int code, const std::string& message) {
   return e;
 }
 
+ChunkIo::BlobCounts ChunkIo::blobs_of_uid(uid_t uid, uint64_t except) {
+  BlobCounts n;
+  for (auto& [sid, other] : sessions_.all()) {
+    if (sid == except || other.cred.uid != uid) continue;
+    n.pending += other.pending_reserve.size();
+    n.reserved += other.store->blob_count();
+  }
+  return n;
+}
+
 proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "RESERVE while chunks are still in flight");
   if (m.flags & proto::kReserveFirst) s.pending_reserve.clear();
-  if (s.pending_reserve.size() + m.blobs.size() > kMaxReserveBlobs)
-    return error_reply(E2BIG, fmt::format("more than {} blobs in one reservation", kMaxReserveBlobs));
+  // A refused set is dropped whole (its memory with it): the shim starts again with kReserveFirst.
+  auto refuse = [&](int code, std::string why) {
+    std::vector<proto::BlobSize>().swap(s.pending_reserve);
+    spdlog::warn("session {}: reservation refused: {}", s.id, why);
+    return error_reply(code, why);
+  };
+  const std::size_t in_set = s.pending_reserve.size() + m.blobs.size();
+  if (in_set > kMaxReserveBlobs)
+    return refuse(E2BIG, fmt::format("more than {} blobs in one reservation; raise TMSDISK_MIN_BYTES so that fewer, "
+                                     "larger allocations are paused",
+                                     kMaxReserveBlobs));
+  const bool limited = s.cred.uid != 0;
+  const BlobCounts others = limited ? blobs_of_uid(s.cred.uid, s.id) : BlobCounts{};
+  // Pending and reserved blobs are bounded separately: a rank reserving a new set holds both for a
+  // while, and must not be refused for it.
+  auto over_quota = [&](std::size_t total, const char* what) {
+    return refuse(EDQUOT, fmt::format("uid {} would have {} allocations {}, more than {} (max-blobs-per-uid): pause "
+                                      "fewer ranks at once, raise TMSDISK_MIN_BYTES so that fewer, larger allocations "
+                                      "are paused, or ask the administrator to raise max-blobs-per-uid",
+                                      s.cred.uid, total, what, max_blobs_per_uid_));
+  };
+  if (limited && others.pending + in_set > max_blobs_per_uid_)
+    return over_quota(others.pending + in_set, "in reservations being sent");
+  if (limited && (m.flags & proto::kReserveLast) && others.reserved + in_set > max_blobs_per_uid_)
+    return over_quota(others.reserved + in_set, "reserved");
   s.pending_reserve.insert(s.pending_reserve.end(), m.blobs.begin(), m.blobs.end());
   if (!(m.flags & proto::kReserveLast)) return proto::OkReply{};
   auto blobs = std::move(s.pending_reserve);

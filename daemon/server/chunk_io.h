@@ -21,7 +21,13 @@ proto::ErrorReply error_reply(int code, const std::string& message);
 
 class ChunkIo {
  public:
-  ChunkIo(io::Engine& engine, SessionTable& sessions) : engine_(engine), sessions_(sessions) {}
+  // A session's reservation, being sent or in its store, holds at most this many blobs. It bounds
+  // the daemon's memory for one session (about 16 bytes a blob while sent, 300 once reserved) for
+  // root too; other users are bounded together by Config::max_blobs_per_uid.
+  static constexpr std::size_t kMaxReserveBlobs = 1 << 20;
+
+  ChunkIo(io::Engine& engine, SessionTable& sessions, uint32_t max_blobs_per_uid)
+      : engine_(engine), sessions_(sessions), max_blobs_per_uid_(max_blobs_per_uid) {}
 
   // Each returns the reply to send now.
   proto::Message reserve(Session& s, const proto::Reserve& m);
@@ -53,8 +59,16 @@ class ChunkIo {
   std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op);
   proto::Message finish(Session& s, const Pending& p, int result);
 
+  // Blobs the sessions of `uid` other than `except` have in reservations being sent, and reserved.
+  struct BlobCounts {
+    std::size_t pending = 0;
+    std::size_t reserved = 0;
+  };
+  BlobCounts blobs_of_uid(uid_t uid, uint64_t except);
+
   io::Engine& engine_;
   SessionTable& sessions_;
+  uint32_t max_blobs_per_uid_;
   std::map<uint64_t, Pending> pending_;  // by engine tag
   uint64_t next_tag_ = 1;
   std::vector<io::Completion> completions_;

@@ -18,6 +18,13 @@ constexpr std::size_t kSessionsPerPage = 128;
 // this much is kept back for the page's own fields.
 constexpr std::size_t kPageOverhead = 64;
 
+// Whether `m` selects the rank of process `pid`, job `job`, rank `rank`.
+bool selects(const proto::Control& m, const std::string& job, int64_t rank, pid_t pid) {
+  return (m.match & proto::kMatchAll) ||
+         (!((m.match & proto::kMatchJob) && job != m.job) && !((m.match & proto::kMatchRank) && rank != m.rank) &&
+          !((m.match & proto::kMatchPid) && pid != m.pid));
+}
+
 }  // namespace
 
 void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m) {
@@ -51,10 +58,34 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
 }
 
 void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::Control& m) {
-  for (auto& [id, other] : ops_)
-    if (other.conn_id == conn_id)
-      return send_(conn_id, request_id,
-                   error_reply(EBUSY, "this connection already waits for a pause or resume; one at a time"));
+  const bool busy =
+      std::any_of(ops_.begin(), ops_.end(), [&](const auto& kv) { return kv.second.conn_id == conn_id; }) ||
+      std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) { return p.conn_id == conn_id; });
+  if (busy)
+    return send_(conn_id, request_id,
+                 error_reply(EBUSY, "this connection already waits for a pause or resume; one at a time"));
+  auto openings = sessions_.openings_where([&](const ucred& cred, const std::string& job, int64_t rank) {
+    return (uid == 0 || uid == cred.uid) && selects(m, job, rank, cred.pid);
+  });
+  if (openings.empty()) return start(conn_id, uid, request_id, m);
+  parked_.push_back(Parked{conn_id, uid, request_id, m, {openings.begin(), openings.end()}});
+}
+
+void ControlRouter::opening_done(uint64_t conn_id) {
+  std::vector<Parked> ready;
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    it->openings.erase(conn_id);
+    if (it->openings.empty()) {
+      ready.push_back(std::move(*it));
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const Parked& p : ready) start(p.conn_id, p.uid, p.request_id, p.request);
+}
+
+void ControlRouter::start(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::Control& m) {
   Op op;
   op.id = next_op_++;
   op.conn_id = conn_id;
@@ -62,11 +93,7 @@ void ControlRouter::control(uint64_t conn_id, uid_t uid, uint64_t request_id, co
   if (m.timeout_ms) op.deadline = Clock::now() + std::chrono::milliseconds(m.timeout_ms);
   std::size_t denied = 0, orphaned = 0;
   for (auto& [sid, s] : sessions_.all()) {
-    if (s.conn_id == 0 && !s.orphan) continue;
-    const bool match = (m.match & proto::kMatchAll) || (!((m.match & proto::kMatchJob) && s.job != m.job) &&
-                                                        !((m.match & proto::kMatchRank) && s.rank != m.rank) &&
-                                                        !((m.match & proto::kMatchPid) && s.cred.pid != m.pid));
-    if (!match) continue;
+    if ((s.conn_id == 0 && !s.orphan) || !selects(m, s.job, s.rank, s.cred.pid)) continue;
     if (!may_act_on(uid, s)) {
       ++denied;
       continue;
@@ -153,6 +180,7 @@ void ControlRouter::session_lost(Session& s) {
 }
 
 void ControlRouter::connection_closed(uint64_t conn_id) {
+  std::erase_if(parked_, [&](const Parked& p) { return p.conn_id == conn_id; });
   // Nobody reads the results any more: the operation goes, and so do its COMMANDs' entries at the
   // ranks, whose answers would otherwise find a stale entry (or, worse, keep it forever).
   for (auto op = ops_.begin(); op != ops_.end();) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "session_table.h"
 #include "tmsdisk/protocol/messages.h"
@@ -35,7 +36,13 @@ class ControlRouter {
 
   // A tmsctl's requests, on connection `conn_id` of a client of uid `uid`.
   void list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m);
+  // A pause or resume first waits for the HELLOs being served (their staging buffers are built off
+  // the event loop) of ranks it would ask, so that a rank that said HELLO before it is asked too,
+  // as when HELLOs were answered at once. It does not wait for HELLOs that come after it, which
+  // could otherwise hold it back forever.
   void control(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::Control& m);
+  // The HELLO on connection `conn_id` was answered (a session, or a refusal) or its client left.
+  void opening_done(uint64_t conn_id);
 
   // A rank's answers to the COMMAND with request id `command_id`.
   void command_done(Session& s, uint64_t command_id, const proto::CommandDone& m);
@@ -61,6 +68,16 @@ class ControlRouter {
     Clock::time_point deadline = Clock::time_point::max();
   };
 
+  // A pause or resume waiting for HELLOs being served (connection ids) before it starts.
+  struct Parked {
+    uint64_t conn_id = 0;
+    uid_t uid = 0;
+    uint64_t request_id = 0;
+    proto::Control request;
+    std::set<uint64_t> openings;
+  };
+
+  void start(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::Control& m);
   // Sends the rank's answer, or the one the daemon gives for a rank that cannot answer (Done, with
   // the reason's code: it was asked, and nothing says it found nothing to do), on its own page; the
   // page of the last rank ends the operation.
@@ -71,6 +88,7 @@ class ControlRouter {
   SessionTable& sessions_;
   Send send_;
   std::map<uint64_t, Op> ops_;
+  std::vector<Parked> parked_;
   uint64_t next_op_ = 1;
   uint64_t next_command_ = 1;
   Metrics* metrics_ = nullptr;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "ipc_exports.h"
 #include "metrics.h"
 #include "session_table.h"
+#include "staging_workers.h"
 #include "storage.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
@@ -43,16 +45,15 @@ using Clock = std::chrono::steady_clock;
 namespace proto = tmsdisk::proto;
 
 constexpr uint64_t kMiB = 1ull << 20;
-constexpr std::size_t kMaxOutboxBytes = 16 << 20;  // queued reply bytes before a non-reading peer is dropped
-constexpr std::size_t kReadPauseReplies = 256;     // stop reading a peer with this many replies queued
-constexpr std::size_t kMaxQueuedFds = 16;          // descriptors queued for a peer that does not read them
+// A peer with this many replies queued (or kReadPauseBytes of them, server.h) is not read further.
+constexpr std::size_t kReadPauseReplies = 256;
+constexpr std::size_t kMaxQueuedFds = 16;  // descriptors queued for a peer that does not read them
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
-constexpr std::size_t kMaxConnectionsPerUid = 512;
 constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
 // by its session id with SessionTable::kOrphanKeyBit set.
-enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kFirstConnection = 16 };
+enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kKeyStaging = 5, kFirstConnection = 16 };
 
 // A reply waiting in a connection's outbox, with the descriptor it passes (IPC_OPENED).
 struct Outgoing {
@@ -65,6 +66,10 @@ struct Connection {
   UniqueFd fd;
   ucred cred{};
   bool hello_done = false;
+  // Its HELLO is accepted and its staging buffer is being built off the loop: nothing more is read
+  // from it until the WELCOME (or the refusal) is sent.
+  bool hello_pending = false;
+  uint64_t hello_request_id = 0;
   proto::Role role = proto::Role::Control;
   uint64_t session_id = 0;  // shim connections
   std::deque<Outgoing> outbox;
@@ -92,10 +97,17 @@ struct Server::Impl {
   bool stopping = false;
 
   std::map<uint64_t, std::unique_ptr<Connection>> conns;
+  std::map<uid_t, std::size_t> backlog_by_uid;  // queued_cost() of the replies queued for each user
+  // The most ever queued for one connection and for one user, for tests (reply_backlog_peaks()).
+  std::atomic<uint64_t> peak_connection_backlog{0};
+  std::atomic<uint64_t> peak_uid_backlog{0};
   uint64_t next_conn = kFirstConnection;
   IpcExports ipc{random_token, IpcExports::Limits{config.max_ipc_exports_per_uid, config.max_ipc_exports}};
   FdReaper reaper;  // descriptors clients passed that are not kept
-  // Declared after the engine, so destroyed before it: staging buffers unregister from it.
+  // Declared after the engine, so destroyed before it: staging buffers unregister from it, and the
+  // workers build and tear them down; before the sessions, so destroyed after them (a session's
+  // buffer is handed to the workers to tear down).
+  std::unique_ptr<StagingWorkers> staging;
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<ChunkIo> chunks;
   std::unique_ptr<ControlRouter> router;
@@ -188,12 +200,14 @@ struct Server::Impl {
       spdlog::warn("io_uring unavailable ({}); using synchronous pread/pwrite, which is slower",
                    engine->fallback_reason());
 
+    staging = std::make_unique<StagingWorkers>(*engine, config.before_staging);
+
     epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
     stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
-    chunks = std::make_unique<ChunkIo>(*engine, *sessions);
+    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid);
     router =
         std::make_unique<ControlRouter>(*sessions, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
@@ -215,6 +229,7 @@ struct Server::Impl {
     for (auto [fd, key] : {std::pair{listen_fd.get(), uint64_t{kKeyListen}},
                            {stop_fd.get(), uint64_t{kKeyStop}},
                            {engine->event_fd(), uint64_t{kKeyIo}},
+                           {staging->event_fd(), uint64_t{kKeyStaging}},
                            {sweep_fd.get(), uint64_t{kKeySweep}}}) {
       if (fd < 0) continue;
       epoll_event ev{};
@@ -282,33 +297,87 @@ struct Server::Impl {
         return;
       }
     }
-    if (c.outbox_bytes + out.bytes.size() > kMaxOutboxBytes) {
-      spdlog::warn("connection {} (pid {}) does not read its replies; closing it", c.id, c.cred.pid);
+    // Reading stops well before these (update_interest): what passes them comes from replies the
+    // peer's requests did not just ask for (I/O completions, a pause's progress and results, IPC
+    // notices), which cannot be held back. Such a peer is closed rather than buffered for: it gets
+    // no error, as it reads nothing; the log says why.
+    const std::size_t cost = queued_cost(out);
+    if (c.outbox_bytes + cost > kMaxOutboxBytes) {
+      spdlog::warn(
+          "connection {} (pid {} uid {}) does not read its replies ({} bytes queued, the most one connection "
+          "may have); closing it",
+          c.id, c.cred.pid, c.cred.uid, c.outbox_bytes);
       c.closing = true;
       drop_outbox(c);
       return;
     }
-    c.outbox_bytes += out.bytes.size();
+    std::size_t& uid_backlog = backlog_by_uid[c.cred.uid];
+    if (c.cred.uid != 0 && uid_backlog + cost > config.max_unread_replies_mb_per_uid * kMiB) {
+      spdlog::warn(
+          "uid {} has {} bytes of replies queued for connections that do not read them, the most one user "
+          "may have (max-unread-replies-mb-per-uid); closing connection {} (pid {}), whose reply does not "
+          "fit",
+          c.cred.uid, uid_backlog, c.id, c.cred.pid);
+      c.closing = true;
+      drop_outbox(c);
+      return;
+    }
+    c.outbox_bytes += cost;
+    uid_backlog += cost;
     c.outbox_fds += out.fd ? 1 : 0;
     c.outbox.push_back(std::move(out));
+    raise_peak(peak_connection_backlog, c.outbox_bytes);
+    raise_peak(peak_uid_backlog, uid_backlog);
     update_interest(c);
   }
 
-  static void drop_outbox(Connection& c) {
+  // What a queued reply costs the daemon: its bytes, and its share of the outbox's bookkeeping (the
+  // deque's entry, the allocator's header).
+  static std::size_t queued_cost(const Outgoing& o) noexcept { return o.bytes.capacity() + sizeof(Outgoing) + 32; }
+
+  static void raise_peak(std::atomic<uint64_t>& peak, uint64_t now) noexcept {
+    uint64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  void pop_outgoing(Connection& c) {
+    const std::size_t cost = queued_cost(c.outbox.front());
+    c.outbox_bytes -= cost;
+    forget_backlog(c.cred.uid, cost);
+    c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
+    c.outbox.pop_front();
+  }
+
+  void drop_outbox(Connection& c) {
+    forget_backlog(c.cred.uid, c.outbox_bytes);
     c.outbox.clear();
     c.outbox_bytes = 0;
     c.outbox_fds = 0;
+  }
+
+  void forget_backlog(uid_t uid, std::size_t cost) {
+    auto it = backlog_by_uid.find(uid);
+    if (it == backlog_by_uid.end()) return;
+    it->second -= std::min(it->second, cost);
+    if (it->second == 0) backlog_by_uid.erase(it);
   }
 
   void send_error(Connection& c, uint64_t request_id, int code, const std::string& message) {
     send(c, request_id, error_reply(code, message));
   }
 
-  // Writable while replies wait; readable unless a peer that does not read its replies has many
-  // queued (backpressure: it cannot make the daemon buffer without bound by sending more requests).
+  // Requests are read from a peer only while few of its replies wait for it (backpressure: a peer
+  // that does not read its replies stops being read, and its requests wait in its own socket, so it
+  // cannot make the daemon buffer without bound by sending more), and not while its HELLO is served.
+  static bool reads_paused(const Connection& c) noexcept {
+    return c.hello_pending || c.outbox.size() >= kReadPauseReplies || c.outbox_bytes >= kReadPauseBytes;
+  }
+
+  // Writable while replies wait; readable unless reads_paused().
   void update_interest(Connection& c) {
     uint32_t want = 0;
-    if (c.outbox.size() < kReadPauseReplies) want |= EPOLLIN;
+    if (!reads_paused(c)) want |= EPOLLIN;
     if (!c.outbox.empty()) want |= EPOLLOUT;
     if (want == c.interest) return;
     c.interest = want;
@@ -327,9 +396,7 @@ struct Server::Impl {
         c.closing = true;
         break;
       }
-      c.outbox_bytes -= c.outbox.front().bytes.size();
-      c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
-      c.outbox.pop_front();
+      pop_outgoing(c);
     }
     update_interest(c);
   }
@@ -366,8 +433,15 @@ struct Server::Impl {
       }
       if (c->cred.uid != 0 && std::count_if(conns.begin(), conns.end(), [&](const auto& kv) {
                                 return kv.second->cred.uid == c->cred.uid;
-                              }) >= static_cast<long>(kMaxConnectionsPerUid)) {
-        spdlog::warn("uid {} has {} connections open; refusing more", c->cred.uid, kMaxConnectionsPerUid);
+                              }) >= static_cast<long>(config.max_connections_per_uid)) {
+        const std::string why = fmt::format(
+            "uid {} already has {} connections to tmsdiskd, the most one user may have (max-connections-per-uid): "
+            "each rank and each running tmsctl holds one; end some, or ask the administrator to raise the limit",
+            c->cred.uid, config.max_connections_per_uid);
+        spdlog::warn("refused a connection of pid {}: {}", c->cred.pid, why);
+        // Said before the close, as the answer to whatever it sends first (HELLO): the socket's
+        // buffer is empty, so this does not block, and a failure only loses the explanation.
+        (void)proto::send_message(fd, proto::encode(0, error_reply(EDQUOT, why)));
         continue;
       }
       c->interest = EPOLLIN;
@@ -395,7 +469,7 @@ struct Server::Impl {
     auto next = Clock::time_point::max();
     std::vector<uint64_t> silent;
     for (auto& [id, c] : conns) {
-      if (c->hello_done) continue;
+      if (c->hello_done || c->hello_pending) continue;  // a HELLO being served said something
       const auto deadline = c->accepted + kHelloDeadline;
       if (deadline <= now)
         silent.push_back(id);
@@ -412,12 +486,17 @@ struct Server::Impl {
     if (it == conns.end()) return;
     Connection& c = *it->second;
     ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+    if (c.hello_pending) {
+      sessions->abandon_open(id);  // its charge goes now; its buffer when built
+      router->opening_done(id);
+    }
     if (c.session_id) {
       // The shim's pending commands fail; its files go once no I/O of it is in flight.
       if (Session* s = sessions->find(c.session_id)) router->session_lost(*s);
       sessions->detach(c.session_id);
     }
     router->connection_closed(id);
+    drop_outbox(c);  // its replies no longer count against its user
     conns.erase(it);
     set_accepting(true);
   }
@@ -426,7 +505,7 @@ struct Server::Impl {
     std::vector<uint8_t> buf;
     // Bounded per wakeup so one busy peer cannot starve the others; a peer that leaves its replies
     // unread is not read further (update_interest).
-    for (int i = 0; i < 64 && !c.closing && c.outbox.size() < kReadPauseReplies; ++i) {
+    for (int i = 0; i < 64 && !c.closing && !reads_paused(c); ++i) {
       int fd = -1;
       std::vector<int> extra;
       long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
@@ -448,6 +527,17 @@ struct Server::Impl {
       }
       if (n == -EMSGSIZE) {
         send_error(c, 0, EMSGSIZE, "message exceeds the 64 KiB protocol limit");
+        c.closing = true;
+        return;
+      }
+      if (n == -ETOOMANYREFS) {
+        // The message arrived whole (so its request id is known), its descriptors did not: what it
+        // asks cannot be done. Those that arrived are closed with the others (Discard).
+        auto h = proto::peek_header(buf);
+        send_error(c, h ? h->request_id : 0, EINVAL,
+                   fmt::format("too many descriptors passed with one message (more than {}; at most {}, and only "
+                               "IPC_EXPORT takes one)",
+                               proto::kMaxPassedFds, proto::kMaxPassedFds));
         c.closing = true;
         return;
       }
@@ -554,7 +644,71 @@ struct Server::Impl {
       send(c, rid, w);
       return;
     }
-    auto r = sessions->open(c.cred, c.id, h);
+    // What is cheap is checked here; the staging buffer (seconds for a GiB on a loaded node) is
+    // built by a worker, and the HELLO finishes in on_staging_done(). Meanwhile the connection is
+    // not read, and its quotas are charged.
+    auto shape = sessions->begin_open(c.cred, c.id, h);
+    if (!shape) {
+      spdlog::warn("refused session for pid {} uid {}: {}", c.cred.pid, c.cred.uid, shape.error().describe());
+      send_error(c, rid, shape.error().errnum(), shape.error().describe());
+      c.closing = true;
+      return;
+    }
+    c.hello_pending = true;
+    c.hello_request_id = rid;
+    update_interest(c);
+    std::string why;
+    const int claimed = engine->claim_buffer_slot(&why);
+    if (claimed < 0)
+      spdlog::info("pid {}: staging not registered with io_uring ({}); using plain I/O", c.cred.pid, why);
+    try {
+      staging->build(c.id, h.job, shape->chunk_bytes, shape->slot_count, claimed);
+    } catch (const std::bad_alloc&) {
+      engine->release_buffer_slot(claimed);
+      sessions->abandon_open(c.id);
+      router->opening_done(c.id);
+      c.hello_pending = false;
+      send_error(c, rid, ENOMEM, "the daemon is out of memory; try again later");
+      c.closing = true;
+    }
+  }
+
+  // Staging buffers built (HELLOs to finish) and torn down (their fixed-buffer slots to release).
+  void on_staging_done() {
+    auto done = staging->finished();
+    for (int slot : done.emptied_slots) engine->release_buffer_slot(slot);
+    for (auto& b : done.built) {
+      Connection* c = conn(b.conn_id);
+      const bool awaited = c && c->hello_pending;
+      if (b.claimed_index >= 0) {
+        if (b.buffer && b.buffer->buf_index() == b.claimed_index) {
+          engine->commit_buffer_slot(b.claimed_index, b.buffer->base(), b.buffer->bytes());
+        } else {
+          // Not registered there (a buffer tears down without it): the slot is free again.
+          engine->release_buffer_slot(b.claimed_index);
+          if (b.buffer && awaited)
+            spdlog::info("pid {}: staging not registered with io_uring ({}); using plain I/O", c->cred.pid,
+                         b.not_registered);
+        }
+      }
+      if (!awaited) continue;  // the client went away: the buffer goes with `b` (StagingPtr)
+      c->hello_pending = false;
+      update_interest(*c);
+      if (b.buffer) {
+        finish_hello(*c, std::move(b.buffer));
+      } else {
+        sessions->abandon_open(c->id);
+        spdlog::warn("refused session for pid {} uid {}: {}", c->cred.pid, c->cred.uid, b.error.describe());
+        send_error(*c, c->hello_request_id, b.error.errnum(), b.error.describe());
+        c->closing = true;
+      }
+      router->opening_done(c->id);  // a pause or resume waiting for it asks it now, if it became a session
+    }
+  }
+
+  void finish_hello(Connection& c, StagingPtr buffer) {
+    const uint64_t rid = c.hello_request_id;
+    auto r = sessions->finish_open(c.id, std::move(buffer));
     if (!r) {
       spdlog::warn("refused session for pid {} uid {}: {}", c.cred.pid, c.cred.uid, r.error().describe());
       send_error(c, rid, r.error().errnum(), r.error().describe());
@@ -726,6 +880,7 @@ struct Server::Impl {
           case kKeyListen: accept_all(); break;
           case kKeyStop: stopping = true; break;
           case kKeyIo: on_io(); break;
+          case kKeyStaging: on_staging_done(); break;
           case kKeySweep: {
             uint64_t ticks;
             (void)!::read(sweep_fd.get(), &ticks, sizeof(ticks));
@@ -741,6 +896,8 @@ struct Server::Impl {
             if (!c) break;
             if (events[i].events & EPOLLOUT) flush(*c);
             if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(*c);
+            // Not read while its HELLO is served, but a hangup still says it has gone.
+            if (c->hello_pending && (events[i].events & (EPOLLHUP | EPOLLERR))) c->closing = true;
             if (c->closing && (c->outbox.empty() || (events[i].events & (EPOLLHUP | EPOLLERR)))) close_connection(key);
           }
         }
@@ -817,6 +974,10 @@ void Server::stop() noexcept {
 
 const Config& Server::config() const noexcept {
   return impl_->config;
+}
+
+Server::ReplyBacklog Server::reply_backlog_peaks() const noexcept {
+  return {impl_->peak_connection_backlog.load(), impl_->peak_uid_backlog.load()};
 }
 
 }  // namespace tmsdisk::server

@@ -52,20 +52,22 @@ Session* SessionTable::find(uint64_t id) {
 }
 
 // Staging is pinned memory: bounded per user and for the whole daemon, so that no user can pin the
-// node's RAM by opening sessions.
+// node's RAM by opening sessions. Sessions still being opened count, with the staging they asked for.
 Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
   uint64_t uid_sessions = 0, uid_staging = 0, all_staging = 0;
   uint64_t uid_orphans = 0, uid_orphan_staging = 0;
-  for (auto& [sid, other] : sessions_) {
-    all_staging += other.staging_charge;
-    if (other.cred.uid != cred.uid) continue;
+  auto count = [&](const ucred& owner, uint64_t charge, bool orphan) {
+    all_staging += charge;
+    if (owner.uid != cred.uid) return;
     ++uid_sessions;
-    uid_staging += other.staging_charge;
-    if (other.orphan) {
+    uid_staging += charge;
+    if (orphan) {
       ++uid_orphans;
-      uid_orphan_staging += other.staging_charge;
+      uid_orphan_staging += charge;
     }
-  }
+  };
+  for (auto& [sid, other] : sessions_) count(other.cred, other.staging_charge, other.orphan);
+  for (auto& [conn, o] : openings_) count(o.cred, o.staging_charge, false);
   // Orphans count like any session but run no program the user can see: the refusal says how many
   // there are and how long they stay, so that the user can tell why the limit is reached.
   const std::string orphans_note =
@@ -92,7 +94,8 @@ Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
   return {};
 }
 
-Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const proto::Hello& h) {
+Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, uint64_t conn_id,
+                                                            const proto::Hello& h) {
   if (!proto::valid_job_name(h.job))
     return make_error(EINVAL, fmt::format("job name '{}' is not allowed: {}", h.job, proto::kJobNameRule));
   if (!h.backup_dir.empty()) {
@@ -111,20 +114,26 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
     return make_error(EINVAL, fmt::format("a staging budget of {} KiB (TMS_DISK_BACKUP_CHUNK_MB) holds fewer than two "
                                           "chunks of {} KiB; ask for {} MiB or more",
                                           staging >> 10, slot >> 10, (2 * slot + kMiB - 1) / kMiB));
+  const auto slot_count = static_cast<uint32_t>(staging / slot);
+  staging = uint64_t{slot_count} * slot;  // what the buffer will hold, and so what is charged
   if (auto st = check_quotas(cred, staging); !st) return std::move(st).error();
   const auto start_time = process_start_time(cred.pid);
   if (!start_time) return make_error(ESRCH, fmt::format("cannot read the start time of pid {}", cred.pid));
-  storage::RankIdentity id;
-  id.uid = cred.uid;
-  id.gid = cred.gid;
-  id.job = h.job;
-  id.rank = h.rank;
-  id.pid = cred.pid;
-  id.start_time = *start_time;
-  id.token = h.token ? h.token : random_token();
-  const std::string relative_dir = storage::rank_relative_dir(id);
+  Opening o;
+  o.cred = cred;
+  o.hello = h;
+  o.chunk_bytes = static_cast<uint32_t>(slot);
+  o.staging_charge = staging;
+  o.id.uid = cred.uid;
+  o.id.gid = cred.gid;
+  o.id.job = h.job;
+  o.id.rank = h.rank;
+  o.id.pid = cred.pid;
+  o.id.start_time = *start_time;
+  o.id.token = h.token ? h.token : random_token();
+  o.relative_dir = storage::rank_relative_dir(o.id);
   for (auto& [sid, other] : sessions_) {
-    if (other.relative_dir != relative_dir) continue;
+    if (other.relative_dir != o.relative_dir) continue;
     if (!other.orphan)
       return make_error(EBUSY, fmt::format("pid {} already has a session as job {} rank {}", cred.pid, h.job, h.rank));
     if (h.token != other.token)
@@ -132,45 +141,67 @@ Result<Session*> SessionTable::open(const ucred& cred, uint64_t conn_id, const p
                         "this rank's files are kept for a session that lost its connection; reconnect with "
                         "that session's token");
   }
+  for (auto& [conn, other] : openings_)
+    if (other.relative_dir == o.relative_dir)
+      return make_error(EBUSY,
+                        fmt::format("pid {} is already opening a session as job {} rank {}", cred.pid, h.job, h.rank));
+  // A pidfd names this very process (no pid reuse); its start time is checked once more after
+  // opening it, in case the pid changed hands since SO_PEERCRED was taken.
+  o.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
+  if (o.pidfd && !process_alive(cred.pid, *start_time))
+    return make_error(ESRCH, fmt::format("pid {} exited while connecting", cred.pid));
+  openings_.insert_or_assign(conn_id, std::move(o));
+  return StagingShape{static_cast<uint32_t>(slot), slot_count};
+}
+
+void SessionTable::abandon_open(uint64_t conn_id) {
+  openings_.erase(conn_id);
+}
+
+std::vector<uint64_t> SessionTable::openings_where(
+    const std::function<bool(const ucred&, const std::string&, int64_t)>& wanted) const {
+  std::vector<uint64_t> out;
+  for (const auto& [conn, o] : openings_)
+    if (wanted(o.cred, o.hello.job, o.hello.rank)) out.push_back(conn);
+  return out;
+}
+
+Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging) {
+  auto node = openings_.extract(conn_id);
+  if (node.empty()) return make_error(ENOENT, "internal: no session is being opened on this connection");
+  Opening& o = node.mapped();
+  const proto::Hello& h = o.hello;
 
   Session s;
   s.id = next_id_++;
-  s.cred = cred;
+  s.cred = o.cred;
   s.job = h.job;
   s.rank = h.rank;
-  s.relative_dir = relative_dir;
-  s.token = id.token;
-  s.start_time = *start_time;
-  // A pidfd names this very process (no pid reuse); its start time is checked once more after
-  // opening it, in case the pid changed hands since SO_PEERCRED was taken.
-  s.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
-  if (s.pidfd && !process_alive(cred.pid, *start_time))
-    return make_error(ESRCH, fmt::format("pid {} exited while connecting", cred.pid));
-  // The buffer before the store: a failure here leaves nothing on disk to clean up.
-  auto buffer =
-      StagingBuffer::create(engine_, static_cast<uint32_t>(slot), static_cast<uint32_t>(staging / slot), s.id);
-  if (!buffer) return std::move(buffer).error();
-  s.staging = std::move(buffer).value();
-  s.staging_charge = s.staging->bytes();
+  s.relative_dir = o.relative_dir;
+  s.token = o.id.token;
+  s.start_time = o.id.start_time;
+  s.pidfd = std::move(o.pidfd);
+  s.staging = std::move(staging);
+  s.staging_charge = o.staging_charge;
 
   // The orphan this rank reconnects to: its files are adopted below, from disk, by a fresh store.
   uint64_t adopted = 0;
   for (auto& [sid, other] : sessions_) {
-    if (other.relative_dir != relative_dir) continue;
+    if (other.relative_dir != o.relative_dir) continue;
     adopted = sid;
     forget_orphan(sid);
     break;
   }
-  auto store = h.token ? storage::RankStore::adopt(roots_, id, static_cast<uint32_t>(slot))
-                       : storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
+  auto store = h.token ? storage::RankStore::adopt(roots_, o.id, o.chunk_bytes)
+                       : storage::RankStore::create(roots_, o.id, o.chunk_bytes);
   // A token but nothing on disk: its earlier session ended with nothing to keep (the connection
   // was closed on it), so it starts afresh under the same token.
   if (!store && h.token && store.error().errnum() == ENOENT)
-    store = storage::RankStore::create(roots_, id, static_cast<uint32_t>(slot));
+    store = storage::RankStore::create(roots_, o.id, o.chunk_bytes);
   if (!store) return std::move(store).error();
   s.store = std::move(store.value());
   if (!s.store->record_problem().empty())
-    spdlog::error("session {} (pid {}): {}", s.id, cred.pid, s.store->record_problem());
+    spdlog::error("session {} (pid {}): {}", s.id, s.cred.pid, s.store->record_problem());
 
   s.conn_id = conn_id;
   s.stats.last_change_unix_ms = unix_ms();

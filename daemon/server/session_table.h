@@ -33,8 +33,8 @@ struct Session {
   ucred cred{};
   std::string job;
   int64_t rank = -1;
-  std::string relative_dir;                // "<uid>/<job>/rank<R>-<pid>", what the sweep must not touch
-  std::unique_ptr<StagingBuffer> staging;  // null for an orphan
+  std::string relative_dir;  // "<uid>/<job>/rank<R>-<pid>", what the sweep must not touch
+  StagingPtr staging;        // null for an orphan
   // Staging counted against the quotas; an orphan keeps its charge (its rank may reconnect).
   uint64_t staging_charge = 0;
   std::size_t io_in_flight = 0;
@@ -67,14 +67,32 @@ class SessionTable {
   SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc, int epoll_fd,
                std::function<void(const IpcExports::Users&)> notify_users);
 
-  // Opens the session HELLO asks for, for the peer `cred` on connection `conn_id`: validates the
-  // job, backup directory and sizes, enforces the per-user and daemon-wide quotas, adopts the
-  // orphan it reconnects to (same rank directory and token), and creates or adopts its store.
-  Result<Session*> open(const ucred& cred, uint64_t conn_id, const proto::Hello& h);
+  // The staging buffer a HELLO asks for.
+  struct StagingShape {
+    uint32_t chunk_bytes = 0;
+    uint32_t slot_count = 0;
+  };
+
+  // Opening the session HELLO asks for takes two steps, because its staging buffer is built off the
+  // event loop (staging_workers.h) in between. begin_open(), for the peer `cred` on connection
+  // `conn_id`: validates the job, backup directory and sizes, and enforces the per-user and
+  // daemon-wide quotas, counting the sessions still being opened; the opening is charged from then
+  // on, so HELLOs that arrive together cannot oversubscribe. Cheap: no file or buffer is made.
+  Result<StagingShape> begin_open(const ucred& cred, uint64_t conn_id, const proto::Hello& h);
+  // Once the buffer is built: adopts the orphan the rank reconnects to (same rank directory and
+  // token), creates or adopts its store, and the session takes over the opening's charge. On an
+  // error the opening is gone too (its buffer with it).
+  Result<Session*> finish_open(uint64_t conn_id, StagingPtr staging);
+  // The opening's buffer could not be built, or its connection closed first: its charge goes.
+  void abandon_open(uint64_t conn_id);
+  // The connections whose HELLO is being served, for a rank that `wanted` selects (its peer, job, rank).
+  std::vector<uint64_t> openings_where(
+      const std::function<bool(const ucred&, const std::string& job, int64_t rank)>& wanted) const;
 
   Session* find(uint64_t id);
   std::map<uint64_t, Session>& all() noexcept { return sessions_; }
-  bool empty() const noexcept { return sessions_.empty(); }
+  // No session, and none being opened.
+  bool empty() const noexcept { return sessions_.empty() && openings_.empty(); }
   bool had_session() const noexcept { return had_session_; }
 
   // The shim's connection closed: the session goes once no I/O of it is in flight (the kernel may
@@ -89,6 +107,17 @@ class SessionTable {
   std::set<std::string> reap_dead();
 
  private:
+  // A HELLO between begin_open() and finish_open().
+  struct Opening {
+    ucred cred{};
+    proto::Hello hello;
+    storage::RankIdentity id;
+    std::string relative_dir;
+    uint32_t chunk_bytes = 0;
+    uint64_t staging_charge = 0;
+    UniqueFd pidfd;
+  };
+
   Status check_quotas(const ucred& cred, uint64_t staging) const;
   void forget_orphan(uint64_t id);
   static bool rank_alive(const Session& s);
@@ -100,6 +129,7 @@ class SessionTable {
   int epoll_fd_;
   std::function<void(const IpcExports::Users&)> notify_users_;
   std::map<uint64_t, Session> sessions_;
+  std::map<uint64_t, Opening> openings_;  // by connection id
   uint64_t next_id_ = 1;
   bool had_session_ = false;
 };

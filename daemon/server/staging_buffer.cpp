@@ -3,16 +3,56 @@
 #include "staging_buffer.h"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
 namespace tmsdisk::server {
+namespace {
+
+// Faulting in and unmapping hold the daemon's mmap lock (for reading, and for writing at first), which
+// the event loop's own allocations need for writing (brk, mmap): done in pieces of this size, so
+// that it waits for one piece at most, not for a whole GiB.
+constexpr uint64_t kPieceBytes = 16ull << 20;
+
+// Faults in every page of [base, base+bytes) for writing, so that registering them with io_uring
+// only pins pages already there (under the ring's lock, which the event loop's submissions wait
+// for), and the shim's first pause does not pay for the faults either.
+Status populate(uint8_t* base, uint64_t bytes) {
+  for (uint64_t off = 0; off < bytes;) {
+    const uint64_t len = std::min(kPieceBytes, bytes - off);
+    if (::madvise(base + off, len, MADV_POPULATE_WRITE) == 0) {
+      off += len;
+      continue;
+    }
+    if (errno == EINTR || errno == EAGAIN) continue;
+    if (errno == EINVAL) {
+      // A kernel before 5.14: one write per page does the same.
+      const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      for (uint64_t at = off; at < bytes; at += page) static_cast<volatile uint8_t*>(base)[at] = 0;
+      return {};
+    }
+    if (errno == ENOMEM || errno == EFAULT)
+      return make_error(ENOMEM, fmt::format("not enough memory for a staging buffer of {} MiB; ask for a smaller "
+                                            "one (TMS_DISK_BACKUP_CHUNK_MB) or free memory on the node",
+                                            bytes >> 20));
+    return errno_error("cannot fault in the staging buffer");
+  }
+  return {};
+}
+
+}  // namespace
 
 Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine, uint32_t chunk_bytes,
-                                                             uint32_t slot_count, uint64_t session_id) {
+                                                             uint32_t slot_count, int fixed_index,
+                                                             std::string* not_registered) {
   std::unique_ptr<StagingBuffer> b(new StagingBuffer);
   b->engine_ = &engine;
   b->chunk_bytes_ = chunk_bytes;
@@ -29,17 +69,18 @@ Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine,
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->memfd_.get(), 0);
   if (p == MAP_FAILED) return errno_error("cannot map the staging buffer");
   b->base_ = static_cast<uint8_t*>(p);
-  std::string why;
-  b->buf_index_ = engine.register_buffer(b->base_, bytes, &why);
-  if (b->buf_index_ < 0)
-    spdlog::info("session {}: staging not registered with io_uring ({}); using plain I/O", session_id, why);
+  if (auto st = populate(b->base_, bytes); !st) return std::move(st).error();
+  if (fixed_index >= 0) {
+    if (engine.fill_buffer_slot(fixed_index, b->base_, bytes, not_registered) == 0) b->buf_index_ = fixed_index;
+  }
   b->busy_.assign(slot_count, 0);
   return b;
 }
 
 StagingBuffer::~StagingBuffer() {
-  if (buf_index_ >= 0) engine_->unregister_buffer(buf_index_);
-  if (base_) ::munmap(base_, bytes());
+  if (buf_index_ >= 0) engine_->empty_buffer_slot(buf_index_);
+  if (!base_) return;
+  for (uint64_t off = 0; off < bytes(); off += kPieceBytes) ::munmap(base_ + off, std::min(kPieceBytes, bytes() - off));
 }
 
 }  // namespace tmsdisk::server

@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // One rank's staging buffer: a sealed memfd of `slot_count` slots, mapped by the daemon, registered
 // with the I/O engine as a fixed buffer, and passed to the shim (which maps the same pages). Its one
-// owner releases all three in its destructor, whatever path a session ends by.
+// owner releases all three, whatever path a session ends by.
+//
+// Building one (the kernel zeroes and pins every page) and tearing one down (it unpins and frees
+// them) take seconds for a GiB on a busy node, so neither runs on the event loop: StagingWorkers
+// (staging_workers.h) does both, and a StagingPtr hands its buffer to them when it lets go of it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io_engine.h"
@@ -15,18 +20,34 @@
 
 namespace tmsdisk::server {
 
+class StagingBuffer;
+class StagingWorkers;
+
+// Deletes a staging buffer on a staging worker (or here, when there is none).
+struct StagingRetire {
+  StagingWorkers* workers = nullptr;
+  void operator()(StagingBuffer* buffer) const noexcept;
+};
+using StagingPtr = std::unique_ptr<StagingBuffer, StagingRetire>;
+
 class StagingBuffer {
  public:
-  // Creates, sizes, seals and maps `slot_count` slots of `chunk_bytes`, then registers them with
-  // `engine` (which must outlive the buffer). Not being registered is not an error: I/O then goes
-  // through plain buffers, and the reason is logged.
+  // Creates, sizes, seals and maps `slot_count` slots of `chunk_bytes`, faults every page in, then
+  // registers them at `fixed_index` (a slot of `engine`'s fixed-buffer table that its owner claimed
+  // for this buffer, see Engine::claim_buffer_slot; -1: none). Slow: call it off the event loop.
+  // Not being registered is not an error: I/O then goes through plain buffers, buf_index() is -1
+  // (the claimed slot is not this buffer's to release) and *not_registered says why. `engine` must
+  // outlive the buffer.
   static Result<std::unique_ptr<StagingBuffer>> create(io::Engine& engine, uint32_t chunk_bytes, uint32_t slot_count,
-                                                       uint64_t session_id);
+                                                       int fixed_index, std::string* not_registered);
+  // Empties its fixed-buffer slot in the kernel (from any thread), unmaps and closes. The slot of the
+  // engine's table stays claimed: its owner releases it (Engine::release_buffer_slot) afterwards.
   ~StagingBuffer();
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
 
   int memfd() const noexcept { return memfd_.get(); }
+  uint8_t* base() const noexcept { return base_; }
   uint64_t bytes() const noexcept { return uint64_t{chunk_bytes_} * slot_count_; }
   uint32_t chunk_bytes() const noexcept { return chunk_bytes_; }
   uint32_t slot_count() const noexcept { return slot_count_; }

@@ -757,6 +757,10 @@ uint64_t RankStore::generation() const noexcept {
   return impl_->generation;
 }
 
+std::size_t RankStore::blob_count() const noexcept {
+  return impl_->blobs.size();
+}
+
 std::vector<proto::BlobSize> RankStore::blobs() const {
   std::vector<proto::BlobSize> out;
   try {

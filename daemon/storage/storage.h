@@ -187,6 +187,7 @@ class RankStore {
   bool holds_unresumed_data() const noexcept;
   uint64_t generation() const noexcept;
   std::vector<proto::BlobSize> blobs() const;
+  std::size_t blob_count() const noexcept;  // blobs in the reserved set (what it costs in memory)
 
   // Bytes allocated in data files on all roots (with a record_problem(), their whole size: all kept).
   uint64_t disk_bytes() const noexcept;

@@ -173,7 +173,7 @@ int DaemonSession::receive(proto::Envelope& env, int timeout_ms, UniqueFd* fd) {
   const long got = proto::recv_message(sock_, rx_, &passed);
   UniqueFd owned(passed);
   if (fd) *fd = std::move(owned);
-  if (got == -EMSGSIZE || got == -EINTR || got == -EAGAIN) return 0;
+  if (got == -EMSGSIZE || got == -ETOOMANYREFS || got == -EINTR || got == -EAGAIN) return 0;
   if (got <= 0) {
     const int e = got == 0 ? ECONNRESET : static_cast<int>(-got);
     drop(got == 0 ? "tmsdiskd closed the connection" : std::strerror(e));

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,24 @@ int wait_readable(int sock, int timeout_ms) noexcept {
   }
 }
 
+// The ERROR a daemon sent before closing a connection it refused without reading it (one too many
+// of this user's), if one is there: such a refusal makes sending HELLO fail, or, when the HELLO got
+// there first and was not read, makes the first receive report ECONNRESET before the answer.
+std::optional<HelloReply> refusal_waiting(int sock, std::vector<uint8_t>& buf) noexcept {
+  // A peer that closed with our message unread leaves ECONNRESET, reported once before its data.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const long n = recv_message(sock, buf);  // the peer has closed: returns at once
+    if (n == -ECONNRESET) continue;
+    if (n <= 0) return std::nullopt;
+    DecodeResult d = decode(buf);
+    if (!d.envelope) return std::nullopt;
+    auto* e = std::get_if<ErrorReply>(&d.envelope->body);
+    if (!e) return std::nullopt;
+    return failure(e->code, std::move(e->message), true);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 HelloReply::HelloReply(HelloReply&& o) noexcept
@@ -85,13 +104,18 @@ HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t requ
     return failure(ENOMEM, "no memory to encode HELLO");
   }
   if (buf.empty()) return failure(EINVAL, "HELLO does not fit in a protocol message");
-  if (int rc = send_message(sock, buf); rc < 0)
+  if (int rc = send_message(sock, buf); rc < 0) {
+    if (rc == -EPIPE || rc == -ECONNRESET)
+      if (auto refused = refusal_waiting(sock, buf)) return std::move(*refused);
     return failure(-rc, std::string("cannot send HELLO: ") + std::strerror(-rc));
+  }
   if (int rc = wait_readable(sock, timeout_ms); rc < 0)
     return failure(-rc, rc == -ETIMEDOUT ? "no answer to HELLO within " + std::to_string(timeout_ms) + " ms"
                                          : std::string("cannot wait for the answer to HELLO: ") + std::strerror(-rc));
   int passed = -1;
   const long n = recv_message(sock, buf, &passed);
+  if (n == -ECONNRESET)
+    if (auto refused = refusal_waiting(sock, buf)) return std::move(*refused);
   if (n <= 0) {
     close_if_open(passed);
     if (n == 0) return failure(ECONNRESET, "the connection was closed instead of an answer to HELLO");

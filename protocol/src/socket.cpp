@@ -67,9 +67,13 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
     for (std::size_t i = 0; i < in && count < kMaxPassedFds; ++i)
       std::memcpy(&passed[count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
   }
-  const bool truncated = msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC);
-  // The first goes to the caller (unless the message is discarded); the others to `extra`, else closed.
-  const std::size_t first_extra = fd && !truncated && count > 0 ? 1 : 0;
+  // MSG_TRUNC: the message itself did not fit. MSG_CTRUNC alone: it arrived whole, but with more
+  // descriptors than the control buffer holds (the kernel closed those beyond); it is refused too,
+  // as what it asks would act on descriptors that are gone, but with its own error.
+  const bool truncated = msg.msg_flags & MSG_TRUNC;
+  const bool too_many_fds = msg.msg_flags & MSG_CTRUNC;
+  // The first goes to the caller (unless the message is refused); the others to `extra`, else closed.
+  const std::size_t first_extra = fd && !truncated && !too_many_fds && count > 0 ? 1 : 0;
   bool to_extra = extra != nullptr && count > first_extra;
   if (to_extra) {
     try {
@@ -89,8 +93,9 @@ long recv_message(int sock, std::vector<uint8_t>& buf, int* fd, std::vector<int>
     buf.clear();
     return -EMSGSIZE;
   }
-  if (fd) *fd = kept;
   buf.resize(static_cast<std::size_t>(n));
+  if (too_many_fds) return -ETOOMANYREFS;
+  if (fd) *fd = kept;
   return n;
 }
 

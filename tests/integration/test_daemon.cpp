@@ -12,13 +12,16 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -142,6 +145,50 @@ int raw_exchange(const std::string& socket, const std::vector<uint8_t>& bytes) {
   CHECK(proto::recv_message(fd.get(), buf) == 0);
   return e->code;
 }
+
+// Sends `bytes` with every descriptor of `fds` in one SCM_RIGHTS message (send_message passes one).
+void send_with_fds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  REQUIRE(::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+}
+
+// `n` pipes, whose write ends a test passes to the daemon: once every copy of one is closed, its
+// read end reports a hangup.
+struct Pipes {
+  std::vector<UniqueFd> readers, writers;
+  explicit Pipes(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      int p[2];
+      REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+      readers.emplace_back(p[0]);
+      writers.emplace_back(p[1]);
+    }
+  }
+  std::vector<int> write_ends() const {
+    std::vector<int> out;
+    for (auto& w : writers) out.push_back(w.get());
+    return out;
+  }
+  // Whether every write end is closed everywhere (ours and every copy passed).
+  bool all_closed() const {
+    for (auto& r : readers) {
+      pollfd p{r.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLHUP)) return false;
+    }
+    return true;
+  }
+};
 
 uint64_t dir_bytes(const std::string& dir) {
   uint64_t total = 0;
@@ -565,7 +612,162 @@ struct FaultyDaemon {
     daemon = std::make_unique<InProcessDaemon>(cfg, std::move(fault));
   }
 };
+
+// A daemon on a thread of this process, for tests that set its test hooks or read its accounting.
+struct LocalDaemon {
+  TempDir dir{test_tmp_root()};
+  std::string socket = dir / "d.sock";
+  std::unique_ptr<InProcessDaemon> daemon;
+  explicit LocalDaemon(const std::function<void(server::Config&)>& adjust = {}) {
+    fs::create_directories(dir / "root");
+    server::Config cfg;
+    cfg.roots = {dir / "root"};
+    cfg.socket_path = socket;
+    if (adjust) adjust(cfg);
+    daemon = std::make_unique<InProcessDaemon>(cfg, nullptr);
+  }
+  server::Server& server() { return *daemon->srv; }
+};
+
+// Holds the staging buffers of HELLOs of one job in the slow path (Config::before_staging) until
+// released. Shared with the hook, which the daemon's workers may call until the daemon is gone.
+class StagingGate {
+ public:
+  explicit StagingGate(std::string job) { state_->job = std::move(job); }
+  std::function<void(const std::string&)> hook() const {
+    return [st = state_](const std::string& job) {
+      if (job != st->job) return;
+      std::unique_lock lock(st->mu);
+      ++st->entered;
+      st->cv.notify_all();
+      st->cv.wait(lock, [&] { return st->released; });
+    };
+  }
+  // Whether `n` builds reached the hook (within a bound that only shows that nothing hung).
+  bool wait_entered(int n) {
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->entered >= n; });
+  }
+  bool holding() {
+    std::lock_guard lock(state_->mu);
+    return state_->entered > 0 && !state_->released;
+  }
+  void release() {
+    std::lock_guard lock(state_->mu);
+    state_->released = true;
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string job;
+    int entered = 0;
+    bool released = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// Releases the gate when a test ends, however it ends: the daemon waits for its workers when it stops.
+struct ReleaseAtEnd {
+  StagingGate& gate;
+  ~ReleaseAtEnd() { gate.release(); }
+};
+
+ShimClient::Options small_session(const std::string& job, int64_t rank = 0) {
+  return {.job = job, .rank = rank, .staging_budget_bytes = 128 << 10, .chunk_bytes = 64 << 10};
+}
+
+// Sends `request` on `sock` (made non-blocking) until its buffer is full or the daemon closed it.
+// Returns how many were sent.
+int flood(int sock, const proto::Message& request) {
+  ::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+  const auto bytes = proto::encode(1, request);
+  int sent = 0;
+  while (sent < 100000 && proto::send_message(sock, bytes) == 0) ++sent;
+  return sent;
+}
+
+bool hung_up(int sock) {
+  pollfd p{sock, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
 }  // namespace
+
+TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile (issue 11)") {
+  StagingGate gate("held");
+  LocalDaemon d([&](server::Config& c) {
+    c.before_staging = gate.hook();
+    c.max_total_staging_mb = 48;  // the held HELLO's 32 MiB and another's 8, with no room for 32 more
+  });
+  std::future<Result<ShimClient>> held;
+  ReleaseAtEnd release_at_end{gate};  // before `held` waits for its answer, whatever happens
+  held = std::async(std::launch::async, [&] {
+    return ShimClient::connect(d.socket, {.job = "held", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+  });
+  REQUIRE(gate.wait_entered(1));  // its buffer is in the slow path, and stays there
+
+  // Meanwhile another client's HELLO is answered, and a control request too.
+  auto other = ShimClient::connect(d.socket, {.job = "other", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  INFO((other ? "" : other.error().describe()));
+  REQUIRE(other);
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  auto listed = ctl->list_sessions();
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);  // "other": the held one is no session yet
+  // The held HELLO is charged from its acceptance: 32 + 8 + 32 MiB would pass max-total-staging-mb.
+  auto third =
+      ShimClient::connect(d.socket, {.job = "third", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(!third);
+  CHECK(third.error().errnum() == ENOMEM);
+  // All of that while the held one was still held, unanswered.
+  CHECK(gate.holding());
+  CHECK(held.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+
+  gate.release();
+  auto h = held.get();
+  INFO((h ? "" : h.error().describe()));
+  REQUIRE(h);
+  CHECK(h->welcome().slot_count == 8);
+  const std::vector<BlobSize> blobs = {{1, 12 * MiB + 4096}};
+  REQUIRE(h->reserve(blobs));
+  CHECK(h->write_all(blobs, fill_pattern));
+  CHECK(h->read_all(blobs, check_pattern));
+  CHECK(ctl->list_sessions()->size() == 2);
+}
+
+TEST_CASE("a client that leaves while its staging buffer is built gives its charge back at once (issue 11)") {
+  StagingGate gate("gone");
+  LocalDaemon d([&](server::Config& c) {
+    c.before_staging = gate.hook();
+    c.max_total_staging_mb = 48;  // room for one 32 MiB session
+  });
+  ReleaseAtEnd release_at_end{gate};
+  UniqueFd gone(proto::connect_seqpacket(d.socket));
+  REQUIRE(gone);
+  proto::Hello hello;
+  hello.role = static_cast<uint8_t>(proto::Role::Shim);
+  hello.job = "gone";
+  hello.staging_budget_bytes = 32 * MiB;
+  hello.chunk_bytes = 4 * MiB;
+  REQUIRE(proto::send_message(gone.get(), proto::encode(1, hello)) == 0);
+  REQUIRE(gate.wait_entered(1));
+  const ShimClient::Options next_options{.job = "next", .staging_budget_bytes = 32 * MiB, .chunk_bytes = 4 * MiB};
+  auto refused = ShimClient::connect(d.socket, next_options);
+  REQUIRE(!refused);
+  CHECK(refused.error().errnum() == ENOMEM);  // the unanswered HELLO holds its 32 MiB
+
+  gone.reset();  // its client goes away unanswered
+  Result<ShimClient> next = make_error(EAGAIN, "not connected yet");
+  CHECK(eventually([&] {
+    next = ShimClient::connect(d.socket, next_options);
+    return next.ok();
+  }));
+  CHECK(gate.holding());  // given back while the buffer it asked for was still being built
+}
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
   std::atomic<bool> fail_next_write{false};
@@ -879,6 +1081,41 @@ TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent ran
   REQUIRE(results->results.size() == 2);
   CHECK(results->unanswered.empty());
   for (const auto& r : results->results) CHECK(r.message == "already paused");
+}
+
+TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it and asks that rank too (issue 11)") {
+  StagingGate gate("late");
+  LocalDaemon d([&](server::Config& c) { c.before_staging = gate.hook(); });
+  std::future<Result<ShimClient>> late;
+  ReleaseAtEnd release_at_end{gate};
+  late = std::async(std::launch::async, [&] {
+    return ShimClient::connect(d.socket, {.job = "late", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  });
+  REQUIRE(gate.wait_entered(1));  // its HELLO is in, its session is not there yet
+  proto::Hello hello;
+  hello.role = static_cast<uint8_t>(proto::Role::Control);
+  auto ctl = proto::connect_and_hello(d.socket, hello, 60'000);
+  INFO(ctl.message);
+  REQUIRE(ctl);
+  proto::Control req;
+  req.op = static_cast<uint8_t>(proto::CommandOp::Pause);
+  req.match = proto::kMatchJob;
+  req.job = "late";
+  REQUIRE(proto::send_message(ctl.sock, proto::encode(2, req)) == 0);
+
+  gate.release();
+  auto h = late.get();
+  REQUIRE(h);
+  // The rank was asked (it was no session when the pause came, so it used to be "no running rank").
+  proto::Message first = next_message(ctl.sock, 60'000);
+  auto* targets = std::get_if<proto::ControlTargets>(&first);
+  INFO((std::holds_alternative<proto::ErrorReply>(first) ? std::get<proto::ErrorReply>(first).message : ""));
+  REQUIRE(targets);
+  REQUIRE(targets->ranks.size() == 1);
+  CHECK(targets->ranks[0].session_id == h->welcome().session_id);
+  auto cmd = h->receive();
+  REQUIRE(cmd);
+  CHECK(std::holds_alternative<proto::Command>(cmd->body));
 }
 
 TEST_CASE("a client's own deadline names the ranks that did not answer and keeps the answers it has (issue 11)") {
@@ -1231,16 +1468,109 @@ TEST_CASE("a connection that never says HELLO is closed after the deadline") {
 }
 
 TEST_CASE("a client that floods requests without reading replies cannot stall the daemon") {
-  Daemon d;
-  d.start();
-  auto flooder = d.shim({.job = "flood"});
-  proto::ListSessions ls;
-  auto bytes = proto::encode(1, ls);
-  ::fcntl(flooder.fd(), F_SETFL, ::fcntl(flooder.fd(), F_GETFL) | O_NONBLOCK);
-  int sent = 0;
-  while (sent < 100000 && proto::send_message(flooder.fd(), bytes) == 0) ++sent;  // until our buffer is full
+  LocalDaemon d;
+  // Sessions to list, so that each LIST_SESSIONS answer is a few KiB: replies worth queuing.
+  std::vector<ShimClient> ranks;
+  for (int r = 0; r < 40; ++r) {
+    auto c = ShimClient::connect(d.socket, small_session("flood", r));
+    REQUIRE(c);
+    ranks.push_back(std::move(c.value()));
+  }
+  auto flooder = ShimClient::connect(d.socket, small_session("flooder"));
+  REQUIRE(flooder);
+  const int sent = flood(flooder->fd(), proto::ListSessions{});  // until our buffer is full
   CHECK(sent > 0);
-  CHECK(d.session_count() >= 1);  // another client is still served promptly
+  // The daemon queues answers it cannot deliver until they reach kReadPauseBytes, then stops
+  // reading the flooder (whose requests wait in its own socket): at most one more answer queues.
+  CHECK(eventually([&] { return d.server().reply_backlog_peaks().connection_bytes >= server::kReadPauseBytes; }));
+  const auto peak = d.server().reply_backlog_peaks().connection_bytes;
+  INFO("most queued for the flooder: " << peak << " bytes");
+  CHECK(peak <= server::kReadPauseBytes + proto::kMaxMessageSize + 1024);
+  // Another client is still served.
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  CHECK(ctl->list_sessions()->size() == 41);
+  // The flooder was held back, not dropped: it gets an answer to every request once it reads.
+  ::fcntl(flooder->fd(), F_SETFL, ::fcntl(flooder->fd(), F_GETFL) & ~O_NONBLOCK);
+  int answered = 0;
+  for (; answered < sent; ++answered) {
+    auto reply = flooder->receive();
+    if (!reply || !std::holds_alternative<proto::Sessions>(reply->body)) break;
+  }
+  CHECK(answered == sent);
+}
+
+TEST_CASE("replies queued for one user's connections that do not read them are bounded in all (issue 11)") {
+  LocalDaemon d([](server::Config& c) { c.max_unread_replies_mb_per_uid = 1; });
+  CHECK(as_other_user([&] {
+          std::vector<ShimClient> conns;
+          for (int r = 0; r < 24; ++r) {
+            auto c = ShimClient::connect(d.socket, small_session("unread", r));
+            if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
+            conns.push_back(std::move(c.value()));
+          }
+          // Each stops being read at kReadPauseBytes of answers; 24 of them would pass 1 MiB.
+          for (auto& c : conns)
+            if (flood(c.fd(), proto::ListSessions{}) == 0) return 12;
+          auto closed = [&] {
+            return std::count_if(conns.begin(), conns.end(), [](ShimClient& c) { return hung_up(c.fd()); });
+          };
+          if (!eventually([&] { return closed() > 0; })) return 13;    // a reply that did not fit closed its connection
+          if (closed() == static_cast<long>(conns.size())) return 14;  // the others were only held back
+          return 0;
+        }) == 0);
+  const auto peaks = d.server().reply_backlog_peaks();
+  INFO("most queued for the user: " << peaks.uid_bytes << " bytes");
+  CHECK(peaks.uid_bytes <= 1 * MiB);
+  CHECK(peaks.uid_bytes > 1 * MiB / 2);  // it was pushed towards the bound
+}
+
+TEST_CASE("a user's connections beyond max-connections-per-uid are refused with the reason (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-connections-per-uid", "2"});
+  CHECK(as_other_user([&] {
+          proto::Hello control;
+          control.role = static_cast<uint8_t>(proto::Role::Control);
+          auto a = proto::connect_and_hello(d.socket, control, 60'000);
+          if (!a) return a.error == EACCES ? kUnreachable : 11;
+          auto b = proto::connect_and_hello(d.socket, control, 60'000);
+          if (!b) return 12;
+          auto c = proto::connect_and_hello(d.socket, control, 60'000);
+          if (c || c.error != EDQUOT) return 13;
+          if (c.message.find("max-connections-per-uid") == std::string::npos) return 14;
+          ::close(std::exchange(a.sock, -1));  // one fewer: room for another
+          bool again = eventually([&] { return bool(proto::connect_and_hello(d.socket, control, 60'000)); });
+          return again ? 0 : 15;
+        }) == 0);
+}
+
+TEST_CASE("allocations reserved and being reserved are bounded per user, with the limit named (issue 11)") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-blobs-per-uid", "1000"});
+  CHECK(as_other_user([&] {
+          auto a = ShimClient::connect(d.socket, small_session("blobs", 0));
+          if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
+          auto b = ShimClient::connect(d.socket, small_session("blobs", 1));
+          if (!b) return 12;
+          auto blobs = [](uint64_t first, std::size_t n) {
+            std::vector<BlobSize> out;
+            for (std::size_t i = 0; i < n; ++i) out.push_back({first + i, 4096});
+            return out;
+          };
+          // A sends 600 blobs of a set and not yet its end; B's 600 would make 1200 being sent.
+          if (!a->call(proto::Reserve{.flags = proto::kReserveFirst, .blobs = blobs(1, 600)})) return 13;
+          auto refused = b->call(proto::Reserve{.flags = proto::kReserveFirst, .blobs = blobs(1, 600)});
+          if (refused || refused.error().errnum() != EDQUOT) return 14;
+          if (refused.error().message.find("max-blobs-per-uid") == std::string::npos) return 15;
+          // A completes its set: 601 reserved. B's whole set of 500 would make 1101 reserved; 300 fit.
+          if (!a->call(proto::Reserve{.flags = proto::kReserveLast, .blobs = blobs(601, 1)})) return 16;
+          auto too_many = b->reserve(blobs(1, 500));
+          if (too_many || too_many.error().errnum() != EDQUOT) return 17;
+          if (!b->reserve(blobs(1, 300))) return 18;
+          return 0;
+        }) == 0);
 }
 
 TEST_CASE("the daemon takes its settings from a TOML config file") {
@@ -1405,41 +1735,37 @@ TEST_CASE("descriptors a client passes with messages that take none are closed, 
   Daemon d;
   d.start();
   auto c = d.shim();
-  // Write ends of pipes: once every copy is closed, the read end reports a hangup.
-  std::vector<UniqueFd> readers, writers;
-  for (int i = 0; i < 3; ++i) {
-    int p[2];
-    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-    readers.emplace_back(p[0]);
-    writers.emplace_back(p[1]);
-  }
   // Three descriptors on one message (the first taken, the others extra), on a message that takes
   // none: a REPORT, which has no answer.
+  Pipes pipes(3);
   auto bytes = proto::encode(1, proto::Report{});
   REQUIRE(!bytes.empty());
-  int fds[3] = {writers[0].get(), writers[1].get(), writers[2].get()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))]{};
-  iovec iov{bytes.data(), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
-  REQUIRE(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
-  for (auto& w : writers) w.reset();
-  for (auto& r : readers) {
-    CHECK(eventually([&] {
-      pollfd p{r.get(), POLLIN, 0};
-      return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
-    }));
-  }
+  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  pipes.writers.clear();
+  CHECK(eventually([&] { return pipes.all_closed(); }));
   // The session is unharmed.
   CHECK(c.call(proto::IpcClose{.export_id = 1}).error().errnum() == ENOENT);
+}
+
+TEST_CASE("more descriptors than a message may carry are refused as such, and all of them are closed (issue 11)") {
+  Daemon d;
+  d.start();
+  auto c = d.shim();
+  Pipes pipes(proto::kMaxPassedFds + 4);
+  auto bytes = proto::encode(77, proto::Report{});  // 28 bytes: nothing about the message is too large
+  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  pipes.writers.clear();
+  auto reply = c.receive();
+  REQUIRE(reply);
+  CHECK(reply->request_id == 77);  // answered as the request it is
+  auto* e = std::get_if<proto::ErrorReply>(&reply->body);
+  REQUIRE(e);
+  INFO(e->message);
+  CHECK(e->message.find("too many descriptors passed with one message") != std::string::npos);
+  CHECK(e->message.find("64 KiB") == std::string::npos);
+  CHECK(eventually([&] { return pipes.all_closed(); }));    // those the daemon took, and those it never got
+  CHECK(!c.receive());                                      // a protocol violation: the connection is closed
+  CHECK(d.shim({.job = "next"}).welcome().slot_count > 0);  // and the daemon serves others
 }
 
 TEST_CASE("a rank whose session ended with nothing to keep reconnects with its token and starts afresh") {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Protocol: every message round-trips, and malformed input is rejected with the right code.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/messages.h"
@@ -474,6 +476,67 @@ TEST_CASE("socket I/O passes one descriptor, closes extras and reports oversized
   ::close(sv[1]);
   ::close(pipefd[0]);
   ::close(pipefd[1]);
+}
+
+namespace {
+
+// Sends `bytes` with every descriptor of `fds` in one SCM_RIGHTS message (send_message passes one).
+void send_with_fds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  REQUIRE(::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+}
+
+// Whether every write end of these pipes is closed everywhere (each read end reports a hangup).
+bool all_closed(const std::vector<int>& read_ends) {
+  for (int r : read_ends) {
+    pollfd p{r, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLHUP)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a message with more descriptors than a receiver takes is refused as such, and every one is closed") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+  const auto bytes = encode(9, Gc{});  // a small message: nothing about it is too large
+  for (bool want_extra : {true, false}) {
+    std::vector<int> read_ends, write_ends;
+    for (std::size_t i = 0; i < kMaxPassedFds + 3; ++i) {
+      int p[2];
+      REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+      read_ends.push_back(p[0]);
+      write_ends.push_back(p[1]);
+    }
+    send_with_fds(sv[0], bytes, write_ends);
+    for (int w : write_ends) ::close(w);
+    std::vector<uint8_t> buf;
+    std::vector<int> extra;
+    int got = -1;
+    CHECK(recv_message(sv[1], buf, &got, want_extra ? &extra : nullptr) == -ETOOMANYREFS);
+    CHECK(got == -1);     // none is handed on as the message's descriptor
+    CHECK(buf == bytes);  // the message itself came whole: its request id can be answered
+    if (want_extra) {
+      CHECK(extra.size() == kMaxPassedFds);  // those that arrived, for the caller to close
+      for (int e : extra) ::close(e);
+    }
+    CHECK(all_closed(read_ends));  // those beyond, the kernel closed
+    for (int r : read_ends) ::close(r);
+  }
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
 
 TEST_CASE("text fields with control characters are refused: no terminal escapes, no forged log lines") {

@@ -20,9 +20,12 @@ inline constexpr std::size_t kMaxPassedFds = 8;
 
 // Receives one message into `buf` (resized to the message). Returns the message size, 0 when the
 // peer closed the connection, or a negative errno: -EMSGSIZE for a message over kMaxMessageSize (it
-// is discarded). If the message carried descriptors, the first is stored in `*fd` (when `fd` is not
-// null); any other is appended to `*extra` when given (for a caller that must not close a client's
-// descriptor itself, see daemon/server/fd_reaper.h), else closed. All arrive with O_CLOEXEC.
+// is discarded, `buf` left empty); -ETOOMANYREFS for one that came with more than kMaxPassedFds
+// descriptors (refused: `buf` holds it, so that the caller can answer its request id, and none of
+// its descriptors goes to `*fd`). If the message carried descriptors, the first is stored in `*fd`
+// (when `fd` is not null); any other, and every one of a refused message, is appended to `*extra`
+// when given (for a caller that must not close a client's descriptor itself, see
+// daemon/server/fd_reaper.h), else closed. All arrive with O_CLOEXEC.
 long recv_message(int sock, std::vector<uint8_t>& buf, int* fd = nullptr, std::vector<int>* extra = nullptr) noexcept;
 
 // Connects a SOCK_SEQPACKET socket (CLOEXEC) to `path`. Returns the fd or a negative errno.

@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: Apache-2.0
+// The staging workers (staging_workers.h).
+#include "staging_workers.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace tmsdisk::server {
+namespace {
+
+constexpr int kWorkerNice = 10;
+
+}  // namespace
+
+void StagingRetire::operator()(StagingBuffer* buffer) const noexcept {
+  if (!buffer) return;
+  if (workers)
+    workers->retire(buffer);
+  else
+    delete buffer;
+}
+
+StagingWorkers::StagingWorkers(io::Engine& engine, std::function<void(const std::string&)> before_build)
+    : engine_(engine), before_build_(std::move(before_build)) {
+  efd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!efd_) throw std::system_error(errno, std::generic_category(), "eventfd for the staging workers");
+  // Signals stay with the main thread (SIGTERM handling).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    for (unsigned i = 0; i < kThreads; ++i) threads_.emplace_back([this] { work(); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+StagingWorkers::~StagingWorkers() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  // Buffers built for HELLOs the loop never finished: torn down here (retire() sees stopping_).
+  Finished left;
+  {
+    std::lock_guard lock(mu_);
+    left = std::move(done_);
+  }
+}
+
+void StagingWorkers::build(uint64_t conn_id, const std::string& job, uint32_t chunk_bytes, uint32_t slot_count,
+                           int claimed_index) {
+  {
+    std::lock_guard lock(mu_);
+    builds_.push_back(BuildJob{conn_id, job, chunk_bytes, slot_count, claimed_index});
+  }
+  cv_.notify_one();
+}
+
+void StagingWorkers::retire(StagingBuffer* buffer) noexcept {
+  if (!buffer) return;
+  {
+    std::unique_lock lock(mu_);
+    if (!stopping_) {
+      try {
+        teardowns_.push_back(buffer);
+        lock.unlock();
+        cv_.notify_one();
+        return;
+      } catch (...) {
+        // No memory for the queue entry: tearing down here, late as it is, beats leaking a GiB.
+      }
+    }
+  }
+  const int slot = buffer->buf_index();
+  delete buffer;
+  if (slot >= 0) {
+    std::lock_guard lock(mu_);
+    try {
+      done_.emptied_slots.push_back(slot);
+      post_locked();
+    } catch (...) {
+    }
+  }
+}
+
+StagingWorkers::Finished StagingWorkers::finished() {
+  uint64_t ignored;
+  (void)!::read(efd_.get(), &ignored, sizeof(ignored));
+  std::lock_guard lock(mu_);
+  Finished out = std::move(done_);
+  done_ = {};
+  return out;
+}
+
+void StagingWorkers::post_locked() {
+  const uint64_t one = 1;
+  (void)!::write(efd_.get(), &one, sizeof(one));
+}
+
+void StagingWorkers::work() {
+  // Zeroing a GiB is CPU work: on a busy node the event loop, which answers everyone, goes first.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !teardowns_.empty() || !builds_.empty(); });
+    if (!teardowns_.empty()) {
+      StagingBuffer* buffer = teardowns_.front();
+      teardowns_.pop_front();
+      lock.unlock();
+      const int slot = buffer->buf_index();
+      delete buffer;  // empties its slot in the kernel, unpins, unmaps, frees
+      lock.lock();
+      if (slot >= 0) {
+        try {
+          done_.emptied_slots.push_back(slot);
+        } catch (...) {
+          // The slot stays claimed: one fewer registered buffer for later sessions, nothing worse.
+        }
+        post_locked();
+      }
+      continue;
+    }
+    if (stopping_) return;  // builds not started are dropped: nobody will take them
+    BuildJob job = std::move(builds_.front());
+    builds_.pop_front();
+    lock.unlock();
+    Built built;
+    built.conn_id = job.conn_id;
+    built.claimed_index = job.claimed_index;
+    try {
+      if (before_build_) before_build_(job.job);
+      auto made =
+          StagingBuffer::create(engine_, job.chunk_bytes, job.slot_count, job.claimed_index, &built.not_registered);
+      if (made)
+        built.buffer = StagingPtr(std::move(made).value().release(), StagingRetire{this});
+      else
+        built.error = std::move(made).error();
+    } catch (const std::exception& e) {
+      built.error = make_error(ENOMEM, fmt::format("cannot build the staging buffer: {}", e.what()));
+    }
+    lock.lock();
+    try {
+      done_.built.push_back(std::move(built));
+    } catch (...) {
+      // No memory to report it: the HELLO is never answered and its connection waits until the
+      // client gives up (closing it releases the charge); the buffer, if any, goes now.
+      lock.unlock();
+      built.buffer.reset();
+      lock.lock();
+    }
+    post_locked();
+  }
+}
+
+}  // namespace tmsdisk::server
