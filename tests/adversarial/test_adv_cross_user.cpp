@@ -171,7 +171,7 @@ TEST_CASE("a token stolen from root's orphaned rank gives another user a session
   CHECK(back);
 }
 
-TEST_CASE("another user cannot revoke, forget, refresh or close root's legacy IPC export, even knowing its id") {
+TEST_CASE("another user cannot revoke, forget, refresh, close or open root's legacy IPC export, even knowing its id") {
   need_root();
   Daemon d;
   d.start();
@@ -194,6 +194,7 @@ TEST_CASE("another user cannot revoke, forget, refresh or close root's legacy IP
           if (!mine || ::ftruncate(mine.get(), 4096) != 0) return 14;
           if (code(proto::IpcExport{.export_id = id, .bytes = 4096, .device = 0}, mine.get()) != ENOENT) return 15;
           if (code(proto::IpcClose{.export_id = id}) != ENOENT) return 16;
+          if (code(proto::IpcOpen{.export_id = id}) != ENOENT) return 17;
           return 0;
         }) == 0);
   // The export is root's as before: one of root's processes opens the very memory root handed over.
