@@ -987,6 +987,57 @@ TEST_CASE("a connection flood up to the per-user limit: the one beyond is closed
   d.check_fds(baseline);
 }
 
+TEST_CASE(
+    "a flood beyond the daemon's own descriptor limit: it keeps serving, and takes the waiting ones as others go") {
+  Daemon d;
+  d.start();
+  // Room for 64 descriptors (tmsdiskd raises its soft limit to the hard one at startup, so both).
+  rlimit lim{64, 64};
+  REQUIRE(::prlimit(d.proc.pid(), RLIMIT_NOFILE, &lim, nullptr) == 0);
+  d.check_serving();
+  const int baseline = d.fds();
+  {
+    proto::Hello hello;
+    hello.role = static_cast<uint8_t>(proto::Role::Control);
+    const auto hello_bytes = proto::encode(1, hello);
+    // More connections than the daemon can hold: the kernel queues those it cannot accept (the
+    // listen backlog is 128), so every connect and HELLO goes out at once.
+    constexpr int kFlood = 80;
+    std::vector<UniqueFd> flood;
+    for (int i = 0; i < kFlood; ++i) {
+      UniqueFd fd(proto::connect_seqpacket(d.socket, 10000));
+      INFO("connection " << i);
+      REQUIRE(fd);
+      REQUIRE(proto::send_message(fd.get(), hello_bytes) == 0);
+      flood.push_back(std::move(fd));
+    }
+    // The first are welcomed, in the order they came; the daemon then runs out of descriptors and
+    // stops accepting: the first connection without an answer in 3 s is where it stopped.
+    CHECK(first_answer_code(flood[0].get()) == 0);
+    int welcomed = 1;
+    for (int i = 1; i < kFlood; ++i) {
+      pollfd p{flood[static_cast<std::size_t>(i)].get(), POLLIN, 0};
+      if (::poll(&p, 1, 3000) != 1) break;
+      CHECK(first_answer_code(flood[static_cast<std::size_t>(i)].get()) == 0);
+      ++welcomed;
+    }
+    INFO(welcomed << " of " << kFlood << " welcomed while the daemon had room");
+    CHECK(welcomed < kFlood);
+    REQUIRE(2 * welcomed >= kFlood);  // so that those waiting all fit once the welcomed ones go
+    // Out of descriptors, it still serves the connections it has.
+    REQUIRE(proto::send_message(flood[0].get(), proto::encode(2, proto::ListSessions{})) == 0);
+    CHECK(first_answer_code(flood[0].get()) == 0);
+    // Room again: the connections that waited are taken and answered, each in turn.
+    for (int i = 0; i < welcomed; ++i) flood[static_cast<std::size_t>(i)].reset();
+    for (int i = welcomed; i < kFlood; ++i) {
+      INFO("connection " << i << ", waiting while the daemon was full");
+      CHECK(first_answer_code(flood[static_cast<std::size_t>(i)].get()) == 0);
+    }
+  }
+  d.check_serving();
+  d.check_fds(baseline);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Passed descriptors
 
