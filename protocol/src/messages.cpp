@@ -312,7 +312,23 @@ DecodeResult decode(std::span<const uint8_t> bytes) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Semantic checks
 
+namespace {
+
+// What was skipped is part of the bytes covered: zero and unchanged chunks are disjoint.
+bool valid_skipped(const Skipped& s, uint64_t total, std::string& why) {
+  if (s.zero_bytes > total || s.unchanged_bytes > total - s.zero_bytes) {
+    why = "more bytes skipped than covered";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool RankStats::check(std::string& why) const {
+  if (!valid_skipped(last_pause_skipped, last_pause_bytes, why) ||
+      !valid_skipped(last_resume_skipped, last_resume_bytes, why))
+    return false;
   if (state > kRankStateMax) {
     why = "unknown rank state " + std::to_string(state);
     return false;
@@ -386,11 +402,25 @@ bool Reserve::check(std::string& why) const {
     why = "unknown reserve flags";
     return false;
   }
+  for (const auto& z : zero_runs) {
+    if (z.count == 0 || z.first_chunk + z.count < z.first_chunk) {
+      why = "zero run of blob " + std::to_string(z.blob) + " is empty or wraps around";
+      return false;
+    }
+  }
   for (const auto& b : blobs) {
     if (b.size == 0) {
       why = "blob " + std::to_string(b.id) + " has size 0";
       return false;
     }
+  }
+  return true;
+}
+
+bool Written::check(std::string& why) const {
+  if (unchanged > 1) {
+    why = "WRITTEN.unchanged must be 0 or 1";
+    return false;
   }
   return true;
 }
@@ -452,7 +482,8 @@ namespace {
 
 // A no-op moved nothing and did not fail: it found the rank in the state asked for. One that claims
 // bytes or an error contradicts itself, and a reader could not tell which half to believe.
-bool valid_outcome(uint8_t outcome, int32_t code, uint64_t bytes, std::string& why) {
+bool valid_outcome(uint8_t outcome, int32_t code, uint64_t bytes, const Skipped& skipped, std::string& why) {
+  if (!valid_skipped(skipped, bytes, why)) return false;
   if (outcome > kOutcomeMax) {
     why = "unknown outcome " + std::to_string(outcome);
     return false;
@@ -475,7 +506,7 @@ bool CommandDone::check(std::string& why) const {
     why = "result message has control characters";
     return false;
   }
-  return valid_outcome(outcome, code, bytes, why);
+  return valid_outcome(outcome, code, bytes, skipped, why);
 }
 
 bool Progress::check(std::string& why) const {
@@ -555,7 +586,7 @@ bool ControlResult::check(std::string& why) const {
       why = "result text has control characters";
       return false;
     }
-    if (!valid_outcome(r.outcome, r.code, r.bytes, why)) return false;
+    if (!valid_outcome(r.outcome, r.code, r.bytes, r.skipped, why)) return false;
   }
   return true;
 }

@@ -75,9 +75,14 @@ TEST_CASE("every message type round-trips with its fields") {
   Reserve r;
   r.flags = kReserveFirst | kReserveLast;
   r.blobs = {{1, 100}, {2, 1ull << 40}};
+  r.zero_runs = {{2, 5, 1000}};
   auto r2 = round_trip(r);
   REQUIRE(r2.blobs.size() == 2);
   CHECK(r2.blobs[1].size == (1ull << 40));
+  REQUIRE(r2.zero_runs.size() == 1);
+  CHECK(r2.zero_runs[0].blob == 2);
+  CHECK(r2.zero_runs[0].first_chunk == 5);
+  CHECK(r2.zero_runs[0].count == 1000);
 
   Read rd;
   rd.slot = 1;
@@ -85,8 +90,10 @@ TEST_CASE("every message type round-trips with its fields") {
   rd.blob = 2;
   rd.offset = 3;
   CHECK(round_trip(rd).offset == 3);
-  // Acknowledgements only: checksums stay in the daemon's storage (since version 3).
-  CHECK(encode(9, Written{}).size() == kHeaderSize);
+  // Acknowledgements only: checksums stay in the daemon's storage (since version 3); WRITTEN says
+  // whether the chunk was unchanged (version 5).
+  CHECK(encode(9, Written{}).size() == kHeaderSize + 1);
+  CHECK(round_trip(Written{.unchanged = 1}).unchanged == 1);
   CHECK(encode(9, ReadDone{}).size() == kHeaderSize);
   CHECK(std::holds_alternative<Written>(decode(encode(9, Written{})).envelope->body));
   CHECK(std::holds_alternative<ReadDone>(decode(encode(9, ReadDone{})).envelope->body));
@@ -222,10 +229,38 @@ TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither f
   CHECK(refused_result(RankResult{.code = ETIMEDOUT, .outcome = static_cast<uint8_t>(Outcome::NoOp)}));
   CHECK(refused_result(RankResult{.bytes = 4096, .outcome = static_cast<uint8_t>(Outcome::NoOp)}));
 
-  // The outcome is the last byte of each: a result's size, by which ControlResult pages, counts it.
-  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1);
-  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1);
+  // The outcome and what was skipped close each: a result's size, by which ControlResult pages,
+  // counts them.
+  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1 + 16);
+  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1 + 16);
   CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
+}
+
+TEST_CASE("what a pause skipped (zero, unchanged) is part of the bytes it covered, and runs of zero chunks are not empty") {
+  const Skipped some{.zero_bytes = 4096, .unchanged_bytes = 8192};
+  auto cd = round_trip(CommandDone{.bytes = 3 * 4096, .skipped = some});
+  CHECK(cd.skipped.zero_bytes == 4096);
+  CHECK(cd.skipped.unchanged_bytes == 8192);
+  CHECK(decode_code(encode(1, CommandDone{.bytes = 4096, .skipped = some})) == EBADMSG);
+  CHECK(decode_code(encode(1, CommandDone{.bytes = 8192, .skipped = {.zero_bytes = 8192, .unchanged_bytes = 1}})) ==
+        EBADMSG);
+  ControlResult cr;
+  cr.results = {RankResult{.bytes = 100, .skipped = {.zero_bytes = 101}}};
+  CHECK(decode_code(encode(1, cr)) == EBADMSG);
+  RankStats st;
+  st.last_pause_bytes = 10;
+  st.last_pause_skipped.unchanged_bytes = 10;
+  CHECK(round_trip(Report{st}).stats.last_pause_skipped.unchanged_bytes == 10);
+  st.last_resume_skipped.zero_bytes = 1;  // of a resume of 0 bytes
+  CHECK(decode_code(encode(1, Report{st})) == EBADMSG);
+
+  Reserve r;
+  r.flags = kReserveFirst;
+  r.zero_runs = {{1, 0, 0}};
+  CHECK(decode_code(encode(1, r)) == EBADMSG);
+  r.zero_runs = {{1, ~uint64_t{0}, 2}};
+  CHECK(decode_code(encode(1, r)) == EBADMSG);
+  CHECK(decode_code(encode(1, Written{.unchanged = 2})) == EBADMSG);
 }
 
 TEST_CASE("CONTROL_TARGETS names the ranks a CONTROL asked: a full page fits, impossible targets are refused") {

@@ -42,7 +42,13 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    SessionInfo says whether the session is an orphan (its rank lost the connection and its files are
 //    kept for it to reconnect) and since when: orphans count against max-sessions-per-uid, so
 //    `tmsctl status` lists them (issue 11).
-inline constexpr uint16_t kVersion = 4;
+// 5: bytes that need not move (issue 9). RESERVE lists the runs of chunks whose bytes are all zero
+//    (the shim scans the device before it reserves): they take no disk space, are never written nor
+//    read, and resume sets them to zero on the device. WRITTEN says whether the chunk was unchanged
+//    (its XXH3-128 equals what the rank's file provably holds there, so the daemon did not rewrite
+//    it). COMMAND_DONE, each RankResult and RankStats' last pause/resume carry the bytes skipped as
+//    zero and as unchanged, beside the total.
+inline constexpr uint16_t kVersion = 5;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -190,6 +196,16 @@ struct DamagedRange {
   }
 };
 
+// What a pause or resume did not move, of the bytes it covered (RankResult, CommandDone, RankStats).
+struct Skipped {
+  uint64_t zero_bytes = 0;       // all-zero chunks: not written on pause, set on the device on resume
+  uint64_t unchanged_bytes = 0;  // pause only: the file already held them, so they were not rewritten
+  template <class F>
+  void fields(F&& f) {
+    f(zero_bytes), f(unchanged_bytes);
+  }
+};
+
 struct RankStats {
   uint8_t state = 0;  // RankState
   uint64_t resident_bytes = 0;
@@ -206,12 +222,15 @@ struct RankStats {
   uint32_t damaged_allocations = 0;
   uint64_t damaged_bytes = 0;
   std::vector<DamagedRange> damaged;
+  // Of last_pause_bytes and last_resume_bytes, what did not move (each at most the total).
+  Skipped last_pause_skipped;
+  Skipped last_resume_skipped;
 
   template <class F>
   void fields(F&& f) {
     f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations), f(last_pause_bytes),
         f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms), f(damaged_allocations),
-        f(damaged_bytes), f(damaged);
+        f(damaged_bytes), f(damaged), f(last_pause_skipped), f(last_resume_skipped);
   }
   bool check(std::string& why) const;
 };
@@ -222,6 +241,18 @@ struct BlobSize {
   template <class F>
   void fields(F&& f) {
     f(id), f(size);
+  }
+};
+
+// Chunks [first_chunk, first_chunk + count) of `blob` (chunk i covers bytes [i*chunk, (i+1)*chunk)):
+// every byte of them is zero.
+struct ZeroRun {
+  uint64_t blob = 0;
+  uint64_t first_chunk = 0;
+  uint64_t count = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(blob), f(first_chunk), f(count);
   }
 };
 
@@ -271,10 +302,11 @@ struct RankResult {
   uint64_t nanos = 0;
   std::string message;
   uint8_t outcome = 0;  // Outcome: the rank's own; Done for a rank that exited before answering
+  Skipped skipped;      // of `bytes`, what did not move
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(rank), f(job, kMaxNameLength), f(code), f(bytes), f(nanos), f(message, kMaxResultText),
-        f(outcome);
+        f(outcome), f(skipped);
   }
 };
 
@@ -343,13 +375,17 @@ struct Welcome {
   bool check(std::string& why) const;
 };
 
+// The blobs a pause will write, and the runs of their chunks that are all zero (a run names a blob
+// of this message or of an earlier one of the same set; runs do not overlap). A zero chunk takes no
+// disk space and is recorded as zero at once: no WRITE for it follows, and no READ may ask for it.
 struct Reserve {
   static constexpr MsgType kType = MsgType::Reserve;
   uint8_t flags = 0;
   std::vector<BlobSize> blobs;
+  std::vector<ZeroRun> zero_runs;
   template <class F>
   void fields(F&& f) {
-    f(flags), f(blobs);
+    f(flags), f(blobs), f(zero_runs);
   }
   bool check(std::string& why) const;
 };
@@ -381,8 +417,14 @@ struct Read : ChunkRef {
 // Acknowledges a WRITE: the chunk is on disk and storage recorded its checksum.
 struct Written {
   static constexpr MsgType kType = MsgType::Written;
+  // 1: the rank's file provably held these very bytes for this chunk already (same blob and offset,
+  // the XXH3-128 recorded by the last committed generation), so it was not rewritten.
+  uint8_t unchanged = 0;
   template <class F>
-  void fields(F&&) {}
+  void fields(F&& f) {
+    f(unchanged);
+  }
+  bool check(std::string& why) const;
 };
 
 // Acknowledges a READ: the slot holds the chunk and storage verified it.
@@ -450,9 +492,10 @@ struct CommandDone {
   uint64_t nanos = 0;
   std::string message;
   uint8_t outcome = 0;  // Outcome; a NoOp has code 0 and moved no bytes
+  Skipped skipped;      // of `bytes`, what did not move
   template <class F>
   void fields(F&& f) {
-    f(code), f(bytes), f(nanos), f(message, kMaxTextLength), f(outcome);
+    f(code), f(bytes), f(nanos), f(message, kMaxTextLength), f(outcome), f(skipped);
   }
   bool check(std::string& why) const;
 };
