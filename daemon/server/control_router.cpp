@@ -215,6 +215,7 @@ void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, const proto::Comma
   // cut mid-sentence leaves the user without its advice (issue 8).
   r.message = answer.message.substr(0, proto::kMaxResultText);
   r.outcome = answer.outcome;
+  r.skipped = answer.skipped;
   // Its own page, now: a result at most kMaxResultText long always fits in one.
   proto::ControlResult page;
   page.results.push_back(std::move(r));

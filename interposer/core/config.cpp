@@ -52,6 +52,11 @@ Config* load() {
   const char* touch = env("TMSDISK_ON_TOUCH");
   c->on_touch = parse_on_touch(touch, &valid);
   if (!valid) TMS_WARN("TMSDISK_ON_TOUCH=%s is not wait, resume or fail; using wait", touch);
+  if (const char* scan = env("TMSDISK_ZERO_SCAN")) {
+    c->zero_scan = std::string_view(scan) != "0";
+    if (std::string_view(scan) != "0" && std::string_view(scan) != "1")
+      TMS_WARN("TMSDISK_ZERO_SCAN=%s is not 0 or 1; scanning for zero chunks", scan);
+  }
   return c;
 }
 

@@ -23,6 +23,7 @@ struct Config {
   std::string backup_dir;                 // TMS_DISK_BACKUP_DIR
   uint64_t staging_budget_bytes = 0;      // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
   OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
+  bool zero_scan = true;                  // TMSDISK_ZERO_SCAN=0: every chunk is data (no device scan)
 };
 
 // Reads the environment the first time it is called; later calls return the same object. Never

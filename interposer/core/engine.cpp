@@ -370,6 +370,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.nanos = r.nanos;
   done.message = proto::wire_text(r.message());  // what the daemon's decoder accepts
   done.outcome = static_cast<uint8_t>(r.outcome);
+  done.skipped = r.skipped;
   if (session_.connected()) (void)session_.send(env.request_id, done);
 }
 
@@ -431,9 +432,11 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
       if (r.code() == 0 && pausing) {
         last_.last_pause_bytes = r.bytes;
         last_.last_pause_ns = r.nanos;
+        last_.last_pause_skipped = r.skipped;
       } else if (r.code() == 0) {
         last_.last_resume_bytes = r.bytes;
         last_.last_resume_ns = r.nanos;
+        last_.last_resume_skipped = r.skipped;
       }
       last_.last_change_unix_ms = unix_ms();
     }
@@ -456,8 +459,11 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
     TMS_INFO("%s: nothing to do: %s", what, r.message().c_str());
   } else {
     const double secs = static_cast<double>(r.nanos) / 1e9;
-    TMS_INFO("%s: %llu bytes in %.3f s (%.2f GB/s)%s%s", what, static_cast<unsigned long long>(r.bytes), secs,
-             secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0, r.message().empty() ? "" : "; ",
+    TMS_INFO("%s: %llu bytes in %.3f s (%.2f GB/s; %llu zero and %llu unchanged bytes not moved)%s%s", what,
+             static_cast<unsigned long long>(r.bytes), secs,
+             secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0,
+             static_cast<unsigned long long>(r.skipped.zero_bytes),
+             static_cast<unsigned long long>(r.skipped.unchanged_bytes), r.message().empty() ? "" : "; ",
              r.message().c_str());
   }
   if (session_.connected()) send_report();
@@ -580,6 +586,18 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss) {
   return resume_all(std::move(paused), progress, accept_loss);
 }
 
+namespace {
+
+// The bytes of j's chunks that hold data: what moves.
+uint64_t data_bytes(const TransferJob& j, uint32_t chunk) {
+  uint64_t zero = 0;
+  for (uint64_t i = 0; i < j.zero.size(); ++i)
+    if (j.zero[i]) zero += std::min<uint64_t>(chunk, j.a->size - i * chunk);
+  return j.a->size - zero;
+}
+
+}  // namespace
+
 Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total) {
   const uint32_t chunk = staging_.chunk_bytes();
   std::vector<TransferJob> jobs(list.size());
@@ -591,18 +609,21 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
     if (!ctx) return std::move(ctx).error();
     j.ctx = *ctx;
     j.chunks = (j.a->size + chunk - 1) / chunk;
-    *total += j.a->size;
+    j.zero = j.a->zero_chunks;  // empty unless paused with zero chunks
+    count_zero_chunks(j, chunk);
+    *total += data_bytes(j, chunk);
   }
   return jobs;
 }
 
+
 Status Engine::reserve(const std::vector<TransferJob>& jobs) {
-  for (std::size_t first = 0; first < jobs.size(); first += kReserveBatch) {
-    const std::size_t end = std::min(jobs.size(), first + kReserveBatch);
-    proto::Reserve m;
-    m.flags =
-        static_cast<uint8_t>((first == 0 ? proto::kReserveFirst : 0) | (end == jobs.size() ? proto::kReserveLast : 0));
-    for (std::size_t i = first; i < end; ++i) m.blobs.push_back({jobs[i].a->id, jobs[i].a->size});
+  // Blobs and their runs of zero chunks, in messages of at most kReserveBatch entries; a run follows
+  // its blob, in the same message or a later one.
+  proto::Reserve m;
+  m.flags = proto::kReserveFirst;
+  auto send = [&](bool last) -> Status {
+    if (last) m.flags |= proto::kReserveLast;
     const uint64_t id = session_.next_id();
     proto::Envelope reply;
     if (int e = session_.send(id, m); e < 0)
@@ -611,8 +632,28 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
     if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
       return make_error(err->code, "tmsdiskd refused the reservation: " + err->message);
     if (!std::holds_alternative<proto::OkReply>(reply.body)) return make_error(EPROTO, "unexpected answer to RESERVE");
+    m = proto::Reserve{};
+    return {};
+  };
+  auto full = [&] { return m.blobs.size() + m.zero_runs.size() >= kReserveBatch; };
+  for (const TransferJob& j : jobs) {
+    if (full())
+      if (Status st = send(false); !st) return st;
+    m.blobs.push_back({j.a->id, j.a->size});
+    for (uint64_t i = 0; i < j.zero.size();) {
+      if (!j.zero[i]) {
+        ++i;
+        continue;
+      }
+      uint64_t end = i;
+      while (end < j.zero.size() && j.zero[end]) ++end;
+      if (full())
+        if (Status st = send(false); !st) return st;
+      m.zero_runs.push_back({j.a->id, i, end - i});
+      i = end;
+    }
   }
-  return {};
+  return send(true);
 }
 
 OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress) {
@@ -685,16 +726,27 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   std::vector<TransferJob>& jobs = *made;
   staging_.register_with(resident.front()->ctx);
 
-  // 2. Reserve disk space for every byte; refused (ENOSPC...) means nothing changed.
+  // 2. Find the chunks that are all zero (nothing of them moves), then reserve disk space for every
+  // other byte; refused (ENOSPC...) means nothing changed.
+  const uint32_t chunk = staging_.chunk_bytes();
+  for (TransferJob& j : jobs) j.zero.clear();  // what a failed pause found is stale now
+  if (config().zero_scan)
+    if (Status st = zero_scan_.scan(jobs, chunk, pipeline_); !st) return failed(st.error());
+  total = 0;
+  for (TransferJob& j : jobs) {
+    count_zero_chunks(j, chunk);
+    total += data_bytes(j, chunk);
+  }
   if (Status st = reserve(jobs); !st) return failed(st.error());
 
   // 3./4. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
   // chunks are acknowledged.
-  uint64_t released_bytes = 0;
+  uint64_t released_bytes = 0, released_zero = 0;
   std::size_t released = 0;
   TransferSteps steps;
   steps.finished = [&](TransferJob& j) -> Status {
-    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage.
+    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage, or
+    // recorded as zero with the reservation.
     Allocation& a = *j.a;
     CtxScope scope(api, a.ctx);
     if (CUresult r = api.cuMemUnmap(a.base, a.mapped); r != CUDA_SUCCESS)
@@ -703,25 +755,32 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
       TMS_ERROR("blob %llu: %s; its physical memory may leak", static_cast<unsigned long long>(a.id),
                 cuda_failure("cuMemRelease", r).c_str());
     a.handle = 0;
+    a.zero_chunks = j.zero;  // copied: the pipeline still walks j.zero
     a.state.store(AllocState::Paused);
     released_bytes += a.size;
+    released_zero += a.size - data_bytes(j, chunk);
     ++released;
     return {};
   };
   progress.start(total);
-  uint64_t done_bytes = 0;
-  if (std::optional<Error> fail = pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes)) {
-    return OpResult{make_error(fail->errnum(), released ? fmt::format("{}; {} of {} allocation(s) are paused, the "
-                                                                      "others stay resident",
-                                                                      fail->message, released, jobs.size())
-                                                        : fail->message + "; every allocation stays resident"),
-                    released_bytes};
+  uint64_t done_bytes = 0, unchanged_bytes = 0;
+  auto result = [&](Status st) {
+    OpResult r{std::move(st), released_bytes};
+    r.skipped = {.zero_bytes = released_zero, .unchanged_bytes = std::min(unchanged_bytes, released_bytes - released_zero)};
+    return r;
+  };
+  if (std::optional<Error> fail =
+          pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes, &unchanged_bytes)) {
+    return result(make_error(fail->errnum(), released ? fmt::format("{}; {} of {} allocation(s) are paused, the "
+                                                                    "others stay resident",
+                                                                    fail->message, released, jobs.size())
+                                                      : fail->message + "; every allocation stays resident"));
   }
 
   // 5. The daemon syncs the data and commits its manifest.
   OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
-  if (committed.code()) return committed;
-  return OpResult{{}, released_bytes};
+  if (committed.code()) return result(std::move(committed.status));
+  return result({});
 }
 
 namespace {
@@ -801,8 +860,9 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   std::vector<TransferJob>& jobs = *made;
   if (!jobs.empty()) staging_.register_with(jobs.front().a->ctx);
 
-  uint64_t resumed_bytes = 0, map_ns = 0;
+  uint64_t resumed_bytes = 0, resumed_zero = 0, map_ns = 0;
   std::size_t resumed = 0;
+  const uint32_t chunk = staging_.chunk_bytes();
   TransferSteps steps;
   steps.before_copy = [&](TransferJob& j) -> Status {
     if (j.mapped) return {};
@@ -820,8 +880,10 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.handle = 0;
     j.mapped = false;
     j.a->damage.store(0);
+    j.a->zero_chunks.clear();
     j.a->state.store(AllocState::Resident);
     resumed_bytes += j.a->size;
+    resumed_zero += j.a->size - data_bytes(j, chunk);
     ++resumed;
     return {};
   };
@@ -878,6 +940,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.mapped = false;
     j.a->state.store(AllocState::Resident);
     j.a->damage.store(0);
+    j.a->zero_chunks.clear();
     if (j.a->export_id) ipc_refresh(*j.a);
     zeroed.push_back(what);
   }
@@ -915,12 +978,16 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
       code = why ? why->errnum() : EIO;
     }
     if (!lost_note.empty()) message += "; " + lost_note;
-    return OpResult{make_error(code ? code : EIO, message), resumed_bytes};
+    OpResult partial{make_error(code ? code : EIO, message), resumed_bytes};
+    partial.skipped.zero_bytes = resumed_zero;
+    return partial;
   }
 
   OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
   if (committed.code()) return committed;
-  return OpResult{{}, resumed_bytes, 0, lost_note};
+  OpResult done{{}, resumed_bytes, 0, lost_note};
+  done.skipped.zero_bytes = resumed_zero;
+  return done;
 }
 
 Result<bool> Engine::committed_pause() {

@@ -31,6 +31,7 @@
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 #include "transfer.h"
+#include "zero_scan.h"
 
 namespace tmsdisk::shim {
 
@@ -52,6 +53,7 @@ struct OpResult {
   uint64_t nanos = 0;
   std::string note;
   proto::Outcome outcome = proto::Outcome::Done;
+  proto::Skipped skipped;  // of `bytes`, what did not move (zero chunks, unchanged chunks)
 
   int code() const noexcept { return status ? 0 : status.error().errnum(); }
   const std::string& message() const noexcept { return status ? note : status.error().message; }
@@ -203,6 +205,7 @@ class Engine {
   DaemonSession session_;
   StagingSlots staging_;
   TransferPipeline pipeline_{session_, staging_};
+  ZeroScanner zero_scan_;
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.

@@ -53,6 +53,10 @@ struct Allocation {
   // multicast-bound, its handle handed out): it then stays resident for good and status counts it
   // as unmanaged. -1: pausable.
   std::atomic<int> pinned{-1};
+  // While paused: one byte per chunk, 1 where every byte was zero (zero_scan.h). Those chunks were
+  // neither written nor kept anywhere; resume sets them to zero. Empty: every chunk was written.
+  // Written and read by the engine under the exclusive op lock.
+  std::vector<uint8_t> zero_chunks;
 };
 
 struct RegistryTotals {

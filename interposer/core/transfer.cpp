@@ -109,8 +109,46 @@ int TransferPipeline::next_message(proto::Envelope& env, bool copying) {
   return 0;
 }
 
+Status TransferPipeline::queue_zeroes(TransferJob& j) {
+  if (j.zeroes_queued || j.zero.empty()) return {};
+  j.zeroes_queued = true;
+  const DriverApi& api = driver().api;
+  if (!api.cuMemsetD8Async) return make_error(ENOSYS, "the driver has no cuMemsetD8Async to set zero chunks");
+  const CtxResources& cr = ctxs_[static_cast<std::size_t>(j.ctx)];
+  CtxScope scope(api, cr.ctx);
+  const uint64_t chunk = slots_.chunk_bytes();
+  // One memset per run of zero chunks, queued before the chunks read back: they run in that order.
+  for (uint64_t i = 0; i < j.zero.size();) {
+    if (!j.zero[i]) {
+      ++i;
+      continue;
+    }
+    uint64_t end = i;
+    while (end < j.zero.size() && j.zero[end]) ++end;
+    const uint64_t from = i * chunk, to = std::min<uint64_t>(end * chunk, j.a->size);
+    if (CUresult r = api.cuMemsetD8Async(j.a->base + from, 0, to - from, cr.stream); r != CUDA_SUCCESS)
+      return cuda_error("setting zero chunks (cuMemsetD8Async)", r);
+    i = end;
+  }
+  return {};
+}
+
+Status TransferPipeline::drain(int ctx) {
+  const DriverApi& api = driver().api;
+  const CtxResources& cr = ctxs_[static_cast<std::size_t>(ctx)];
+  CtxScope scope(api, cr.ctx);
+  CUevent done = nullptr;
+  CUresult r = api.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = api.cuEventRecord(done, cr.stream);
+  if (r == CUDA_SUCCESS) r = api.cuEventSynchronize(done);
+  if (done) api.cuEventDestroy_v2(done);
+  if (r != CUDA_SUCCESS) return cuda_error("waiting for the zero chunks to be set", r);
+  return {};
+}
+
 std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
-                                           ProgressReporter& progress, uint64_t* done_bytes) {
+                                           ProgressReporter& progress, uint64_t* done_bytes,
+                                           uint64_t* unchanged_bytes) {
   const DriverApi& api = driver().api;
   const bool out = dir == Direction::ToStorage;
   const uint32_t chunk_bytes = slots_.chunk_bytes();
@@ -139,14 +177,59 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       j.complete = true;
   };
 
+  // A failed job gives its memory back (from storage) once nothing queued for it still runs: its
+  // zero memsets are not tracked by slots.
+  auto abandon = [&](TransferJob& j) {
+    if (!steps.abandoned) return;
+    if (j.zeroes_queued) (void)drain(j.ctx);
+    j.zeroes_queued = false;
+    steps.abandoned(j);
+  };
+  // The next chunk of `j` that holds data, from its next_offset (zero chunks are skipped).
+  auto skip_zero = [&](TransferJob& j) {
+    while (j.next_offset < j.a->size) {
+      const uint64_t i = j.next_offset / chunk_bytes;
+      if (i >= j.zero.size() || !j.zero[i]) break;
+      j.next_offset += chunk_bytes;
+    }
+  };
+
   *done_bytes = 0;
+  if (unchanged_bytes) *unchanged_bytes = 0;
+  // Jobs with no chunk to move: to storage, done at once (the daemon recorded their zero chunks
+  // with the reservation); from storage, their memory is mapped and set to zero, and they are done
+  // once those memsets ran (at the end).
+  std::vector<TransferJob*> only_zero;
+  for (TransferJob& j : jobs) {
+    if (j.chunks != 0 || j.error) continue;
+    if (out) {
+      if (Status st = steps.finished(j); !st) {
+        fail_all(std::move(st).error());
+        break;
+      }
+      j.complete = true;
+      continue;
+    }
+    Status st = steps.before_copy ? steps.before_copy(j) : Status{};
+    if (st) st = queue_zeroes(j);
+    if (!st) {
+      j.error = std::move(st).error();
+      abandon(j);
+      continue;
+    }
+    only_zero.push_back(&j);
+  }
   std::size_t cursor = 0;
   int64_t last_activity = now_ms();
   for (;;) {
     // 1. Start chunks while slots are free: to storage with the copy out of the device; from
     // storage with the READ (reads need no device memory, so they start at once).
     while (!fatal) {
-      while (cursor < jobs.size() && (jobs[cursor].error || jobs[cursor].next_offset >= jobs[cursor].a->size)) ++cursor;
+      while (cursor < jobs.size()) {
+        skip_zero(jobs[cursor]);
+        if (!jobs[cursor].error && jobs[cursor].next_offset < jobs[cursor].a->size) break;
+        ++cursor;
+      }
       if (cursor == jobs.size()) break;
       const int s = slots_.free_slot();
       if (s < 0) break;
@@ -208,9 +291,8 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       slot.state = SlotState::InDaemon;
       slot.request = *id;
     }
-    if (steps.abandoned)
-      for (TransferJob& j : jobs)
-        if (j.error && j.in_flight == 0) steps.abandoned(j);
+    for (TransferJob& j : jobs)
+      if (j.error && j.in_flight == 0) abandon(j);
 
     if (!copying && !slots_.any(SlotState::InDaemon)) {
       if (fatal || cursor == jobs.size()) break;
@@ -266,14 +348,18 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
         out ? std::holds_alternative<proto::Written>(env.body) : std::holds_alternative<proto::ReadDone>(env.body);
     if (answered && out) {
       const uint32_t len = slot.length;
+      if (unchanged_bytes && std::get<proto::Written>(env.body).unchanged) *unchanged_bytes += len;
       free_slot(j, slot);
       chunk_done(j, len);
       progress.update(*done_bytes, false);
       continue;
     }
     if (answered && !j.error && !fatal && steps.before_copy) {
-      // From storage, a failure to get the memory affects this allocation only.
-      if (Status st = steps.before_copy(j); !st) j.error = std::move(st).error();
+      // From storage, a failure to get the memory affects this allocation only. Its zero chunks are
+      // set first, on the stream its chunks are copied on: done when its last copy is.
+      Status st = steps.before_copy(j);
+      if (st) st = queue_zeroes(j);
+      if (!st) j.error = std::move(st).error();
     }
     if (answered && !j.error && !fatal) {
       Status copied = start_copy(dir, j, static_cast<std::size_t>(s));
@@ -299,6 +385,28 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     free_slot(j, slot);
     progress.update(*done_bytes, false);
   }
+  // From storage, the jobs that were only zero chunks are done once their memsets ran.
+  std::vector<int> drained;
+  for (TransferJob* j : only_zero) {
+    if (fatal) break;
+    if (std::find(drained.begin(), drained.end(), j->ctx) == drained.end()) {
+      if (Status st = drain(j->ctx); !st) {
+        fail_all(std::move(st).error());
+        break;
+      }
+      drained.push_back(j->ctx);
+    }
+    if (Status st = steps.finished(*j); !st)
+      fail_all(std::move(st).error());
+    else
+      j->complete = true;
+  }
+  // Whatever did not complete is unmapped by the caller: nothing queued for it may still run.
+  for (TransferJob& j : jobs)
+    if (j.zeroes_queued && !j.complete && std::find(drained.begin(), drained.end(), j.ctx) == drained.end()) {
+      (void)drain(j.ctx);
+      drained.push_back(j.ctx);
+    }
   progress.update(*done_bytes, true);
   return fatal;
 }

@@ -42,6 +42,11 @@ struct TransferJob {
   // From storage: the new physical memory, mapped before its first chunk is copied back.
   CUmemGenericAllocationHandle handle = 0;
   bool mapped = false;
+  // One byte per chunk, 1: every byte of it is zero (zero_scan.h). Such chunks are neither staged
+  // nor sent; from storage they are set to zero on the device once the memory is mapped. Empty: every
+  // chunk holds data. `chunks` counts the others.
+  std::vector<uint8_t> zero;
+  bool zeroes_queued = false;  // from storage: the zero chunks' memsets are queued on the stream
 };
 
 struct TransferSteps {
@@ -80,11 +85,14 @@ class TransferPipeline {
 
   // The index of `ctx`'s stream and events, created on first use.
   Result<int> context(CUcontext ctx);
+  // The stream of a context index: work queued on it runs before the pipeline's copies queued after.
+  CUstream stream(int ctx) const { return ctxs_[static_cast<std::size_t>(ctx)].stream; }
 
   // Moves `jobs` (each with its ctx set); returns the first error that stopped the whole transfer,
-  // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks.
+  // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks (zero
+  // chunks are not), `unchanged_bytes` (to storage) those the daemon found it already held.
   std::optional<Error> run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
-                           ProgressReporter& progress, uint64_t* done_bytes);
+                           ProgressReporter& progress, uint64_t* done_bytes, uint64_t* unchanged_bytes = nullptr);
 
  private:
   struct CtxResources {
@@ -98,6 +106,10 @@ class TransferPipeline {
   Status start_copy(Direction dir, TransferJob& j, std::size_t s);
   // Sends the WRITE or READ of slot `s`'s chunk; its request id.
   Result<uint64_t> start_request(Direction dir, const TransferJob& j, std::size_t s);
+  // From storage: queues the memsets that set j's zero chunks on its context's stream.
+  Status queue_zeroes(TransferJob& j);
+  // Waits for everything queued on `ctx`'s stream.
+  Status drain(int ctx);
   // The daemon's next message, or, while copies run and nothing has arrived, the oldest copy's
   // completion (then 0, so the caller harvests it instead of spinning).
   int next_message(proto::Envelope& env, bool copying);

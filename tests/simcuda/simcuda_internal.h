@@ -118,7 +118,9 @@ struct CUevent_st {
 
 namespace simcuda {
 
-enum class Kernel { Fill, Add, Noop };
+// NonzeroChunks is the shim's zero-chunk scan (interposer/core/zero_scan.cpp), run here on host
+// memory with the same parameters and result as its PTX on a GPU.
+enum class Kernel { Fill, Add, Noop, NonzeroChunks };
 
 }  // namespace simcuda
 
@@ -338,6 +340,10 @@ CUresult do_copy(Driver& d, uintptr_t dst, Side dst_side, uintptr_t src, Side sr
 CUresult check_device_range(Driver& d, uintptr_t p, size_t n, int dev, bool write);
 CUresult do_memset(Driver& d, uintptr_t p, uint32_t value, unsigned width, size_t count, int dev);
 CUresult do_kernel(Driver& d, Kernel k, uintptr_t p, uint32_t value, size_t count, int dev);
+// tmsdisk_nonzero_chunks over `chunks` chunks (the grid): flags[i] = 1 when chunk i of
+// [base, base + bytes) holds a non-zero byte.
+CUresult do_nonzero_chunks(Driver& d, uintptr_t base, uint64_t bytes, uint64_t chunk, uintptr_t flags, uint64_t chunks,
+                           int dev);
 bool is_mapped(Driver& d, uintptr_t p, size_t n);
 uint64_t mapped_bytes(Driver& d);
 

@@ -1071,6 +1071,22 @@ CUresult do_kernel(Driver& d, Kernel k, uintptr_t p, uint32_t value, size_t coun
   return CUDA_SUCCESS;
 }
 
+CUresult do_nonzero_chunks(Driver& d, uintptr_t base, uint64_t bytes, uint64_t chunk, uintptr_t flags, uint64_t chunks,
+                           int dev) {
+  std::shared_lock<std::shared_mutex> lk(d.mem_mu);
+  // As on a GPU: every block reads its chunk up to `bytes`, so all of that must be readable.
+  const uint64_t read = std::min<uint64_t>(bytes, chunks * chunk);
+  if (check_locked(d, base, read, dev, false) != CUDA_SUCCESS || check_locked(d, flags, chunks, dev, true) != CUDA_SUCCESS)
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  const auto* p = reinterpret_cast<const uint8_t*>(base);
+  auto* out = reinterpret_cast<uint8_t*>(flags);
+  for (uint64_t i = 0; i < chunks; ++i) {
+    const uint64_t from = i * chunk, to = std::min(from + chunk, read);
+    if (from < to && std::any_of(p + from, p + to, [](uint8_t b) { return b != 0; })) out[i] = 1;
+  }
+  return CUDA_SUCCESS;
+}
+
 bool is_mapped(Driver& d, uintptr_t p, size_t n) {
   if (n == 0) n = 1;
   if (add_overflows(p, n)) return false;

@@ -155,6 +155,7 @@ constexpr Builtin kBuiltins[] = {
     {"simcuda_fill_u32", Kernel::Fill},
     {"simcuda_add_u32", Kernel::Add},
     {"simcuda_noop", Kernel::Noop},
+    {"tmsdisk_nonzero_chunks", Kernel::NonzeroChunks},
 };
 
 }  // namespace
@@ -427,6 +428,23 @@ CUresult launch_kernel(Driver& d, CUfunction f, unsigned gx, unsigned gy, unsign
   }
   if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
   if (uint64_t{bx} * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+  if (k == Kernel::NonzeroChunks) {
+    // (u64 base, u64 bytes, u64 chunk_bytes, u64 flags), as the shim passes them.
+    if (params == nullptr || gy != 1 || gz != 1) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v[4];
+    for (int i = 0; i < 4; ++i) {
+      if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      memcpy(&v[i], params[i], sizeof v[i]);
+    }
+    if (v[2] == 0) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<CUstream_st> s;
+    if (CUresult r = resolve_stream(d, h, ptds, &s); r != CUDA_SUCCESS) return r;
+    const int dev = s->ctx->device;
+    const uint64_t chunks = gx;
+    Op op;
+    op.run = [&d, v, chunks, dev] { return do_nonzero_chunks(d, v[0], v[1], v[2], v[3], chunks, dev); };
+    return enqueue(d, s, std::move(op));
+  }
   // Arguments are copied now: kernelParams usually point into the caller's stack frame.
   CUdeviceptr ptr = 0;
   uint32_t value = 0;

@@ -96,6 +96,31 @@ std::string damaged_text(const proto::RankStats& s) {
   return out + "; repair the file and `tmsctl resume`, or `tmsctl resume --accept-loss` (zero-filled)";
 }
 
+// What did not move of `bytes`, in words, empty when everything moved: ": 16.0 GiB written,
+// 5.0 GiB zero, 0 B unchanged (not written)" on a pause, ": 16.0 GiB read, 5.0 GiB zero (set on the
+// device)" on a resume.
+std::string skipped_text(uint64_t bytes, const proto::Skipped& s, bool pause) {
+  if (s.zero_bytes == 0 && s.unchanged_bytes == 0) return {};
+  const uint64_t moved = bytes - s.zero_bytes - s.unchanged_bytes;
+  if (!pause) return ": " + human_bytes(moved) + " read, " + human_bytes(s.zero_bytes) + " zero (set on the device)";
+  return ": " + human_bytes(moved) + " written, " + human_bytes(s.zero_bytes) + " zero, " +
+         human_bytes(s.unchanged_bytes) + " unchanged (not written)";
+}
+
+// The same, as JSON fields beside "bytes".
+json skipped_json(uint64_t bytes, const proto::Skipped& s) {
+  return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes},
+          {"zero_bytes", s.zero_bytes},
+          {"unchanged_bytes", s.unchanged_bytes}};
+}
+
+// A last pause or resume in `tmsctl status --json`.
+json last_json(uint64_t bytes, uint64_t nanos, const proto::Skipped& s) {
+  json j = {{"bytes", bytes}, {"ns", nanos}};
+  j.update(skipped_json(bytes, s));
+  return j;
+}
+
 json damaged_json(const proto::RankStats& s) {
   json ranges = json::array();
   for (const auto& d : s.damaged)
@@ -217,8 +242,10 @@ int cmd_status(const Common& common) {
                      {"unmanaged_bytes", unmanaged},
                      {"managed_allocations", s.stats.managed_allocations},
                      {"disk_bytes", s.disk_bytes},
-                     {"last_pause", {{"bytes", s.stats.last_pause_bytes}, {"ns", s.stats.last_pause_ns}}},
-                     {"last_resume", {{"bytes", s.stats.last_resume_bytes}, {"ns", s.stats.last_resume_ns}}},
+                     {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns,
+                                              s.stats.last_pause_skipped)},
+                     {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns,
+                                               s.stats.last_resume_skipped)},
                      {"last_change_unix_ms", s.stats.last_change_unix_ms},
                      {"damaged", damaged_json(s.stats)},
                      {"orphaned",
@@ -257,6 +284,13 @@ int cmd_status(const Common& common) {
     if (s.stats.damaged_allocations)
       std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
     if (s.orphaned) std::printf("%-16s %5s %8s   orphaned: %s\n", "", "", "", orphan_text(s).c_str());
+    // What the last pause and resume did not have to move (zero and unchanged chunks).
+    const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
+    const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);
+    if (!skipped_pause.empty())
+      std::printf("%-16s %5s %8s   last pause%s\n", "", "", "", skipped_pause.c_str());
+    if (!skipped_resume.empty())
+      std::printf("%-16s %5s %8s   last resume%s\n", "", "", "", skipped_resume.c_str());
   }
   return 0;
 }
@@ -271,7 +305,8 @@ std::string selector_text(const Selector& sel) {
   return out;
 }
 
-// What one rank's part came to, in words: "paused 256.0 MiB in 0.59 s (0.45 GB/s)".
+// What one rank's part came to, in words: "paused 256.0 MiB in 0.59 s (0.45 GB/s)", and what of it
+// did not have to move.
 std::string result_text(const proto::RankResult& r, bool pause) {
   if (r.code != 0) return "FAILED: " + r.message + " (" + std::strerror(r.code) + ")";
   if (r.outcome == static_cast<uint8_t>(proto::Outcome::NoOp))
@@ -282,7 +317,7 @@ std::string result_text(const proto::RankResult& r, bool pause) {
   // Every chunk a resume reads is checked against the checksum taken when it was written. What else
   // the rank says (memory lost to a damaged backup, replaced with zeros) follows: it must be seen.
   return std::string(pause ? "paused " : "resumed and verified ") + human_bytes(r.bytes) + figures +
-         (r.message.empty() ? "" : "; " + r.message);
+         skipped_text(r.bytes, r.skipped, pause) + (r.message.empty() ? "" : "; " + r.message);
 }
 
 // A rank that did not answer before the deadline, in words: it may still be at work.
@@ -353,6 +388,7 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
                      {"ns", r.nanos},
                      {"gb_per_s", gb_per_s(r.bytes, r.nanos)},
                      {"message", r.message}});
+      out.back().update(skipped_json(r.bytes, r.skipped));
     } else {
       std::printf("%s rank %s (pid %d): %s\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
                   result_text(r, pause).c_str());
@@ -374,6 +410,7 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
                      {"ns", 0},
                      {"gb_per_s", 0.0},
                      {"message", silent}});
+      out.back().update(skipped_json(0, {}));
     } else {
       std::printf("%s rank %s (pid %d): %s\n", t.job.c_str(), rank_text(t.rank).c_str(), t.pid, silent.c_str());
     }
