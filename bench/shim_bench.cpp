@@ -63,24 +63,30 @@ double seconds_since(Clock::time_point t) {
     }                                                                            \
   } while (0)
 
-// GIB GiB in 1 GiB allocations, each filled with its own 32-bit value; verify_pattern checks them.
+// GIB GiB in 1 GiB allocations (made on the first call), each filled with its own 32-bit value,
+// another one for each pass: a pause after a fill finds every chunk changed, as in training, where
+// weights and optimizer state change every step. verify_pattern checks them.
 constexpr size_t kPiece = size_t{1} << 30;
 
-CUresult fill_pattern(std::vector<CUdeviceptr>& mem) {
+uint32_t word(size_t piece, int pass) {
+  return 0xC0DE0000u + static_cast<uint32_t>(piece) + (static_cast<uint32_t>(pass) << 8);
+}
+
+CUresult fill_pattern(std::vector<CUdeviceptr>& mem, int pass = 0) {
   for (size_t i = 0; i < mem.size(); ++i) {
-    if (CUresult r = cuMemAlloc(&mem[i], kPiece); r != CUDA_SUCCESS) return r;
-    if (CUresult r = cuMemsetD32(mem[i], 0xC0DE0000u + static_cast<unsigned>(i), kPiece / 4); r != CUDA_SUCCESS)
-      return r;
+    if (!mem[i])
+      if (CUresult r = cuMemAlloc(&mem[i], kPiece); r != CUDA_SUCCESS) return r;
+    if (CUresult r = cuMemsetD32(mem[i], word(i, pass), kPiece / 4); r != CUDA_SUCCESS) return r;
   }
   return cuCtxSynchronize();
 }
 
-CUresult verify_pattern(const std::vector<CUdeviceptr>& mem, bool* intact) {
+CUresult verify_pattern(const std::vector<CUdeviceptr>& mem, bool* intact, int pass = 0) {
   std::vector<uint32_t> check(kPiece / 4 / 16);
   for (size_t i = 0; i < mem.size() && *intact; ++i) {
     for (size_t off = 0; off < kPiece && *intact; off += check.size() * 4) {
       if (CUresult r = cuMemcpyDtoH(check.data(), mem[i] + off, check.size() * 4); r != CUDA_SUCCESS) return r;
-      for (uint32_t w : check) *intact &= w == 0xC0DE0000u + static_cast<unsigned>(i);
+      for (uint32_t w : check) *intact &= w == word(i, pass);
     }
   }
   return CUDA_SUCCESS;
@@ -218,6 +224,7 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
   json passes = json::array();
   for (int r = 0; r < repeat && intact; ++r) {
     json pass;
+    if (r > 0) CHECK_CU(fill_pattern(mem, r));
     auto raw = tmsdisk::bench::measure_raw_disk(dir, count * kPiece, 8u << 20, 32);
     if (!raw) return json{{"error", "raw disk: " + raw.error().describe()}};
     pass["raw_write_gb_s"] = raw->write_bytes_per_s / 1e9;
@@ -233,8 +240,37 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     pass["resume_gb_s"] = bytes / seconds_since(t) / 1e9;
     if (rc != 0) return json{{"error", "tmsdisk_resume returned " + std::to_string(rc)}};
     // Every word of every allocation must be back.
-    CHECK_CU(verify_pattern(mem, &intact));
+    CHECK_CU(verify_pattern(mem, &intact, r));
     passes.push_back(pass);
+  }
+  // What the user waits for when bytes need not move (issue 9), on the same memory: a pause right
+  // after the last one, nothing changed (frozen weights); then one of memory that is all zero but
+  // its first 4 KiB per GiB (a preallocated pool barely used). Logical GB/s: bytes covered per
+  // second of the wait.
+  if (intact && repeat > 0) {
+    auto t = Clock::now();
+    if (pause() != 0) return json{{"error", "tmsdisk_pause (unchanged) failed"}};
+    out["unchanged_pause_gb_s"] = bytes / seconds_since(t) / 1e9;
+    if (resume() != 0) return json{{"error", "tmsdisk_resume (unchanged) failed"}};
+    CHECK_CU(verify_pattern(mem, &intact, repeat - 1));
+    for (CUdeviceptr p : mem) {
+      CHECK_CU(cuMemsetD32(p, 0, kPiece / 4));
+      CHECK_CU(cuMemsetD32(p, 0xC0DEu, 4096 / 4));
+    }
+    CHECK_CU(cuCtxSynchronize());
+    t = Clock::now();
+    if (pause() != 0) return json{{"error", "tmsdisk_pause (mostly zero) failed"}};
+    out["mostly_zero_pause_gb_s"] = bytes / seconds_since(t) / 1e9;
+    t = Clock::now();
+    if (resume() != 0) return json{{"error", "tmsdisk_resume (mostly zero) failed"}};
+    out["mostly_zero_resume_gb_s"] = bytes / seconds_since(t) / 1e9;
+    std::vector<uint32_t> head(4096 / 4), tail(4096 / 4);
+    for (CUdeviceptr p : mem) {
+      CHECK_CU(cuMemcpyDtoH(head.data(), p, 4096));
+      CHECK_CU(cuMemcpyDtoH(tail.data(), p + kPiece - 4096, 4096));
+      for (uint32_t w : head) intact &= w == 0xC0DEu;
+      for (uint32_t w : tail) intact &= w == 0;
+    }
   }
   for (CUdeviceptr p : mem) cuMemFree(p);
   auto best = [&](const char* key) {
@@ -385,6 +421,13 @@ int main(int argc, char** argv) {
                    {"alloc_free_latency_shim_over_plain", ratio(shimmed, plain, "alloc_free_us")},
                    {"launch_rate_shim_over_plain", ratio(shimmed, plain, "launches_per_s")},
                    {"d2h_shim_over_plain", ratio(shimmed, plain, "d2h_gb_s")}};
+  // Bytes that need not move: the same pause when nothing changed, and when the memory is mostly
+  // zero, over the pause of memory that all changed.
+  if (shimmed.contains("unchanged_pause_gb_s")) {
+    out["ratios"]["unchanged_pause_over_pause"] = shimmed["unchanged_pause_gb_s"].get<double>() / pw;
+    out["ratios"]["mostly_zero_pause_over_pause"] = shimmed["mostly_zero_pause_gb_s"].get<double>() / pw;
+    out["ratios"]["mostly_zero_resume_over_resume"] = shimmed["mostly_zero_resume_gb_s"].get<double>() / rr;
+  }
   if (plain.contains("naive_save_gb_s")) {
     out["ratios"]["pause_over_naive_save"] = pw / plain["naive_save_gb_s"].get<double>();
     out["ratios"]["resume_over_naive_restore"] = rr / plain["naive_restore_gb_s"].get<double>();

@@ -4,6 +4,9 @@
 // fills it with a pattern and checks it on request. Tests drive it line by line on stdin:
 //
 //   alloc ID BYTES PATH   PATH = direct | procaddr | dlsym    -> "ok ID 0xADDR"
+//   alloc ID BYTES PATH sparse STRIDE   the pattern in the first 4 KiB of every STRIDE bytes, zeros
+//                         elsewhere (STRIDE 0: all zeros); check knows
+//   edit ID OFFSET        changes the byte at OFFSET (checks expect the new value) -> "ok"
 //   free ID                                                    -> "ok"
 //   check                                                      -> "ok N" | "bad ID OFFSET"
 //   check ID      one allocation                               -> "ok" | "bad ID OFFSET" | "err copy CURESULT"
@@ -31,7 +34,12 @@ namespace {
 struct Allocation {
   CUdeviceptr ptr = 0;
   uint64_t bytes = 0;
+  bool sparse = false;   // only the first kPage bytes of every `stride` hold the pattern
+  uint64_t stride = 0;   // 0 with sparse: nothing does
+  std::map<uint64_t, uint8_t> edits;  // bytes changed since, by offset
 };
+
+constexpr uint64_t kPage = 4096;
 
 using AllocFn = CUresult (*)(CUdeviceptr*, size_t);
 using FreeFn = CUresult (*)(CUdeviceptr);
@@ -54,11 +62,20 @@ AllocFn alloc_fn(const std::string& path) {
 
 constexpr uint64_t kStep = 8u << 20;  // host bounce buffer per copy
 
+// What `a` must hold in [off, off + n).
+void expected(const Allocation& a, uint64_t id, uint64_t off, uint8_t* buf, uint64_t n) {
+  tmsdisk::testing::fill_pattern(id, off, buf, n);
+  if (a.sparse)
+    for (uint64_t i = 0; i < n; ++i)
+      if (a.stride == 0 || (off + i) % a.stride >= kPage) buf[i] = 0;
+  for (auto it = a.edits.lower_bound(off); it != a.edits.end() && it->first < off + n; ++it) buf[it->first - off] = it->second;
+}
+
 bool fill(const Allocation& a, uint64_t id) {
   std::vector<uint8_t> buf(std::min<uint64_t>(kStep, a.bytes));
   for (uint64_t off = 0; off < a.bytes; off += kStep) {
     const uint64_t n = std::min<uint64_t>(kStep, a.bytes - off);
-    tmsdisk::testing::fill_pattern(id, off, buf.data(), n);
+    expected(a, id, off, buf.data(), n);
     if (cuMemcpyHtoD(a.ptr + off, buf.data(), n) != CUDA_SUCCESS) return false;
   }
   return true;
@@ -82,8 +99,15 @@ int64_t compare(const Allocation& a, Expect&& expect, CUresult* rc = nullptr) {
 }
 
 int64_t verify(const Allocation& a, uint64_t id, CUresult* rc = nullptr) {
+  std::vector<uint8_t> want(std::min<uint64_t>(kStep, a.bytes));
   return compare(
-      a, [&](uint64_t off, const uint8_t* p, uint64_t n) { return tmsdisk::testing::find_mismatch(id, off, p, n); },
+      a,
+      [&](uint64_t off, const uint8_t* p, uint64_t n) -> int64_t {
+        expected(a, id, off, want.data(), n);
+        for (uint64_t i = 0; i < n; ++i)
+          if (p[i] != want[i]) return static_cast<int64_t>(i);
+        return -1;
+      },
       rc);
 }
 
@@ -123,11 +147,13 @@ int main() {
     in >> cmd;
     if (cmd == "alloc") {
       uint64_t id = 0, bytes = 0;
-      std::string path;
-      in >> id >> bytes >> path;
+      std::string path, mode;
+      in >> id >> bytes >> path >> mode;
       AllocFn fn = alloc_fn(path);
       Allocation a;
       a.bytes = bytes;
+      a.sparse = mode == "sparse";
+      if (a.sparse) in >> a.stride;
       CUresult rc = fn ? fn(&a.ptr, bytes) : CUDA_ERROR_NOT_FOUND;
       if (rc != CUDA_SUCCESS) {
         std::printf("err alloc %d\n", static_cast<int>(rc));
@@ -178,6 +204,23 @@ int main() {
         }
       }
       if (good) std::printf("ok %zu\n", allocs.size());
+    } else if (cmd == "edit") {
+      uint64_t id = 0, off = 0;
+      in >> id >> off;
+      auto it = allocs.find(id);
+      uint8_t byte = 0;
+      if (it == allocs.end() || off >= it->second.bytes ||
+          cuMemcpyDtoH(&byte, it->second.ptr + off, 1) != CUDA_SUCCESS) {
+        std::printf("err edit\n");
+        continue;
+      }
+      byte = static_cast<uint8_t>(byte + 1) ? static_cast<uint8_t>(byte + 1) : 1;
+      if (cuMemcpyHtoD(it->second.ptr + off, &byte, 1) != CUDA_SUCCESS) {
+        std::printf("err edit\n");
+        continue;
+      }
+      it->second.edits[off] = byte;
+      std::printf("ok\n");
     } else if (cmd == "addr") {
       uint64_t id = 0;
       in >> id;

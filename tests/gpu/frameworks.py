@@ -126,7 +126,9 @@ def main():
     ok = got == reference and pause.get("ok") and resume.get("ok") and pause.get("bytes", 0) > 0
     print(f"{'PASS' if ok else 'FAIL'} {kind}: digest {got} (unpaused {reference}); "
           f"paused {pause.get('bytes', 0) / 2**30:.2f} GiB at {pause.get('gb_per_s', 0):.2f} GB/s, "
-          f"resumed at {resume.get('gb_per_s', 0):.2f} GB/s; meanwhile another process {took}"
+          f"resumed at {resume.get('gb_per_s', 0):.2f} GB/s "
+          f"({pause.get('moved_bytes', 0) / 2**30:.2f} GiB written, {pause.get('zero_bytes', 0) / 2**30:.2f} GiB zero, "
+          f"{pause.get('unchanged_bytes', 0) / 2**30:.2f} GiB unchanged); meanwhile another process {took}"
           + ("" if pause.get("ok") and resume.get("ok") else f"; pause {pause}, resume {resume}"), flush=True)
 
 

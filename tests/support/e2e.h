@@ -219,6 +219,7 @@ struct RankOutcome {
   bool ok = false;
   int error = 0;  // errno, 0 when ok
   uint64_t bytes = 0;
+  uint64_t zero_bytes = 0, unchanged_bytes = 0, moved_bytes = 0;  // what of `bytes` did (not) move
   std::string message;
   std::string outcome;  // "done", or "no-op": the rank was already in the state asked for
 };
@@ -302,6 +303,9 @@ inline Outcome Node::control(const std::string& verb, const std::vector<std::str
                        .ok = r.value("ok", false),
                        .error = r.value("errno", 0),
                        .bytes = r.value("bytes", uint64_t{0}),
+                       .zero_bytes = r.value("zero_bytes", uint64_t{0}),
+                       .unchanged_bytes = r.value("unchanged_bytes", uint64_t{0}),
+                       .moved_bytes = r.value("moved_bytes", uint64_t{0}),
                        .message = r.value("message", ""),
                        .outcome = r.value("outcome", "")});
   return o;
