@@ -120,6 +120,14 @@ constexpr Setting kSettings[] = {
              "reservations being sent; each costs the daemon about 300 bytes (root: unlimited)",
      .min = 1,
      .max = kMaxCount * 4},
+    {.name = "max-chunks-per-uid",
+     .value_name = "N",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.max_chunks_per_uid; },
+     .help = "chunks all ranks of one user may have reserved for pausing, zero chunks included (they take no "
+             "disk space, so disk space no longer bounds them), and, separately, in reservations being sent; each "
+             "costs the daemon about 24 bytes (root: unlimited)",
+     .min = 1,
+     .max = kMaxCount * 1000},
     {.name = "max-ipc-exports-per-uid",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.max_ipc_exports_per_uid; },

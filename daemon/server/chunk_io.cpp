@@ -16,22 +16,39 @@ proto::ErrorReply error_reply(int code, const std::string& message) {
   return e;
 }
 
-ChunkIo::BlobCounts ChunkIo::blobs_of_uid(uid_t uid, uint64_t except) {
-  BlobCounts n;
+ChunkIo::SetCounts ChunkIo::sets_of_uid(uid_t uid, uint64_t except) {
+  SetCounts n;
   for (auto& [sid, other] : sessions_.all()) {
     if (sid == except || other.cred.uid != uid) continue;
-    n.pending += other.pending_reserve.size();
-    n.reserved += other.store->blob_count();
+    n.pending_blobs += other.pending_reserve.size();
+    n.reserved_blobs += other.store->blob_count();
+    n.pending_chunks += other.pending_chunks;
+    n.reserved_chunks += other.store->chunk_count();
   }
   return n;
 }
 
+namespace {
+
+// a + b, or UINT64_MAX where that overflows (a count past every limit either way).
+uint64_t add_saturated(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+}  // namespace
+
 proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "RESERVE while chunks are still in flight");
-  if (m.flags & proto::kReserveFirst) s.pending_reserve.clear();
+  if (m.flags & proto::kReserveFirst) {
+    s.pending_reserve.clear();
+    s.pending_zero_runs.clear();
+    s.pending_chunks = 0;
+  }
   // A refused set is dropped whole (its memory with it): the shim starts again with kReserveFirst.
   auto refuse = [&](int code, std::string why) {
     std::vector<proto::BlobSize>().swap(s.pending_reserve);
+    std::vector<proto::ZeroRun>().swap(s.pending_zero_runs);
+    s.pending_chunks = 0;
     spdlog::warn("session {}: reservation refused: {}", s.id, why);
     return error_reply(code, why);
   };
@@ -40,9 +57,18 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     return refuse(E2BIG, fmt::format("more than {} blobs in one reservation; raise TMSDISK_MIN_BYTES so that fewer, "
                                      "larger allocations are paused",
                                      kMaxReserveBlobs));
+  if (s.pending_zero_runs.size() + m.zero_runs.size() > kMaxReserveZeroRuns)
+    return refuse(E2BIG, fmt::format("more than {} zero runs in one reservation", kMaxReserveZeroRuns));
+  const uint64_t chunk = s.store->chunk_bytes();
+  uint64_t chunks_in_set = s.pending_chunks;
+  for (const auto& b : m.blobs) chunks_in_set = add_saturated(chunks_in_set, b.size / chunk + (b.size % chunk != 0));
+  if (chunks_in_set > kMaxReserveChunks)
+    return refuse(E2BIG, fmt::format("more than {} chunks in one reservation; pause less at once, or use a larger "
+                                     "chunk (TMS_DISK_BACKUP_CHUNK_MB)",
+                                     kMaxReserveChunks));
   const bool limited = s.cred.uid != 0;
-  const BlobCounts others = limited ? blobs_of_uid(s.cred.uid, s.id) : BlobCounts{};
-  // Pending and reserved blobs are bounded separately: a rank reserving a new set holds both for a
+  const SetCounts others = limited ? sets_of_uid(s.cred.uid, s.id) : SetCounts{};
+  // Pending and reserved sets are bounded separately: a rank reserving a new set holds both for a
   // while, and must not be refused for it.
   auto over_quota = [&](std::size_t total, const char* what) {
     return refuse(EDQUOT, fmt::format("uid {} would have {} allocations {}, more than {} (max-blobs-per-uid): pause "
@@ -50,18 +76,37 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
                                       "are paused, or ask the administrator to raise max-blobs-per-uid",
                                       s.cred.uid, total, what, max_blobs_per_uid_));
   };
-  if (limited && others.pending + in_set > max_blobs_per_uid_)
-    return over_quota(others.pending + in_set, "in reservations being sent");
-  if (limited && (m.flags & proto::kReserveLast) && others.reserved + in_set > max_blobs_per_uid_)
-    return over_quota(others.reserved + in_set, "reserved");
+  auto over_chunk_quota = [&](uint64_t total, const char* what) {
+    return refuse(EDQUOT, fmt::format("uid {} would have {} chunks {}, more than {} (max-chunks-per-uid): pause fewer "
+                                      "ranks or less memory at once, or ask the administrator to raise "
+                                      "max-chunks-per-uid",
+                                      s.cred.uid, total, what, max_chunks_per_uid_));
+  };
+  const bool last = m.flags & proto::kReserveLast;
+  if (limited && others.pending_blobs + in_set > max_blobs_per_uid_)
+    return over_quota(others.pending_blobs + in_set, "in reservations being sent");
+  if (limited && last && others.reserved_blobs + in_set > max_blobs_per_uid_)
+    return over_quota(others.reserved_blobs + in_set, "reserved");
+  if (limited && add_saturated(others.pending_chunks, chunks_in_set) > max_chunks_per_uid_)
+    return over_chunk_quota(add_saturated(others.pending_chunks, chunks_in_set), "in reservations being sent");
+  if (limited && last && add_saturated(others.reserved_chunks, chunks_in_set) > max_chunks_per_uid_)
+    return over_chunk_quota(add_saturated(others.reserved_chunks, chunks_in_set), "reserved");
   s.pending_reserve.insert(s.pending_reserve.end(), m.blobs.begin(), m.blobs.end());
-  if (!(m.flags & proto::kReserveLast)) return proto::OkReply{};
+  s.pending_zero_runs.insert(s.pending_zero_runs.end(), m.zero_runs.begin(), m.zero_runs.end());
+  s.pending_chunks = chunks_in_set;
+  if (!last) return proto::OkReply{};
   auto blobs = std::move(s.pending_reserve);
+  auto zero_runs = std::move(s.pending_zero_runs);
   s.pending_reserve.clear();
-  if (auto st = s.store->reserve(blobs); !st) {
+  s.pending_zero_runs.clear();
+  s.pending_chunks = 0;
+  // The store checks the zero runs against the whole set (a run may name a blob of an earlier
+  // message): refused, the set is dropped like any other refusal.
+  if (auto st = s.store->reserve(blobs, zero_runs); !st) {
     spdlog::warn("session {}: reservation refused: {}", s.id, st.error().describe());
     return error_reply(st.error().errnum(), st.error().describe());
   }
+  if (on_skipped) on_skipped(SkipReason::zero, s.store->zero_bytes());
   return proto::OkReply{};
 }
 
@@ -96,7 +141,18 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   if (m.length > buf.chunk_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
   auto loc = s.store->locate(m.blob, m.offset, m.length);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
-  if (op == io::Op::Read) {
+  storage::Checksum128 sum;
+  if (op == io::Op::Write) {
+    // Hashed before it is written (on this thread, one pass): bytes the file already holds there are
+    // not written again, and the hash of the others is what end_write() seals.
+    auto plan = s.store->begin_write(m.blob, m.offset, buf.bytes_of(m.slot, m.length));
+    if (!plan) return error_reply(plan.error().errnum(), plan.error().describe());
+    if (plan->unchanged) {
+      if (on_skipped) on_skipped(SkipReason::unchanged, m.length);
+      return proto::Written{.unchanged = 1};
+    }
+    sum = plan->sum;
+  } else {
     // A chunk never sealed is refused before any I/O; the store verifies the data once read.
     if (auto sealed = s.store->expected_checksum(m.blob, m.offset); !sealed)
       return error_reply(sealed.error().errnum(), sealed.error().describe());
@@ -114,7 +170,7 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   } catch (const std::bad_alloc&) {
     return error_reply(ENOMEM, "daemon out of memory queueing I/O");
   }
-  pending_.emplace(req.tag, Pending{s.id, request_id, op, m.slot, m.blob, m.offset, m.length});
+  pending_.emplace(req.tag, Pending{s.id, request_id, op, m.slot, m.blob, m.offset, m.length, sum});
   buf.set_busy(m.slot, true);
   ++s.io_in_flight;
   return std::nullopt;
@@ -129,9 +185,8 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
     return error_reply(e,
                        fmt::format("{} of blob {} at offset {} failed: {}", what, p.blob, p.offset, std::strerror(e)));
   }
-  const auto bytes = s.staging->bytes_of(p.slot, p.length);
   if (p.op == io::Op::Write) {
-    auto sum = s.store->seal(p.blob, p.offset, bytes);
+    auto sum = s.store->end_write(p.blob, p.offset, p.length, p.sum);
     if (!sum) {
       spdlog::error("session {}: cannot seal blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
       return error_reply(sum.error().errnum(), sum.error().describe());
@@ -139,7 +194,7 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
     if (on_moved) on_moved(p.op, p.length);
     return proto::Written{};
   }
-  auto sum = s.store->verify(p.blob, p.offset, bytes);
+  auto sum = s.store->verify(p.blob, p.offset, s.staging->bytes_of(p.slot, p.length));
   if (!sum) {
     spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
     return error_reply(sum.error().errnum(), sum.error().describe());

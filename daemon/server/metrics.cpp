@@ -197,6 +197,10 @@ void Metrics::moved(io::Op op, uint64_t bytes) {
   moved_bytes_[static_cast<std::size_t>(op == io::Op::Write ? Operation::pause : Operation::resume)] += bytes;
 }
 
+void Metrics::skipped(SkipReason reason, uint64_t bytes) {
+  skipped_bytes_[static_cast<std::size_t>(reason)] += bytes;
+}
+
 void Metrics::record(Operation op, const proto::CommandDone& answer) {
   const auto o = static_cast<std::size_t>(op);
   OperationResult result = OperationResult::ok;
@@ -253,6 +257,15 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
   for (Operation op : kAllOps)
     out.sample("tmsdisk_moved_bytes_total", std::vector<Label>{op_label(op), {"tier", "disk"}},
                moved_bytes_[static_cast<std::size_t>(op)]);
+
+  out.family("tmsdisk_skipped_bytes_total", "counter",
+             "Bytes a pause did not write, by reason: zero (chunks whose bytes are all zero, counted when reserved: "
+             "they take no disk space) or unchanged (the rank's file already held those very bytes); every pause "
+             "counts, a process's own included.");
+  out.sample("tmsdisk_skipped_bytes_total", std::vector<Label>{op_label(Operation::pause), {"reason", "zero"}},
+             skipped_bytes_[static_cast<std::size_t>(SkipReason::zero)]);
+  out.sample("tmsdisk_skipped_bytes_total", std::vector<Label>{op_label(Operation::pause), {"reason", "unchanged"}},
+             skipped_bytes_[static_cast<std::size_t>(SkipReason::unchanged)]);
 
   out.family("tmsdisk_operation_duration_seconds", "histogram",
              "Duration of the pauses and resumes that succeeded (no-ops left out), as each rank measured it.");
@@ -342,6 +355,7 @@ MetricsExporter::MetricsExporter(const Config& config, SessionTable& sessions, c
       interval_(config.metrics_interval_s) {
   router.set_metrics(&metrics_);
   chunks.on_moved = [this](io::Op op, uint64_t bytes) { metrics_.moved(op, bytes); };
+  chunks.on_skipped = [this](SkipReason reason, uint64_t bytes) { metrics_.skipped(reason, bytes); };
   if (config.metrics_file.empty()) return;
   // Absolute, so that messages name the file a reader can find whatever the daemon's working directory.
   std::error_code ec;

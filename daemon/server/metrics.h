@@ -36,6 +36,7 @@ struct Config;
 class SessionTable;
 class ControlRouter;
 class ChunkIo;
+enum class SkipReason : std::size_t;  // chunk_io.h
 
 // ------------------------------------------------------------------------------------------------
 // The text exposition format (version 0.0.4)
@@ -124,6 +125,9 @@ class Metrics {
 
   // A chunk written (a pause) or read (a resume) by the daemon, `bytes` long, completed and checked.
   void moved(io::Op op, uint64_t bytes);
+  // Bytes a pause did not write (issue 9): zero chunks (at their reservation), and chunks the data
+  // file already held (unchanged).
+  void skipped(SkipReason reason, uint64_t bytes);
 
   // One operation's result: its code (0, or a positive errno), duration and outcome.
   void record(Operation op, const proto::CommandDone& answer);
@@ -148,6 +152,7 @@ class Metrics {
   uint64_t results_[kOps][kResults]{};
   uint64_t failures_[kOps][kCauses]{};
   uint64_t moved_bytes_[kOps]{};
+  uint64_t skipped_bytes_[2]{};  // by SkipReason, of pauses
   std::vector<Histogram> durations_;  // per operation, of those that succeeded
   std::function<void()> on_recorded_;
 };

@@ -207,7 +207,7 @@ struct Server::Impl {
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
-    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid);
+    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid);
     router =
         std::make_unique<ControlRouter>(*sessions, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);

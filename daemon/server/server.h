@@ -27,6 +27,7 @@ struct Config {
   uint32_t max_connections_per_uid = 512;       // connections one (non-root) user may hold
   uint64_t max_unread_replies_mb_per_uid = 64;  // replies queued for one (non-root) user's non-reading peers
   uint32_t max_blobs_per_uid = 262144;          // allocations one (non-root) user's sessions may reserve
+  uint32_t max_chunks_per_uid = 4194304;        // chunks (zero ones too) one (non-root) user's sessions may reserve
   uint32_t max_ipc_exports_per_uid = 4096;      // legacy IPC exports (one descriptor each) per user
   uint32_t max_ipc_exports = 16384;             // ... of all users together
   uint32_t chunk_mb = 8;                        // bytes per I/O request / slot

@@ -45,7 +45,11 @@ struct Session {
   bool adopted = false;     // continues an orphan: its files, exports and opens carried over
   // When it became an orphan: `tmsctl status` says since when.
   uint64_t orphaned_unix_ms = 0;
+  // A reservation being sent (RESERVE messages before the one with kReserveLast): its blobs, their
+  // zero runs, and its chunks (zero ones included) as counted against max-chunks-per-uid.
   std::vector<proto::BlobSize> pending_reserve;
+  std::vector<proto::ZeroRun> pending_zero_runs;
+  uint64_t pending_chunks = 0;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };

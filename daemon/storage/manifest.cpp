@@ -36,6 +36,38 @@ uint64_t chunk_count(uint64_t size, uint32_t chunk) {
   return size == 0 ? 0 : (size - 1) / chunk + 1;
 }
 
+// Version 2: C state bytes, then C 128-bit checksums.
+bool read_sums(Reader& r, uint64_t chunks, ManifestBlob& b) {
+  if (chunks > r.left() / 17) return false;
+  b.states.resize(chunks);
+  for (auto& st : b.states) {
+    uint64_t v = 0;
+    r.get(v, 1);
+    if (v > kChunkStateMax) return false;
+    st = static_cast<ChunkState>(v);
+  }
+  b.sums.resize(chunks);
+  for (auto& sum : b.sums) {
+    r.get(sum.low, 8);
+    r.get(sum.high, 8);
+  }
+  return true;
+}
+
+// Version 1: C XXH3-64 checksums, then the bitmap of those recorded. They stay XXH3-64 (Data64):
+// the bytes they vouch for were never hashed otherwise.
+bool read_sums_v1(Reader& r, uint64_t chunks, ManifestBlob& b) {
+  const uint64_t bitmap = (chunks + 7) / 8;
+  if (chunks > r.left() / 8 || chunks * 8 + bitmap > r.left()) return false;
+  b.sums.resize(chunks);
+  for (auto& sum : b.sums) r.get(sum.low, 8);
+  b.states.resize(chunks);
+  for (uint64_t i = 0; i < chunks; ++i)
+    b.states[i] = (r.byte_at(i / 8) >> (i % 8)) & 1 ? ChunkState::Data64 : ChunkState::Missing;
+  r.skip(bitmap);
+  return true;
+}
+
 }  // namespace
 
 std::string encode_manifest(const Manifest& m) {
@@ -55,14 +87,10 @@ std::string encode_manifest(const Manifest& m) {
       put(out, e.offset, 8);
       put(out, e.length, 8);
     }
-    for (uint64_t s : b.sums) put(out, s, 8);
-    uint8_t bits = 0;
-    for (std::size_t i = 0; i < b.have.size(); ++i) {
-      if (b.have[i]) bits |= static_cast<uint8_t>(1u << (i % 8));
-      if (i % 8 == 7 || i + 1 == b.have.size()) {
-        out.push_back(static_cast<char>(bits));
-        bits = 0;
-      }
+    for (ChunkState st : b.states) put(out, static_cast<uint8_t>(st), 1);
+    for (const Checksum128& sum : b.sums) {
+      put(out, sum.low, 8);
+      put(out, sum.high, 8);
     }
   }
   put(out, XXH3_64bits(out.data(), out.size()), 8);
@@ -94,10 +122,12 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
   Manifest m;
   uint64_t v = 0, version = 0, state = 0, chunk = 0, nroots = 0, nblobs = 0;
   r.get(v, 8);
-  if (!r.get(version, 4) || version != kManifestVersion) {
-    why = fmt::format("unsupported format version {} (this daemon reads {})", version, kManifestVersion);
+  if (!r.get(version, 4) || (version != kManifestVersion && version != kManifestVersion1)) {
+    why = fmt::format("unsupported format version {} (this daemon reads {} and {})", version, kManifestVersion1,
+                      kManifestVersion);
     return std::nullopt;
   }
+  m.version = static_cast<uint32_t>(version);
   if (!r.get(state, 4) || (state != kManifestPaused && state != kManifestResumed && state != kManifestWriting)) {
     why = "invalid state";
     return std::nullopt;
@@ -142,17 +172,12 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
         return std::nullopt;
       }
     }
-    uint64_t chunks = chunk_count(b.size, m.chunk_bytes);
-    uint64_t bitmap = (chunks + 7) / 8;
-    if (chunks > r.left() / 8 || chunks * 8 + bitmap > r.left()) {
-      why = fmt::format("truncated checksums of blob {}", b.id);
+    const uint64_t chunks = chunk_count(b.size, m.chunk_bytes);
+    const bool read = m.version == kManifestVersion1 ? read_sums_v1(r, chunks, b) : read_sums(r, chunks, b);
+    if (!read) {
+      why = fmt::format("truncated or invalid checksums of blob {}", b.id);
       return std::nullopt;
     }
-    b.sums.resize(chunks);
-    for (auto& s : b.sums) r.get(s, 8);
-    b.have.resize(chunks);
-    for (uint64_t i = 0; i < chunks; ++i) b.have[i] = (r.byte_at(i / 8) >> (i % 8)) & 1;
-    r.skip(bitmap);
   }
   if (r.left() != 0) {
     why = "trailing bytes";

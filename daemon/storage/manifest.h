@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The manifest: a rank's committed state (blobs, extents, checksums) in a self-checking binary file.
 //
-// Layout, all integers little-endian:
-//   u64 magic "TMSDMANI"   u32 version (1)   u32 state (1 paused, 2 resumed, 3 writing)
+// Layout of version 2, all integers little-endian:
+//   u64 magic "TMSDMANI"   u32 version (2)   u32 state (1 paused, 2 resumed, 3 writing)
 //   u64 generation   u32 chunk_bytes   u32 root count R   R x u64 data file end
 //   u64 blob count, then per blob: u64 id, u64 size, R x (u64 offset, u64 length),
-//       C x u64 checksum, ceil(C/8) bytes bitmap of recorded checksums (bit i of byte i/8)
+//       C x u8 chunk state (ChunkState), C x (u64 low, u64 high) checksum
 //       where C = ceil(size / chunk_bytes)
 //   u64 XXH3-64 of every byte before it
+// Version 1 (written before issue 9) had, per blob, C x u64 XXH3-64 checksum and a ceil(C/8)-byte
+// bitmap of recorded checksums (bit i of byte i/8) instead of the states and 128-bit sums. It is
+// still read, so that a daemon upgraded while ranks are paused resumes them: its recorded chunks
+// become ChunkState::Data64. Every manifest written is version 2.
 // The trailing hash catches torn or edited files; the decoder also bounds every count by the bytes
 // that remain, so a hostile file cannot make it allocate more than the file's own size.
 #pragma once
@@ -18,15 +22,18 @@
 #include <string_view>
 #include <vector>
 
+#include "checksum128.h"
+
 namespace tmsdisk::storage {
 
 inline constexpr uint64_t kManifestMagic = 0x494e414d44534d54ull;  // "TMSDMANI" as little-endian bytes
-inline constexpr uint32_t kManifestVersion = 1;
+inline constexpr uint32_t kManifestVersion = 2;
+inline constexpr uint32_t kManifestVersion1 = 1;  // read, never written
 inline constexpr uint32_t kManifestPaused = 1;
 inline constexpr uint32_t kManifestResumed = 2;
 inline constexpr uint32_t kManifestWriting = 3;  // a pause in progress: extents valid, checksums partial
 inline constexpr uint32_t kManifestMaxRoots = 1024;
-// A manifest holds 8 bytes and a bit per chunk; 1 GiB covers over 100 million chunks.
+// A manifest holds 17 bytes per chunk; 1 GiB covers over 60 million chunks.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 
 struct ManifestExtent {
@@ -34,15 +41,29 @@ struct ManifestExtent {
   uint64_t length = 0;
 };
 
+// What the record says of one chunk of the set (the byte stored per chunk).
+enum class ChunkState : uint8_t {
+  Missing = 0,  // not recorded: never written in this generation
+  Data = 1,     // written; its checksum is an XXH3-128
+  Zero = 2,     // every byte zero: nothing stored, no disk space (issue 9)
+  Data64 = 3,   // written; its checksum is an XXH3-64 from a version-1 manifest or journal
+};
+inline constexpr uint8_t kChunkStateMax = 3;
+
+inline bool is_data(ChunkState s) noexcept {
+  return s == ChunkState::Data || s == ChunkState::Data64;
+}
+
 struct ManifestBlob {
   uint64_t id = 0;
   uint64_t size = 0;
   std::vector<ManifestExtent> extents;  // one per root
-  std::vector<uint64_t> sums;           // one per chunk
-  std::vector<uint8_t> have;            // one per chunk: 1 if sums[i] was recorded
+  std::vector<ChunkState> states;       // one per chunk
+  std::vector<Checksum128> sums;        // one per chunk, meaningful where is_data(states[i])
 };
 
 struct Manifest {
+  uint32_t version = kManifestVersion;  // what decode_manifest() read; encode_manifest() writes version 2
   uint32_t state = kManifestResumed;
   uint64_t generation = 0;
   uint32_t chunk_bytes = 0;
@@ -50,12 +71,12 @@ struct Manifest {
   std::vector<ManifestBlob> blobs;
 };
 
-// Serialises `m` (extents.size() must equal data_end.size(), sums/have one per chunk). May throw
-// std::bad_alloc.
+// Serialises `m` as version 2 (extents.size() must equal data_end.size(), states/sums one per
+// chunk). May throw std::bad_alloc.
 std::string encode_manifest(const Manifest& m);
 
-// Parses and checks magic, version, hash and structure; on failure returns nullopt and says why.
-// May throw std::bad_alloc.
+// Parses and checks magic, version (1 or 2), hash and structure; on failure returns nullopt and says
+// why. May throw std::bad_alloc.
 std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why);
 
 }  // namespace tmsdisk::storage

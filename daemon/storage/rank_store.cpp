@@ -94,8 +94,10 @@ void punch(int fd, uint64_t offset, uint64_t length) {
   if (length > 0) (void)fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
 }
 
-// Punches the parts of [offset, offset+length) that `layout` has free or past its end.
-void punch_free_parts(int fd, const ExtentAllocator& layout, uint64_t offset, uint64_t length) {
+// Calls fn(offset, length) for each part of [offset, offset+length) that `layout` has free or past
+// its end.
+template <class Fn>
+void for_each_free_part(const ExtentAllocator& layout, uint64_t offset, uint64_t length, Fn&& fn) {
   const uint64_t stop = offset + length;
   const auto& free = layout.free_extents();
   auto it = free.upper_bound(offset);
@@ -103,10 +105,10 @@ void punch_free_parts(int fd, const ExtentAllocator& layout, uint64_t offset, ui
   for (; it != free.end() && it->first < stop; ++it) {
     uint64_t a = std::max(offset, it->first);
     uint64_t b = std::min(stop, it->first + it->second);
-    if (a < b) punch(fd, a, b - a);
+    if (a < b) fn(a, b - a);
   }
   uint64_t tail = std::max(offset, layout.end());
-  if (tail < stop) punch(fd, tail, stop - tail);
+  if (tail < stop) fn(tail, stop - tail);
 }
 
 // The refusal a user reads when a pause does not fit (issue 8: said once, in human units).
@@ -128,6 +130,22 @@ struct RootFiles {
   bool direct_io = true;
   bool gone = false;  // rank directory removed
   ExtentAllocator alloc{kIoAlignment};
+  // Of alloc.used_bytes(), the ranges of zero chunks: holes in the file, no disk space (issue 9).
+  uint64_t zero_bytes = 0;
+};
+
+// What the store knows of one chunk.
+struct ChunkRecord {
+  // The sealed checksum where is_data(state); otherwise, while `held`, the XXH3-128 of what the
+  // data file holds at the chunk's place from an earlier generation.
+  Checksum128 sum;
+  ChunkState state = ChunkState::Missing;
+  // The data file provably holds bytes whose XXH3-128 is `sum` at this chunk's place: this store
+  // wrote them (or found them unchanged) in this generation or the last committed one, and since
+  // then no write there has started, no read of them failed its check, the chunk was not zero and
+  // its blob kept its extents. A WRITE of the same bytes then skips the disk (issue 9). Never set
+  // from a journal record, a version-1 checksum or a "writing" manifest: they prove less.
+  bool held = false;
 };
 
 struct BlobState {
@@ -136,8 +154,14 @@ struct BlobState {
   uint64_t chunks = 0;
   uint64_t first_chunk = 0;             // ordinal of its chunk 0 in the set (checksum journal slot)
   std::vector<ManifestExtent> extents;  // one per root; length 0: no chunk of this blob there
-  std::vector<uint64_t> sums;
-  std::vector<uint8_t> have;
+  std::vector<ChunkRecord> records;     // one per chunk
+};
+
+// A byte range of one root's data file.
+struct FileRange {
+  std::size_t root;
+  uint64_t offset;
+  uint64_t length;
 };
 
 uint64_t round_up(uint64_t v, uint64_t a) {
@@ -171,7 +195,7 @@ struct RankStore::Impl {
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
-  Status reserve_locked(std::span<const proto::BlobSize> set);
+  Status reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> zero_runs);
   Status load_manifest();
   Status load_journal(uint64_t seed, uint64_t chunks);
   // Bytes in the data file of each root, as they are.
@@ -181,13 +205,23 @@ struct RankStore::Impl {
   // Keeps every file as it is and refuses, with `what` and the way out, whatever would read, move
   // or overwrite the rank's data (invariant 6): the record that locates and verifies it is `what`.
   void lose_record(const std::string& what);
-  // Writes the manifest; *hash (when given) receives the XXH3-64 of its bytes.
+  // Writes the manifest of the current set; *hash (when given) receives the XXH3-64 of its bytes.
   Status write_manifest(uint32_t state, uint64_t gen, uint64_t* hash = nullptr);
   Result<const BlobState*> find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const;
   // find_chunk, and `length` must be that chunk's length.
   Result<const BlobState*> find_chunk_of_length(uint64_t blob, uint64_t offset, uint64_t length,
                                                 uint64_t* chunk_index) const;
-  Status record(uint64_t blob, uint64_t offset, uint64_t checksum);
+  // Seals chunk (blob, offset) with `sum`, journaled first; `held` as ChunkRecord::held.
+  Status record(uint64_t blob, uint64_t offset, Checksum128 sum, bool held);
+  // The checksum of a chunk's bytes: an XXH3-128, or an XXH3-64 while the pause in progress keeps
+  // the journal layout of version 1 (its records have room for no more).
+  Checksum128 hash(std::span<const uint8_t> bytes) const;
+  ChunkState sealed_state() const { return journal.version1_layout() ? ChunkState::Data64 : ChunkState::Data; }
+  // Writes a manifest of `set` with the data files ending at `data_end`.
+  Status write_manifest_of(const std::vector<BlobState>& set, const std::vector<uint64_t>& data_end, uint32_t state,
+                           uint64_t gen, uint64_t* hash);
+  // Recounts missing chunks and each root's zero bytes from `blobs`.
+  void recount();
 };
 
 namespace {
@@ -419,7 +453,54 @@ static uint64_t extent_length(uint64_t size, uint32_t chunk, std::size_t n, std:
   return len;
 }
 
-Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
+// Where chunk `ci` of `b` lies: its root and byte range (the last chunk rounded up to kIoAlignment).
+static FileRange chunk_range(const BlobState& b, uint64_t ci, uint32_t chunk, std::size_t n) {
+  const std::size_t r = static_cast<std::size_t>(ci % n);
+  const uint64_t length = ci + 1 == b.chunks ? round_up(b.size - ci * chunk, kIoAlignment) : chunk;
+  return {r, b.extents[r].offset + (ci / n) * chunk, length};
+}
+
+// Appends `range` to `out`, merged with the last range when they touch (consecutive chunks of a blob
+// on one root are adjacent in its file): one fallocate or punch per run, not per chunk.
+static void add_range(std::vector<FileRange>& out, const FileRange& range) {
+  if (!out.empty() && out.back().root == range.root && out.back().offset + out.back().length == range.offset) {
+    out.back().length += range.length;
+    return;
+  }
+  out.push_back(range);
+}
+
+// Checks the zero runs against the set (EINVAL naming the first wrong one), sorted by blob and
+// chunk into `sorted`.
+static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> runs,
+                              uint32_t chunk, std::vector<proto::ZeroRun>& sorted) {
+  std::unordered_map<uint64_t, uint64_t> chunks_of;
+  chunks_of.reserve(set.size());
+  for (const auto& b : set) chunks_of.emplace(b.id, b.size == 0 ? 0 : (b.size - 1) / chunk + 1);
+  for (const auto& z : runs) {
+    auto it = chunks_of.find(z.blob);
+    if (it == chunks_of.end())
+      return make_error(EINVAL, fmt::format("a zero run names blob {}, which is not in the reserved set", z.blob));
+    if (z.count == 0 || z.count > it->second || z.first_chunk > it->second - z.count) {
+      return make_error(EINVAL, fmt::format("zero run of chunks [{}, {}+{}) of blob {} is empty or past its {} chunks",
+                                            z.first_chunk, z.first_chunk, z.count, z.blob, it->second));
+    }
+  }
+  sorted.assign(runs.begin(), runs.end());
+  std::sort(sorted.begin(), sorted.end(), [](const proto::ZeroRun& a, const proto::ZeroRun& b) {
+    return a.blob != b.blob ? a.blob < b.blob : a.first_chunk < b.first_chunk;
+  });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    const auto& prev = sorted[i - 1];
+    if (prev.blob == sorted[i].blob && prev.first_chunk + prev.count > sorted[i].first_chunk) {
+      return make_error(EINVAL, fmt::format("zero runs of blob {} overlap at chunk {}", sorted[i].blob,
+                                            sorted[i].first_chunk));
+    }
+  }
+  return {};
+}
+
+Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> zero_runs) {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (paused) {
     return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
@@ -449,6 +530,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
           EFBIG, fmt::format("blob {} of {} bytes is larger than tmsdisk supports ({})", b.id, b.size, kMaxBlobSize));
     }
   }
+  std::vector<proto::ZeroRun> runs;
+  if (auto st = check_zero_runs(set, zero_runs, chunk, runs); !st) return st;
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -471,13 +554,6 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     }
   }
 
-  struct Fresh {
-    std::size_t root;
-    uint64_t offset;
-    uint64_t length;
-  };
-  std::vector<Fresh> fresh;
-  std::vector<uint64_t> fresh_bytes(n, 0);
   std::vector<BlobState> next;
   next.reserve(set.size());
   std::unordered_map<uint64_t, std::size_t> next_index;
@@ -499,8 +575,6 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
         auto off = plan[r].allocate(len);
         if (!off) return make_error(EFBIG, "the data file on " + roots[r].path + " would grow past 2^62 bytes");
         s.extents[r] = {*off, len};
-        fresh.push_back({r, *off, len});
-        fresh_bytes[r] += len;
       }
     }
     s.first_chunk = total_chunks;
@@ -510,6 +584,80 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
   }
   for (auto& a : plan) a.trim_tail();
 
+  // A first refusal before any per-chunk memory is allocated, so that a bogus size is refused for
+  // lack of space rather than making this allocate without bound: the data chunks of new and resized
+  // blobs need at least their bytes, somewhere on the roots.
+  uint64_t fresh_data = 0;
+  {
+    std::unordered_map<uint64_t, uint64_t> zero_of;
+    for (const auto& z : runs) {
+      const uint64_t size = next[next_index.at(z.blob)].size;
+      const uint64_t end = std::min<uint64_t>(size, (z.first_chunk + z.count) * chunk);
+      zero_of[z.blob] += end - z.first_chunk * chunk;
+    }
+    for (const auto& s : next) {
+      auto it = index.find(s.id);
+      if (it == index.end() || !kept[it->second]) fresh_data += s.size - zero_of[s.id];
+    }
+  }
+  uint64_t avail_all = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    struct statvfs vfs {};
+    if (::fstatvfs(roots[r].data.get(), &vfs) != 0)
+      return errno_error("cannot stat the filesystem of " + roots[r].path);
+    avail_all += static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+  }
+  if (fresh_data > avail_all)
+    return no_space_error(ENOSPC, fresh_data, n == 1 ? roots[0].path : "the roots together", avail_all);
+
+  // The chunk records. A kept blob keeps what its file provably holds (ChunkRecord::held); a zero
+  // chunk holds nothing. Zero runs are few and sorted; the records are bounded by the sessions'
+  // caps (max-chunks-per-uid), no longer by the disk space a set needs.
+  for (auto& s : next) {
+    s.records.resize(s.chunks);
+    auto it = index.find(s.id);
+    if (it == index.end() || !kept[it->second]) continue;
+    const auto& old = blobs[it->second].records;
+    for (uint64_t ci = 0; ci < s.chunks; ++ci) s.records[ci] = {.sum = old[ci].sum, .state = ChunkState::Missing, .held = old[ci].held};
+  }
+  for (const auto& z : runs) {
+    auto& records = next[next_index.at(z.blob)].records;
+    for (uint64_t ci = z.first_chunk; ci < z.first_chunk + z.count; ++ci) records[ci] = {.sum = {}, .state = ChunkState::Zero, .held = false};
+  }
+
+  // What the files hold now: every used range is allocated but the zero chunks of the old set
+  // (holes), and the free ranges were punched.
+  std::vector<ExtentAllocator> holes;
+  holes.reserve(n);
+  for (const auto& rf : roots) holes.push_back(rf.alloc);
+  for (const auto& b : blobs) {
+    for (uint64_t ci = 0; ci < b.chunks; ++ci) {
+      if (b.records[ci].state != ChunkState::Zero) continue;
+      const FileRange range = chunk_range(b, ci, chunk, n);
+      (void)holes[range.root].release(range.offset, range.length);
+    }
+  }
+
+  // Data chunks are preallocated; zero chunks are punched (issue 9: a zero chunk takes no disk space).
+  // Only what is a hole or free today needs new blocks.
+  std::vector<FileRange> allocate;
+  std::vector<FileRange> zero;
+  std::vector<uint64_t> needed(n, 0);
+  for (const auto& s : next) {
+    auto it = index.find(s.id);
+    const BlobState* old = it != index.end() && kept[it->second] ? &blobs[it->second] : nullptr;
+    for (uint64_t ci = 0; ci < s.chunks; ++ci) {
+      const FileRange range = chunk_range(s, ci, chunk, n);
+      if (s.records[ci].state == ChunkState::Zero) {
+        add_range(zero, range);
+      } else if (!old || old->records[ci].state == ChunkState::Zero) {
+        add_range(allocate, range);
+        for_each_free_part(holes[range.root], range.offset, range.length,
+                           [&](uint64_t, uint64_t len) { needed[range.root] += len; });
+      }
+    }
+  }
+
   // A cheap refusal before touching the disk, with the numbers the user needs. It can only be
   // optimistic (roots may share a filesystem, metadata takes blocks): fallocate has the last word.
   std::vector<uint64_t> old_size(n, 0);
@@ -517,36 +665,23 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     struct stat st {};
     if (::fstat(roots[r].data.get(), &st) != 0) return errno_error("cannot stat data file in " + roots[r].rank_path);
     old_size[r] = static_cast<uint64_t>(st.st_size);
-    uint64_t grow = plan[r].end() > old_size[r] ? plan[r].end() - old_size[r] : 0;
-    if (grow == 0) continue;
+    if (needed[r] == 0) continue;
     struct statvfs vfs {};
     if (::fstatvfs(roots[r].data.get(), &vfs) != 0)
       return errno_error("cannot stat the filesystem of " + roots[r].path);
     uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
-    if (grow > avail) return no_space_error(ENOSPC, grow, roots[r].path, avail);
+    if (needed[r] > avail) return no_space_error(ENOSPC, needed[r], roots[r].path, avail);
   }
 
-  // Checksum slots only now: a bogus size has been refused for lack of space instead of making
-  // this allocate without bound.
-  for (auto& s : next) {
-    s.sums.assign(s.chunks, 0);
-    s.have.assign(s.chunks, 0);
-  }
-
-  auto hook = testing::g_fallocate_hook.load();
   std::vector<uint8_t> touched(n, 0);  // allocated up front: the rollback below must not throw
-  for (std::size_t k = 0; k < fresh.size(); ++k) {
-    const Fresh& f = fresh[k];
-    int err = hook ? hook(f.root, f.offset, f.length) : 0;
-    if (err == 0) err = fallocate_retry(roots[f.root].data.get(), 0, f.offset, f.length);
-    if (err == 0) continue;
-    // Roll back: free what this call allocated (including the failed range, which a filesystem may
-    // have allocated in part, even past the end of the file) and cut any growth off, so the files
-    // are as before. Only the parts that were free in the old layout are punched: a fresh extent
-    // may cover a dropped blob whose data the old set still owns.
-    for (std::size_t j = 0; j <= k; ++j) {
-      const Fresh& g = fresh[j];
-      punch_free_parts(roots[g.root].data.get(), roots[g.root].alloc, g.offset, g.length);
+  // Frees what this call allocated in the first `done` ranges of `allocate` and cuts any growth off,
+  // so the files are as before. Only the parts that were free or holes in the old layout are
+  // punched: a range may cover a dropped blob whose data the old set still owns.
+  auto roll_back = [&](std::size_t done) {
+    for (std::size_t j = 0; j < done; ++j) {
+      const FileRange& g = allocate[j];
+      for_each_free_part(holes[g.root], g.offset, g.length,
+                         [&](uint64_t off, uint64_t len) { punch(roots[g.root].data.get(), off, len); });
       touched[g.root] = 1;
     }
     for (std::size_t r = 0; r < n; ++r) {
@@ -555,19 +690,59 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
       while (::ftruncate(roots[r].data.get(), static_cast<off_t>(old_size[r])) != 0 && errno == EINTR) {
       }
     }
+  };
+
+  auto hook = testing::g_fallocate_hook.load();
+  for (std::size_t k = 0; k < allocate.size(); ++k) {
+    const FileRange& f = allocate[k];
+    int err = hook ? hook(f.root, f.offset, f.length) : 0;
+    if (err == 0) err = fallocate_retry(roots[f.root].data.get(), 0, f.offset, f.length);
+    if (err == 0) continue;
+    // The failed range too: a filesystem may have allocated part of it, even past the end of the file.
+    roll_back(k + 1);
     if (err == ENOSPC || err == EDQUOT) {
       uint64_t avail = 0;
       struct statvfs vfs {};
       if (::fstatvfs(roots[f.root].data.get(), &vfs) == 0) {
         avail = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
       }
-      return no_space_error(err, fresh_bytes[f.root], roots[f.root].path, avail);
+      return no_space_error(err, needed[f.root], roots[f.root].path, avail);
     }
     return make_error(err, fmt::format("cannot preallocate {} in the data file of {}", human_bytes(f.length),
                                        roots[f.root].rank_path));
   }
+  // A file whose last chunks are zero ends before its layout does: it is extended (sparsely) to the
+  // end the manifest records, which adopt() checks.
+  for (std::size_t r = 0; r < n; ++r) {
+    struct stat st {};
+    if (::fstat(roots[r].data.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= plan[r].end()) continue;
+    touched[r] = 1;
+    int err = 0;
+    while (::ftruncate(roots[r].data.get(), static_cast<off_t>(plan[r].end())) != 0 && (err = errno) == EINTR) {
+    }
+    if (err != 0) {
+      roll_back(allocate.size());
+      return make_error(err, "cannot extend the data file in " + roots[r].rank_path);
+    }
+  }
 
-  // Committed in memory from here on; what follows only gives unused space back (best effort).
+  // Record where this pause's chunks will go, and which are zero, before any is written, and empty
+  // the checksum journal of the previous set: if the daemon dies mid-pause, its successor still
+  // knows the extents and, from the journal, the checksum of every chunk written, and verifies what
+  // the rank (which may have released it) reads back. Recorded before anything is punched, so that a
+  // daemon stopped in between never adopts a record of bytes that are gone.
+  std::vector<uint64_t> data_end(n);
+  for (std::size_t r = 0; r < n; ++r) data_end[r] = plan[r].end();
+  uint64_t seed = 0;
+  Status st = journal.reset();
+  if (st) st = write_manifest_of(next, data_end, kManifestWriting, generation, &seed);
+  if (!st) {
+    roll_back(allocate.size());
+    return make_error(st.error().errnum(), "cannot record the reservation: " + st.error().describe());
+  }
+  journal.set_seed(seed);
+
+  // Committed from here on; what follows only gives unused space back (best effort).
   for (std::size_t r = 0; r < n; ++r) {
     RootFiles& rf = roots[r];
     if (plan[r].end() < old_size[r]) {
@@ -577,25 +752,31 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set) {
     for (const auto& [off, len] : plan[r].free_extents()) punch(rf.data.get(), off, len);
     rf.alloc = std::move(plan[r]);
   }
+  for (const FileRange& z : zero) punch(roots[z.root].data.get(), z.offset, z.length);
   blobs = std::move(next);
   index = std::move(next_index);
-  missing = total_chunks;
   writing = true;
-  // Record where this pause's chunks will go before any is written, and empty the checksum journal
-  // of the previous set: if the daemon dies mid-pause, its successor still knows the extents and,
-  // from the journal, the checksum of every chunk written, and verifies what the rank (which may
-  // have released it) reads back.
-  uint64_t seed = 0;
-  Status st = journal.reset();
-  if (st) st = write_manifest(kManifestWriting, generation, &seed);
-  if (!st) return make_error(st.error().errnum(), "cannot record the reservation: " + st.error().describe());
-  journal.set_seed(seed);
+  recount();
   return {};
 }
 
-Status RankStore::reserve(std::span<const proto::BlobSize> blobs) {
+void RankStore::Impl::recount() {
+  missing = 0;
+  for (auto& rf : roots) rf.zero_bytes = 0;
+  for (const auto& b : blobs) {
+    for (uint64_t ci = 0; ci < b.chunks; ++ci) {
+      const ChunkState st = b.records[ci].state;
+      if (st == ChunkState::Missing) ++missing;
+      if (st != ChunkState::Zero) continue;
+      const FileRange range = chunk_range(b, ci, chunk, roots.size());
+      roots[range.root].zero_bytes += range.length;
+    }
+  }
+}
+
+Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ZeroRun> zero_runs) {
   try {
-    return impl_->reserve_locked(blobs);
+    return impl_->reserve_locked(blobs, zero_runs);
   } catch (const std::bad_alloc&) {
     return out_of_memory("reserving extents (set unchanged)");
   }
@@ -615,6 +796,11 @@ Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t off
     return make_error(EINVAL, fmt::format("offset {} is past the end of blob {} ({} bytes)", offset, blob, b.size));
   }
   *chunk_index = offset / chunk;
+  if (b.records[*chunk_index].state == ChunkState::Zero) {
+    return make_error(EINVAL, fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "
+                                          "it, so it is neither written nor read (resume sets it to zero on the device)",
+                                          offset, blob));
+  }
   return &b;
 }
 
@@ -630,20 +816,24 @@ Result<const BlobState*> RankStore::Impl::find_chunk_of_length(uint64_t blob, ui
   return found;
 }
 
-Status RankStore::Impl::record(uint64_t blob, uint64_t offset, uint64_t checksum) {
+Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, bool held) {
   uint64_t ci = 0;
   auto found = find_chunk(blob, offset, &ci);
   if (!found) return std::move(found).error();
   auto& b = const_cast<BlobState&>(**found);
   // Journaled first: a chunk counts as sealed only once a restarted daemon could still verify it.
-  if (auto st = journal.record(b.first_chunk + ci, blob, ci, checksum); !st) return st;
-  if (!b.have[ci]) {
-    b.have[ci] = 1;
-    --missing;
-  }
-  b.sums[ci] = checksum;
+  if (auto st = journal.record(b.first_chunk + ci, blob, ci, sum); !st) return st;
+  ChunkRecord& rec = b.records[ci];
+  if (rec.state == ChunkState::Missing) --missing;
+  rec = {.sum = sum, .state = sealed_state(), .held = held && sealed_state() == ChunkState::Data};
   corrupt_records.erase(b.first_chunk + ci);
   return {};
+}
+
+Checksum128 RankStore::Impl::hash(std::span<const uint8_t> bytes) const {
+  if (journal.version1_layout()) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return {h.low64, h.high64};
 }
 
 Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, uint32_t length) const {
@@ -651,14 +841,12 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
     uint64_t ci = 0;
     auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
-    const BlobState& b = **found;
-    std::size_t n = impl_->roots.size();
-    std::size_t r = static_cast<std::size_t>(ci % n);
-    const RootFiles& rf = impl_->roots[r];
+    const FileRange range = chunk_range(**found, ci, impl_->chunk, impl_->roots.size());
+    const RootFiles& rf = impl_->roots[range.root];
     Location loc;
     loc.fd = rf.data.get();
     loc.direct_io = rf.direct_io;
-    loc.file_offset = b.extents[r].offset + (ci / n) * impl_->chunk;
+    loc.file_offset = range.offset;
     loc.io_length = static_cast<uint32_t>(round_up(length, kIoAlignment));
     return loc;
   } catch (const std::bad_alloc&) {
@@ -666,33 +854,61 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
   }
 }
 
-Result<uint64_t> RankStore::seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+Result<RankStore::WritePlan> RankStore::begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
   try {
     uint64_t ci = 0;
-    if (auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci); !found)
-      return std::move(found).error();
-    const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
-    if (auto st = impl_->record(blob, offset, sum); !st) return std::move(st).error();
+    auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci);
+    if (!found) return std::move(found).error();
+    ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
+    const Checksum128 sum = impl_->hash(bytes);
+    if (rec.held && rec.sum == sum && impl_->sealed_state() == ChunkState::Data) {
+      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
+      return WritePlan{.sum = sum, .unchanged = true};
+    }
+    // Until the write completes, what the file holds there is unknown, and a seal of this
+    // generation no longer describes it.
+    rec.held = false;
+    if (is_data(rec.state)) {
+      rec.state = ChunkState::Missing;
+      ++impl_->missing;
+    }
+    return WritePlan{.sum = sum, .unchanged = false};
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("hashing a chunk");
+  }
+}
+
+Result<Checksum128> RankStore::end_write(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum) {
+  try {
+    uint64_t ci = 0;
+    if (auto found = impl_->find_chunk_of_length(blob, offset, length, &ci); !found) return std::move(found).error();
+    if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
     return sum;
   } catch (const std::bad_alloc&) {
     return out_of_memory("sealing a chunk");
   }
 }
 
-bool RankStore::record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum) {
+Result<Checksum128> RankStore::seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+  return end_write(blob, offset, static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX)),
+                   impl_->hash(bytes));
+}
+
+bool RankStore::record_checksum(uint64_t blob, uint64_t offset, Checksum128 checksum) {
   try {
-    return static_cast<bool>(impl_->record(blob, offset, checksum));
+    return static_cast<bool>(impl_->record(blob, offset, checksum, false));
   } catch (const std::bad_alloc&) {
     return false;
   }
 }
 
-Result<uint64_t> RankStore::expected_checksum(uint64_t blob, uint64_t offset) const {
+Result<Checksum128> RankStore::expected_checksum(uint64_t blob, uint64_t offset) const {
   try {
     uint64_t ci = 0;
     auto found = impl_->find_chunk(blob, offset, &ci);
     if (!found) return std::move(found).error();
-    if (!(*found)->have[ci]) {
+    const ChunkRecord& rec = (*found)->records[ci];
+    if (!is_data(rec.state)) {
       if (impl_->corrupt_records.count((*found)->first_chunk + ci)) {
         return make_error(
             EUCLEAN,
@@ -704,21 +920,31 @@ Result<uint64_t> RankStore::expected_checksum(uint64_t blob, uint64_t offset) co
       return make_error(
           ENODATA, fmt::format("chunk at offset {} of blob {} was never written in this generation", offset, blob));
     }
-    return (*found)->sums[ci];
+    return rec.sum;
   } catch (const std::bad_alloc&) {
     return out_of_memory("looking up a checksum");
   }
 }
 
-Result<uint64_t> RankStore::verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) const {
+Result<Checksum128> RankStore::verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
   try {
     uint64_t ci = 0;
-    if (auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci); !found)
-      return std::move(found).error();
+    auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci);
+    if (!found) return std::move(found).error();
     auto expected = expected_checksum(blob, offset);
     if (!expected) return expected;
-    const uint64_t got = XXH3_64bits(bytes.data(), bytes.size());
+    ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
+    // A version-1 record vouches with an XXH3-64; everything else with an XXH3-128. One pass either way.
+    Checksum128 got;
+    if (rec.state == ChunkState::Data64) {
+      got = {XXH3_64bits(bytes.data(), bytes.size()), 0};
+    } else {
+      const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+      got = {h.low64, h.high64};
+    }
     if (got != *expected) {
+      // Whatever the file holds there, it is not what was sealed: never skip a write over it.
+      rec.held = false;
       return make_error(EBADMSG, fmt::format("checksum mismatch in blob {} at offset {}: the backup file is corrupted; "
                                              "the allocation stays paused and the file is kept",
                                              blob, offset));
@@ -736,9 +962,7 @@ uint64_t RankStore::missing_chunks() const noexcept {
 bool RankStore::holds_unresumed_data() const noexcept {
   if (awaits_resume()) return true;
   if (!impl_->writing) return false;
-  uint64_t total = 0;
-  for (const auto& b : impl_->blobs) total += b.chunks;
-  return impl_->missing < total;
+  return impl_->missing < chunk_count();
 }
 
 bool RankStore::paused() const noexcept {
@@ -782,7 +1006,7 @@ uint64_t RankStore::disk_bytes() const noexcept {
     }
     return total;
   }
-  for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes();
+  for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes() - rf.zero_bytes;
   return total;
 }
 
@@ -797,7 +1021,23 @@ uint64_t RankStore::disk_bytes_on(std::size_t root) const noexcept {
       return 0;
     }
   }
-  return impl_->roots[root].alloc.used_bytes();
+  return impl_->roots[root].alloc.used_bytes() - impl_->roots[root].zero_bytes;
+}
+
+uint64_t RankStore::chunk_count() const noexcept {
+  uint64_t total = 0;
+  for (const auto& b : impl_->blobs) total += b.chunks;
+  return total;
+}
+
+uint64_t RankStore::zero_bytes() const noexcept {
+  uint64_t total = 0;
+  for (const auto& b : impl_->blobs) {
+    for (uint64_t ci = 0; ci < b.chunks; ++ci) {
+      if (b.records[ci].state == ChunkState::Zero) total += std::min<uint64_t>(impl_->chunk, b.size - ci * impl_->chunk);
+    }
+  }
+  return total;
 }
 
 Status RankStore::commit(proto::CommitState state) {
@@ -847,13 +1087,30 @@ Status RankStore::commit(proto::CommitState state) {
 }
 
 Status RankStore::Impl::write_manifest(uint32_t state, uint64_t gen, uint64_t* hash) {
+  std::vector<uint64_t> data_end;
+  data_end.reserve(roots.size());
+  for (const auto& rf : roots) data_end.push_back(rf.alloc.end());
+  return write_manifest_of(blobs, data_end, state, gen, hash);
+}
+
+Status RankStore::Impl::write_manifest_of(const std::vector<BlobState>& set, const std::vector<uint64_t>& data_end,
+                                          uint32_t state, uint64_t gen, uint64_t* hash) {
   Manifest mf;
   mf.state = state;
   mf.generation = gen;
   mf.chunk_bytes = chunk;
-  for (const auto& rf : roots) mf.data_end.push_back(rf.alloc.end());
-  mf.blobs.reserve(blobs.size());
-  for (const auto& b : blobs) mf.blobs.push_back({b.id, b.size, b.extents, b.sums, b.have});
+  mf.data_end = data_end;
+  mf.blobs.reserve(set.size());
+  for (const auto& b : set) {
+    ManifestBlob mb{.id = b.id, .size = b.size, .extents = b.extents, .states = {}, .sums = {}};
+    mb.states.reserve(b.chunks);
+    mb.sums.reserve(b.chunks);
+    for (const auto& rec : b.records) {
+      mb.states.push_back(rec.state);
+      mb.sums.push_back(is_data(rec.state) ? rec.sum : Checksum128{});
+    }
+    mf.blobs.push_back(std::move(mb));
+  }
   std::string bytes = encode_manifest(mf);
   if (hash) *hash = XXH3_64bits(bytes.data(), bytes.size());
   RootFiles& first = roots[0];
@@ -979,12 +1236,18 @@ Status RankStore::Impl::load_manifest() {
     s.chunks = mb.size == 0 ? 0 : (mb.size - 1) / chunk + 1;
     s.first_chunk = ordinal;
     ordinal += s.chunks;
-    if (mb.sums.size() != s.chunks || mb.have.size() != s.chunks)
+    if (mb.sums.size() != s.chunks || mb.states.size() != s.chunks)
       return unreadable(fmt::format("wrong number of checksums for blob {}", mb.id));
     s.extents = std::move(mb.extents);
-    s.sums = std::move(mb.sums);
-    s.have = std::move(mb.have);
-    for (uint8_t h : s.have) missing_count += h ? 0 : 1;
+    s.records.resize(s.chunks);
+    for (uint64_t ci = 0; ci < s.chunks; ++ci) {
+      const ChunkState st = mb.states[ci];
+      // A committed generation's 128-bit sums describe what the file holds (nothing was written after
+      // its commit: a write needs a reservation, which rewrites the manifest first); a pause in
+      // progress when the previous daemon stopped may have had writes in flight.
+      s.records[ci] = {.sum = mb.sums[ci], .state = st, .held = st == ChunkState::Data && mf->state != kManifestWriting};
+      missing_count += st == ChunkState::Missing ? 1 : 0;
+    }
     loaded.push_back(std::move(s));
   }
   if (mf->state == kManifestPaused && missing_count > 0)
@@ -1002,10 +1265,13 @@ Status RankStore::Impl::load_manifest() {
   paused = mf->state == kManifestPaused;
   writing = mf->state == kManifestWriting;
   generation = mf->generation;
+  recount();
   // A pause in progress when the previous daemon stopped: the checksums of the chunks it wrote are
-  // in the journal of this reservation (seeded with this manifest's hash).
-  if (writing) return load_journal(XXH3_64bits(bytes->data(), bytes->size()), ordinal);
-  return {};
+  // in the journal of this reservation (seeded with this manifest's hash), in the layout of the
+  // manifest's version (a daemon upgraded mid-pause).
+  if (!writing) return {};
+  if (mf->version == kManifestVersion1) journal.use_version1_layout();
+  return load_journal(XXH3_64bits(bytes->data(), bytes->size()), ordinal);
 }
 
 Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
@@ -1016,7 +1282,7 @@ Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
     blobs.clear();
     index.clear();
     for (auto& rf : roots) rf.alloc = ExtentAllocator(kIoAlignment);
-    missing = 0;
+    recount();
     writing = false;
     lose_record(
         fmt::format("the checksum journal {} of the pause in progress when tmsdiskd stopped is unreadable "
@@ -1026,13 +1292,12 @@ Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
   }
   for (auto& b : blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
+      ChunkRecord& rec = b.records[ci];
+      if (rec.state == ChunkState::Zero) continue;  // recorded by the manifest, never journaled
       const auto& r = (*records)[b.first_chunk + ci];
       if (r.valid && r.blob == b.id && r.chunk == ci) {
-        if (!b.have[ci]) {
-          b.have[ci] = 1;
-          --missing;
-        }
-        b.sums[ci] = r.checksum;
+        if (rec.state == ChunkState::Missing) --missing;
+        rec = {.sum = r.checksum, .state = journal.version1_layout() ? ChunkState::Data64 : ChunkState::Data, .held = false};
       } else if (r.corrupt || r.valid) {  // a valid record in another chunk's place is no less wrong
         corrupt_records.insert(b.first_chunk + ci);
       }

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checksum128.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
@@ -87,10 +88,16 @@ std::string rank_relative_dir(const RankIdentity& id);
 // Not thread-safe: the daemon's one event-loop thread makes every call (I/O completions are reaped
 // on that thread too).
 //
-// The store owns every chunk's checksum ("seal on write, verify on read"): seal() records it when
-// the chunk has been written, in memory and in the checksum journal beside the manifest, so a daemon
-// restarted mid-pause still knows it; verify() checks a chunk read back against that record. No
-// checksum from the client is needed for either.
+// The store owns every chunk's checksum, an XXH3-128 ("seal on write, verify on read"): seal() records
+// it when the chunk has been written, in memory and in the checksum journal beside the manifest, so a
+// daemon restarted mid-pause still knows it; verify() checks a chunk read back against that record.
+// No checksum from the client is needed for either. Chunks sealed by a daemon before issue 9 (a
+// version-1 manifest or journal, adopted by an upgraded daemon) keep their XXH3-64 until rewritten.
+//
+// Two kinds of chunk move no bytes (issue 9). A zero chunk (every byte zero, named by reserve()'s
+// zero runs) takes no disk space and is recorded as zero at once: it is never written nor read. An
+// unchanged chunk is one whose bytes, hashed before the write (begin_write()), equal what the data
+// file provably holds at its place: it is sealed without being rewritten.
 class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
@@ -121,18 +128,22 @@ class RankStore {
 
   // Makes `blobs` the exact set this rank stores: new or resized blobs get extents, blobs not listed
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
-  // Space is preallocated with fallocate(2). All or nothing: on ENOSPC (or any error) the previous
-  // set and files are unchanged and the error says how much was needed and available. Clears every
-  // recorded checksum and the journal (a new generation is being written) and records the new
-  // extents in the manifest (state "writing"), so a daemon restarted mid-pause can still locate and
-  // verify chunks already written. Duplicate blob ids are refused (EINVAL),
-  // and so is a new set while a committed pause has not been resumed (EBUSY): its data is still
-  // the only copy.
-  Status reserve(std::span<const proto::BlobSize> blobs);
+  // The chunks `zero_runs` name are zero: recorded as such now, never written, and their ranges are
+  // holes (punched, best effort, where they held data). Space is preallocated with fallocate(2) for
+  // the other chunks only, and only they count in the space check. All or nothing: on ENOSPC (or any
+  // error) the previous set and files are unchanged and the error says how much was needed and
+  // available. Clears every recorded checksum and the journal (a new generation is being written) and
+  // records the new extents and zero chunks in the manifest (state "writing"), so a daemon restarted
+  // mid-pause can still locate and verify chunks already written. Duplicate blob ids are refused
+  // (EINVAL), and so are zero runs naming a blob not in `blobs`, reaching past its last chunk or
+  // overlapping; and a new set while a committed pause has not been resumed (EBUSY): its data is
+  // still the only copy.
+  Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ZeroRun> zero_runs = {});
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
-  // of chunk_bytes, length == min(chunk_bytes, size - offset). io_length is length rounded up to
-  // kIoAlignment (the extent always has that room).
+  // of chunk_bytes, length == min(chunk_bytes, size - offset), the chunk not reserved as zero (EINVAL:
+  // nothing is stored for it, as for every call below that names a chunk). io_length is length
+  // rounded up to kIoAlignment (the extent always has that room).
   struct Location {
     int fd = -1;
     bool direct_io = true;
@@ -143,26 +154,47 @@ class RankStore {
 
   // Location::fd stays valid until remove() or destruction.
 
-  // Seals the chunk at (blob, offset) whose bytes `chunk` were just written: records their XXH3-64
-  // (in memory and in the journal) and returns it. Validates as locate() does (chunk.size() is the
-  // length); fails without recording when the journal cannot be written, so the chunk is never
+  // Before a WRITE of `chunk` to (blob, offset), validated as locate() does (chunk.size() is the
+  // length): hashes its bytes (one pass, on the caller's thread). When the data file provably holds
+  // these very bytes there (written or found unchanged by this store since the last committed
+  // generation, the blob kept its extents, no write there started since, no read of them failed its
+  // check), the chunk is sealed at once, journal included, and `unchanged` is set: nothing needs
+  // writing. Otherwise what the file holds there becomes unknown (a write is about to start; any seal
+  // of the chunk in this generation is dropped) and `sum` goes to end_write() once it is on disk.
+  struct WritePlan {
+    Checksum128 sum;
+    bool unchanged = false;
+  };
+  Result<WritePlan> begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+  // Seals the chunk written after begin_write() with its `sum` (in memory and in the journal) and
+  // returns it. Fails without recording when the journal cannot be written, so the chunk is never
   // acknowledged without a record that outlives the daemon.
-  Result<uint64_t> seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
-  // Checks `chunk`, just read from (blob, offset), against the checksum sealed for it: its checksum,
-  // or EBADMSG on a mismatch, ENODATA if it was never written in this generation, EUCLEAN if its
-  // record is lost (record_problem(), or its journal record is corrupt).
-  Result<uint64_t> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk) const;
+  Result<Checksum128> end_write(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum);
+  // Seals the chunk at (blob, offset) whose bytes `chunk` were just written: hashes them and
+  // end_write()s. Validates as locate() does (chunk.size() is the length).
+  Result<Checksum128> seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+  // Checks `chunk`, just read from (blob, offset), against the checksum sealed for it (an XXH3-64 for
+  // a chunk a version-1 record vouches for): its checksum, or EBADMSG on a mismatch (the store then
+  // no longer trusts what the file holds there), ENODATA if it was never written in this generation,
+  // EUCLEAN if its record is lost (record_problem(), or its journal record is corrupt).
+  Result<Checksum128> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
 
-  // seal() with a given checksum (tests). Returns false (and records nothing) when (blob, offset)
-  // names no chunk of the reserved set or the journal cannot be written.
-  bool record_checksum(uint64_t blob, uint64_t offset, uint64_t checksum);
+  // seal() with a given checksum (tests): the file is not known to hold bytes of that checksum, so it
+  // never makes a later WRITE unchanged. Returns false (and records nothing) when (blob, offset) names
+  // no chunk of the reserved set or the journal cannot be written.
+  bool record_checksum(uint64_t blob, uint64_t offset, Checksum128 checksum);
   // The checksum written for that chunk in the current generation, or ENODATA if it was never written
   // (EUCLEAN: its record is lost, as verify()).
-  Result<uint64_t> expected_checksum(uint64_t blob, uint64_t offset) const;
-  // Number of chunks of the reserved set that have no recorded checksum yet.
+  Result<Checksum128> expected_checksum(uint64_t blob, uint64_t offset) const;
+  // Number of chunks of the reserved set that have no recorded checksum yet (zero chunks are
+  // recorded at the reservation).
   uint64_t missing_chunks() const noexcept;
+  // Chunks of the reserved set, zero ones included (what the records cost: max-chunks-per-uid).
+  uint64_t chunk_count() const noexcept;
+  // Bytes of the reserved set's zero chunks.
+  uint64_t zero_bytes() const noexcept;
 
-  // Commits the state: for Paused, requires every chunk written, fdatasyncs each data file, then
+  // Commits the state: for Paused, requires every chunk written (or zero), fdatasyncs each data file, then
   // writes the manifest (the next generation, blobs, extents, checksums) to a temporary file,
   // fdatasyncs it, renames it over `manifest` and fsyncs the directory. For Resumed, marks the
   // manifest not-paused the same way (same generation; the files are kept for the next pause). The
@@ -189,7 +221,8 @@ class RankStore {
   std::vector<proto::BlobSize> blobs() const;
   std::size_t blob_count() const noexcept;  // blobs in the reserved set (what it costs in memory)
 
-  // Bytes allocated in data files on all roots (with a record_problem(), their whole size: all kept).
+  // Bytes allocated in data files on all roots, zero chunks' holes left out (with a record_problem(),
+  // the files' whole size: all kept).
   uint64_t disk_bytes() const noexcept;
   // Those on root `root` (its index in Roots; 0 for an index beyond them), for the metrics per root.
   uint64_t disk_bytes_on(std::size_t root) const noexcept;

@@ -90,7 +90,7 @@ RankIdentity dead_identity(const std::string& job, int64_t rank = 0) {
 void fill_checksums(RankStore& store, const std::vector<proto::BlobSize>& set, uint64_t salt = 0) {
   for (const auto& b : set) {
     for (uint64_t off = 0; off < b.size; off += kChunk)
-      REQUIRE(store.record_checksum(b.id, off, b.id * 1000 + off + salt));
+      REQUIRE(store.record_checksum(b.id, off, Checksum128{b.id * 1000 + off + salt}));
   }
 }
 
@@ -616,7 +616,7 @@ TEST_CASE("reserve is all or nothing when a preallocation fails") {
   CHECK(store->missing_chunks() == 0);  // checksums of the old set survive a refused reserve
   auto sum = store->expected_checksum(2, kChunk);
   REQUIRE(sum);
-  CHECK(*sum == 2 * 1000 + kChunk);
+  CHECK(sum->low == 2 * 1000 + kChunk);
   // Blob 2 is dropped by the refused set and its space would have gone to blob 3: still intact.
   CHECK(chunk_is(*store, 2, 0, kChunk, 0xa5));
   CHECK(chunk_is(*store, 2, kChunk, kChunk, 0x5a));
@@ -667,22 +667,22 @@ TEST_CASE("checksums are kept per chunk and cleared by reserve") {
   auto none = store->expected_checksum(1, 0);
   REQUIRE_FALSE(none);
   CHECK(none.error().errnum() == ENODATA);
-  CHECK(store->record_checksum(1, 0, 42));
+  CHECK(store->record_checksum(1, 0, Checksum128{42}));
   CHECK(store->missing_chunks() == 2);
-  CHECK(store->record_checksum(1, 0, 43));  // rewriting a chunk replaces its checksum
+  CHECK(store->record_checksum(1, 0, Checksum128{43}));  // rewriting a chunk replaces its checksum
   CHECK(store->missing_chunks() == 2);
   auto got = store->expected_checksum(1, 0);
   REQUIRE(got);
-  CHECK(*got == 43);
+  CHECK(got->low == 43);
 
-  CHECK_FALSE(store->record_checksum(3, 0, 1));
-  CHECK_FALSE(store->record_checksum(1, 5, 1));
-  CHECK_FALSE(store->record_checksum(1, 2 * kChunk, 1));
+  CHECK_FALSE(store->record_checksum(3, 0, Checksum128{1}));
+  CHECK_FALSE(store->record_checksum(1, 5, Checksum128{1}));
+  CHECK_FALSE(store->record_checksum(1, 2 * kChunk, Checksum128{1}));
   CHECK(store->missing_chunks() == 2);
   CHECK_FALSE(store->expected_checksum(9, 0));
 
-  CHECK(store->record_checksum(1, kChunk, 7));
-  CHECK(store->record_checksum(2, 0, 8));
+  CHECK(store->record_checksum(1, kChunk, Checksum128{7}));
+  CHECK(store->record_checksum(2, 0, Checksum128{8}));
   CHECK(store->missing_chunks() == 0);
   REQUIRE(store->reserve(set));
   CHECK(store->missing_chunks() == 3);
@@ -742,7 +742,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK(offset_of(store, 11, 0, kChunk) == o11);
     auto sum = store.expected_checksum(10, 3 * kChunk);
     REQUIRE(sum);
-    CHECK(*sum == 10 * 1000 + 3 * kChunk);
+    CHECK(sum->low == 10 * 1000 + 3 * kChunk);
     CHECK(store.disk_bytes() == (3 * kChunk) + (2 * kChunk + 4096) + kChunk);
 
     // Resume completes: the manifest says so, and the extents stay for the next pause.
@@ -817,7 +817,7 @@ void check_lost_record(RankStore& store, const std::string& data_path, const std
   CHECK(located.error().errnum() == EUCLEAN);
   CHECK(located.error().message == problem);
   CHECK(store.expected_checksum(1, 0).error().errnum() == EUCLEAN);
-  CHECK_FALSE(store.record_checksum(1, 0, 5));
+  CHECK_FALSE(store.record_checksum(1, 0, Checksum128{5}));
   // A new set would recycle, truncate and punch the old extents: refused, as is a pause of nothing.
   auto reserved = store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}});
   REQUIRE_FALSE(reserved);
@@ -982,8 +982,8 @@ TEST_CASE(
     dir = store->dir_path();
   }  // the daemon dies before the pause is committed
   std::string sums = read_text(dir + "/sums");
-  REQUIRE(sums.size() == 3 * 32);
-  sums[32 + 16] ^= 0x01;  // the checksum of chunk 1
+  REQUIRE(sums.size() == 3 * 40);
+  sums[40 + 16] ^= 0x01;  // the checksum of chunk 1
   write_text(dir + "/sums", sums);
   const std::string data = read_text(dir + "/data");
   auto r = RankStore::adopt(roots, id, kChunk);
@@ -1130,7 +1130,7 @@ TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the ex
   for (uint64_t off = 0; off < 3 * kChunk; off += kChunk) {
     auto sum = store.expected_checksum(1, off);
     REQUIRE(sum);
-    CHECK(*sum == 1000 + off);
+    CHECK(sum->low == 1000 + off);
   }
   auto never = store.expected_checksum(2, 0);
   REQUIRE_FALSE(never);

@@ -60,7 +60,7 @@ void fill(RankStore& store, uint64_t blob, uint64_t size, unsigned char byte) {
     REQUIRE(loc);
     REQUIRE(::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset)) ==
             static_cast<ssize_t>(loc->io_length));
-    REQUIRE(store.record_checksum(blob, off, byte));
+    REQUIRE(store.record_checksum(blob, off, Checksum128{byte}));
   }
   std::free(buf);
 }
