@@ -83,6 +83,7 @@ class FakeDaemon {
   std::atomic<int> commits_resumed{0};
   std::atomic<int> progress_messages{0};
   std::atomic<int> reports{0};
+  std::atomic<int> zero_runs{0};  // runs of zero chunks reserved
   std::atomic<int> violations{0};
   std::atomic<int> reads{0};  // READs answered (each one verified here against the sealed checksum)
 
@@ -127,6 +128,7 @@ class FakeDaemon {
     uint64_t size = 0;
     std::vector<uint8_t> data;
     std::vector<bool> written;
+    std::vector<bool> zero;  // reserved as zero: written and read never
     std::vector<uint64_t> sums;
   };
   struct Pending {
@@ -210,8 +212,12 @@ class FakeDaemon {
             ::close(fd);
           } else if constexpr (std::is_same_v<T, proto::Reserve>) {
             if (!pending_.empty()) ++violations;
-            if (m.flags & proto::kReserveFirst) reserve_set_.clear();
+            if (m.flags & proto::kReserveFirst) {
+              reserve_set_.clear();
+              zero_runs_.clear();
+            }
             reserve_set_.insert(reserve_set_.end(), m.blobs.begin(), m.blobs.end());
+            zero_runs_.insert(zero_runs_.end(), m.zero_runs.begin(), m.zero_runs.end());
             if (!(m.flags & proto::kReserveLast)) return send_locked(id, proto::OkReply{});
             if (int e = reserve_error.load()) return error_locked(id, e, "no space left (test)");
             if (paused_) return error_locked(id, EBUSY, "a committed pause holds the only copy");
@@ -222,8 +228,22 @@ class FakeDaemon {
               nb.data.assign(b.size, 0);
               const uint64_t chunks = (b.size + kSlotBytes - 1) / kSlotBytes;
               nb.written.assign(chunks, false);
+              nb.zero.assign(chunks, false);
               nb.sums.assign(chunks, 0);
               next.emplace(b.id, std::move(nb));
+            }
+            // Zero chunks are recorded with the reservation: never written nor read.
+            for (const auto& z : zero_runs_) {
+              auto b = next.find(z.blob);
+              if (b == next.end() || z.first_chunk + z.count > b->second.written.size()) {
+                ++violations;
+                return error_locked(id, EINVAL, "bad zero run");
+              }
+              for (uint64_t c = z.first_chunk; c < z.first_chunk + z.count; ++c) {
+                b->second.written[c] = true;
+                b->second.zero[c] = true;
+              }
+              ++zero_runs;
             }
             blobs_ = std::move(next);
             send_locked(id, proto::OkReply{});
@@ -234,6 +254,10 @@ class FakeDaemon {
                 m.offset >= it->second.size || m.length != std::min<uint64_t>(kSlotBytes, it->second.size - m.offset)) {
               ++violations;
               return error_locked(id, EINVAL, "bad chunk");
+            }
+            if (it->second.zero[m.offset / kSlotBytes]) {
+              ++violations;
+              return error_locked(id, EINVAL, "chunk reserved as zero");
             }
             busy_[m.slot] = true;
             pending_.push_back(Pending{id, is_write, m});
@@ -320,6 +344,7 @@ class FakeDaemon {
   std::vector<bool> busy_;
   std::vector<Pending> pending_;
   std::vector<proto::BlobSize> reserve_set_;
+  std::vector<proto::ZeroRun> zero_runs_;
   std::map<uint64_t, Blob> blobs_;
   bool paused_ = false;
   uint64_t commands_sent_ = 0;
@@ -535,6 +560,31 @@ TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
   a.free();
   b.free();
   c.free();
+}
+
+TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros (issue 9)") {
+  World& w = world();
+  Buffer a(4 * kSlotBytes + 100, 7);
+  // Chunks 1 and 2 all zero; the tail chunk (100 bytes) zero but its last byte.
+  std::vector<uint8_t> want = a.expected();
+  std::fill(want.begin() + kSlotBytes, want.begin() + 3 * kSlotBytes, 0);
+  std::fill(want.begin() + 4 * kSlotBytes, want.end() - 1, 0);
+  REQUIRE(w.sim.cuMemcpyHtoD_v2(a.ptr, want.data(), want.size()) == CUDA_SUCCESS);
+  const int writes = w.daemon.writes.load(), runs = w.daemon.zero_runs.load();
+  REQUIRE(api_pause() == 0);
+  CHECK_FALSE(a.mapped());
+  CHECK(w.daemon.writes.load() - writes == 3);  // chunks 0, 3 and the tail
+  CHECK(w.daemon.zero_runs.load() - runs == 1);
+  auto st = status();
+  CHECK(st.last_pause_bytes == a.size);
+  const int reads = w.daemon.reads.load();
+  REQUIRE(api_resume() == 0);
+  CHECK(w.daemon.reads.load() - reads == 3);
+  std::vector<uint8_t> got(a.size);
+  REQUIRE(w.sim.cuMemcpyDtoH_v2(got.data(), a.ptr, got.size()) == CUDA_SUCCESS);
+  CHECK(got == want);
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
 }
 
 TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops that keep the last figures") {
