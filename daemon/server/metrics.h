@@ -152,7 +152,7 @@ class Metrics {
   uint64_t results_[kOps][kResults]{};
   uint64_t failures_[kOps][kCauses]{};
   uint64_t moved_bytes_[kOps]{};
-  uint64_t skipped_bytes_[2]{};  // by SkipReason, of pauses
+  uint64_t skipped_bytes_[2]{};       // by SkipReason, of pauses
   std::vector<Histogram> durations_;  // per operation, of those that succeeded
   std::function<void()> on_recorded_;
 };

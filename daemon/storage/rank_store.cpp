@@ -493,14 +493,15 @@ static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<co
   for (std::size_t i = 1; i < sorted.size(); ++i) {
     const auto& prev = sorted[i - 1];
     if (prev.blob == sorted[i].blob && prev.first_chunk + prev.count > sorted[i].first_chunk) {
-      return make_error(EINVAL, fmt::format("zero runs of blob {} overlap at chunk {}", sorted[i].blob,
-                                            sorted[i].first_chunk));
+      return make_error(EINVAL,
+                        fmt::format("zero runs of blob {} overlap at chunk {}", sorted[i].blob, sorted[i].first_chunk));
     }
   }
   return {};
 }
 
-Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> zero_runs) {
+Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
+                                       std::span<const proto::ZeroRun> zero_runs) {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (paused) {
     return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
@@ -618,11 +619,13 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
     auto it = index.find(s.id);
     if (it == index.end() || !kept[it->second]) continue;
     const auto& old = blobs[it->second].records;
-    for (uint64_t ci = 0; ci < s.chunks; ++ci) s.records[ci] = {.sum = old[ci].sum, .state = ChunkState::Missing, .held = old[ci].held};
+    for (uint64_t ci = 0; ci < s.chunks; ++ci)
+      s.records[ci] = {.sum = old[ci].sum, .state = ChunkState::Missing, .held = old[ci].held};
   }
   for (const auto& z : runs) {
     auto& records = next[next_index.at(z.blob)].records;
-    for (uint64_t ci = z.first_chunk; ci < z.first_chunk + z.count; ++ci) records[ci] = {.sum = {}, .state = ChunkState::Zero, .held = false};
+    for (uint64_t ci = z.first_chunk; ci < z.first_chunk + z.count; ++ci)
+      records[ci] = {.sum = {}, .state = ChunkState::Zero, .held = false};
   }
 
   // What the files hold now: every used range is allocated but the zero chunks of the old set
@@ -797,9 +800,10 @@ Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t off
   }
   *chunk_index = offset / chunk;
   if (b.records[*chunk_index].state == ChunkState::Zero) {
-    return make_error(EINVAL, fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "
-                                          "it, so it is neither written nor read (resume sets it to zero on the device)",
-                                          offset, blob));
+    return make_error(EINVAL,
+                      fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "
+                                  "it, so it is neither written nor read (resume sets it to zero on the device)",
+                                  offset, blob));
   }
   return &b;
 }
@@ -1034,7 +1038,8 @@ uint64_t RankStore::zero_bytes() const noexcept {
   uint64_t total = 0;
   for (const auto& b : impl_->blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
-      if (b.records[ci].state == ChunkState::Zero) total += std::min<uint64_t>(impl_->chunk, b.size - ci * impl_->chunk);
+      if (b.records[ci].state == ChunkState::Zero)
+        total += std::min<uint64_t>(impl_->chunk, b.size - ci * impl_->chunk);
     }
   }
   return total;
@@ -1245,7 +1250,8 @@ Status RankStore::Impl::load_manifest() {
       // A committed generation's 128-bit sums describe what the file holds (nothing was written after
       // its commit: a write needs a reservation, which rewrites the manifest first); a pause in
       // progress when the previous daemon stopped may have had writes in flight.
-      s.records[ci] = {.sum = mb.sums[ci], .state = st, .held = st == ChunkState::Data && mf->state != kManifestWriting};
+      s.records[ci] = {
+          .sum = mb.sums[ci], .state = st, .held = st == ChunkState::Data && mf->state != kManifestWriting};
       missing_count += st == ChunkState::Missing ? 1 : 0;
     }
     loaded.push_back(std::move(s));
@@ -1297,7 +1303,9 @@ Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
       const auto& r = (*records)[b.first_chunk + ci];
       if (r.valid && r.blob == b.id && r.chunk == ci) {
         if (rec.state == ChunkState::Missing) --missing;
-        rec = {.sum = r.checksum, .state = journal.version1_layout() ? ChunkState::Data64 : ChunkState::Data, .held = false};
+        rec = {.sum = r.checksum,
+               .state = journal.version1_layout() ? ChunkState::Data64 : ChunkState::Data,
+               .held = false};
       } else if (r.corrupt || r.valid) {  // a valid record in another chunk's place is no less wrong
         corrupt_records.insert(b.first_chunk + ci);
       }

@@ -238,9 +238,9 @@ TEST_CASE("a checksum journal damaged across a crash mid-pause: the chunk it vou
   for (uint64_t i = 0; i < 3; ++i) REQUIRE(write_chunk(c, kBlobs[0], i));
   d.proc.kill9();
   c.close();
-  // One record per chunk of the set, 32 bytes each (daemon/storage/checksum_journal.h): chunk 1's.
+  // One record per chunk of the set, 40 bytes each (daemon/storage/checksum_journal.h): chunk 1's.
   const std::string dir = d.rank_dir(0, "journal", 0, ::getpid());
-  flip_byte(dir + "/sums", 32 + 17);
+  flip_byte(dir + "/sums", 40 + 17);
   d.start();
   auto again = rank_of(d, "journal", token);
   check_every_chunk(again, [](uint64_t blob, uint64_t chunk) { return blob == 1 && (chunk == 0 || chunk == 2); });

@@ -797,9 +797,17 @@ TEST_CASE("requests well-formed but hostile in meaning are answered with errors 
     };
     const uint8_t whole = proto::kReserveFirst | proto::kReserveLast;
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4096}, {1, 8192}}}) == EINVAL);  // one id twice
-    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, (uint64_t{1} << 60) + 1}}}) == EFBIG);
-    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, uint64_t{1} << 59}}}) == ENOSPC);  // 512 PiB
-    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, ~uint64_t{0}}}}) == EFBIG);
+    // Chunks are bounded per rank (2^26) before anything is allocated for them: zero chunks take no
+    // disk space, so the space check no longer bounds a set's records (issue 9).
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, (uint64_t{1} << 60) + 1}}}) == E2BIG);
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, uint64_t{60} << 40}}}) == ENOSPC);  // 60 TiB
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, ~uint64_t{0}}}}) == E2BIG);
+    // Zero runs that name a blob not in the set, reach past its end or overlap (issue 9).
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{2, 0, 1}}}) == EINVAL);
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{1, 3, 2}}}) == EINVAL);
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{1, 0, 2}, {1, 1, 1}}}) == EINVAL);
+    CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{1, 1, (uint64_t{1} << 63)}}}) ==
+          EINVAL);
 
     // A reservation sent in pages is bounded: the daemon refuses to collect more than 2^20 blobs.
     proto::Reserve page{.flags = 0};

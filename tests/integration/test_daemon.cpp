@@ -1785,3 +1785,122 @@ TEST_CASE("a rank whose session ended with nothing to keep reconnects with its t
   CHECK(fs::exists(dir));
   REQUIRE(again->reserve({{1, 4 * MiB}}));  // a working session
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 9: chunks that need not move.
+
+namespace {
+
+// WRITEs chunk `off` of `blob` (4 MiB chunks) from slot 0 filled with the pattern: the WRITTEN, or the error.
+Result<proto::Written> write_one(ShimClient& c, uint64_t blob, uint64_t off) {
+  fill_pattern(blob, off, c.slot(0), 4 * MiB);
+  auto r = c.call(proto::Write{{.slot = 0, .length = 4 * MiB, .blob = blob, .offset = off}});
+  if (!r) return std::move(r).error();
+  if (!std::holds_alternative<proto::Written>(*r)) return make_error(EPROTO, "WRITE answered with something else");
+  return std::get<proto::Written>(*r);
+}
+
+struct timespec mtime_of(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  return st.st_mtim;
+}
+
+}  // namespace
+
+TEST_CASE("zero chunks are neither written nor read, and a pause of unchanged bytes writes nothing, across a restart") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "skip", .rank = 0});
+  const uint64_t token = c.welcome().token;
+  // Blob 1: chunks 1 and 2 (of 4) are zero; blob 2: all data.
+  const std::vector<BlobSize> blobs = {{1, 16 * MiB}, {2, 8 * MiB}};
+  const std::vector<proto::ZeroRun> zero = {{1, 1, 2}};
+  const std::string dir = d.rank_dir(0, "skip", 0, ::getpid());
+  // Pauses and returns how many chunks were unchanged; *reserved gets the data file's mtime once the
+  // reservation (which punches the zero chunks' ranges) is made.
+  auto pause = [&](ShimClient& s, struct timespec* reserved = nullptr) {
+    REQUIRE(s.reserve(blobs, zero));
+    if (reserved) *reserved = mtime_of(dir + "/data");
+    int unchanged = 0;
+    for (const auto& [blob, off] :
+         std::vector<std::pair<uint64_t, uint64_t>>{{1, 0}, {1, 12 * MiB}, {2, 0}, {2, 4 * MiB}}) {
+      auto w = write_one(s, blob, off);
+      INFO((w ? "" : w.error().describe()));
+      REQUIRE(w);
+      unchanged += w->unchanged;
+    }
+    REQUIRE(s.commit(proto::CommitState::Paused));
+    return unchanged;
+  };
+  auto resume = [&](ShimClient& s) {
+    for (const auto& [blob, off] :
+         std::vector<std::pair<uint64_t, uint64_t>>{{1, 0}, {1, 12 * MiB}, {2, 0}, {2, 4 * MiB}}) {
+      auto r = s.call(proto::Read{{.slot = 0, .length = 4 * MiB, .blob = blob, .offset = off}});
+      INFO((r ? "" : r.error().describe()));
+      REQUIRE(r);
+      CHECK(check_pattern(blob, off, s.slot(0), 4 * MiB));
+    }
+    REQUIRE(s.commit(proto::CommitState::Resumed));
+  };
+
+  CHECK(pause(c) == 0);
+  // A zero chunk has nothing stored: a WRITE or READ of it is refused, saying so.
+  for (const proto::Message& m :
+       {proto::Message{proto::Write{{.slot = 0, .length = 4 * MiB, .blob = 1, .offset = 4 * MiB}}},
+        proto::Message{proto::Read{{.slot = 0, .length = 4 * MiB, .blob = 1, .offset = 8 * MiB}}}}) {
+    auto refused = c.call(m);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().errnum() == EINVAL);
+    CHECK_THAT(refused.error().describe(), Catch::Contains("reserved as zero"));
+  }
+  struct stat st {};
+  REQUIRE(::stat((dir + "/data").c_str(), &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 < 20 * MiB);  // 16 MiB of data, not 24
+  resume(c);
+
+  // The same bytes again: every chunk is answered unchanged and the data file is not written.
+  struct timespec before {};
+  CHECK(pause(c, &before) == 4);
+  const auto after = mtime_of(dir + "/data");
+  CHECK((after.tv_sec == before.tv_sec && after.tv_nsec == before.tv_nsec));
+  resume(c);
+
+  // A daemon restarted after the resume adopts the committed manifest: still unchanged.
+  CHECK(d.proc.stop() == 0);
+  c.close();
+  d.start();
+  auto again = d.shim({.job = "skip", .rank = 0, .token = token});
+  CHECK(pause(again) == 4);
+  resume(again);
+
+  // Restarted mid-pause: nothing is provably held, every chunk is rewritten.
+  REQUIRE(again.reserve(blobs, zero));
+  CHECK(d.proc.stop() == 0);
+  again.close();
+  d.start();
+  auto third = d.shim({.job = "skip", .rank = 0, .token = token});
+  CHECK(pause(third) == 0);
+  resume(third);
+}
+
+TEST_CASE("chunks reserved are bounded per user, zero chunks included, with the limit named") {
+  if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
+  Daemon d;
+  d.start({"--max-chunks-per-uid", "40"});
+  CHECK(as_other_user([&] {
+          auto a = ShimClient::connect(d.socket, small_session("chunks", 0));
+          if (!a) return a.error().errnum() == EACCES ? kUnreachable : 11;
+          const uint64_t chunk = a->welcome().chunk_bytes;
+          // 40 chunks, all zero: no disk space, yet each is a record the daemon keeps.
+          if (!a->reserve({{1, 40 * chunk}}, {{1, 0, 40}})) return 12;
+          auto refused = a->reserve({{1, 41 * chunk}}, {{1, 0, 41}});
+          if (refused || refused.error().errnum() != EDQUOT) return 13;
+          if (refused.error().message.find("max-chunks-per-uid") == std::string::npos) return 14;
+          auto b = ShimClient::connect(d.socket, small_session("chunks", 1));
+          if (!b) return 15;
+          auto other = b->reserve({{1, chunk}});  // A's 40 are still reserved
+          if (other || other.error().errnum() != EDQUOT) return 16;
+          return 0;
+        }) == 0);
+}

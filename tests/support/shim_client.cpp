@@ -104,9 +104,14 @@ Result<proto::Message> ShimClient::call(const proto::Message& m, int fd, UniqueF
 }
 
 Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs) {
+  return reserve(blobs, {});
+}
+
+Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs, const std::vector<proto::ZeroRun>& zero_runs) {
   proto::Reserve r;
   r.flags = proto::kReserveFirst | proto::kReserveLast;
   r.blobs = blobs;
+  r.zero_runs = zero_runs;
   auto reply = call(r);
   if (!reply) return std::move(reply).error();
   return {};

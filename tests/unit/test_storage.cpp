@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -16,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "checksum_journal.h"
 #include "extent_allocator.h"
+#include "manifest.h"
 #include "storage.h"
 #include "storage_fixtures.h"
 #include "storage_testing.h"
@@ -1181,4 +1184,396 @@ TEST_CASE("checksums journaled for an earlier reservation are not taken for the 
   REQUIRE(adopted);
   CHECK((*adopted)->missing_chunks() == 2);
   CHECK_FALSE((*adopted)->expected_checksum(1, 0));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 9: zero chunks, unchanged chunks, XXH3-128 checksums and the version-1 formats.
+
+namespace {
+
+std::vector<uint8_t> filled(uint32_t len, uint8_t byte) {
+  return std::vector<uint8_t>(len, byte);
+}
+
+// Writes `bytes` at (blob, off) as the daemon does: begin_write() first, then the data file and
+// end_write() unless the store found it unchanged. Returns whether it was unchanged.
+bool write_through(RankStore& store, uint64_t blob, uint64_t off, const std::vector<uint8_t>& bytes) {
+  auto plan = store.begin_write(blob, off, bytes);
+  INFO((plan ? std::string() : plan.error().describe()));
+  REQUIRE(plan);
+  if (plan->unchanged) return true;
+  write_chunk(store, blob, off, static_cast<uint32_t>(bytes.size()), bytes.empty() ? 0 : bytes[0]);
+  REQUIRE(store.end_write(blob, off, static_cast<uint32_t>(bytes.size()), plan->sum));
+  return false;
+}
+
+uint64_t allocated_bytes(const std::string& path) {
+  return usage_of(path).blocks * 512;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// `m` in the layout of version 1 (manifest.h): XXH3-64 sums (sums[i].low) and a bitmap of those
+// recorded, as a daemon before issue 9 wrote it.
+std::string encode_manifest_v1(const Manifest& m) {
+  std::string out;
+  put_le(out, kManifestMagic, 8);
+  put_le(out, 1, 4);
+  put_le(out, m.state, 4);
+  put_le(out, m.generation, 8);
+  put_le(out, m.chunk_bytes, 4);
+  put_le(out, m.data_end.size(), 4);
+  for (uint64_t end : m.data_end) put_le(out, end, 8);
+  put_le(out, m.blobs.size(), 8);
+  for (const auto& b : m.blobs) {
+    put_le(out, b.id, 8);
+    put_le(out, b.size, 8);
+    for (const auto& e : b.extents) put_le(out, e.offset, 8), put_le(out, e.length, 8);
+    for (const auto& s : b.sums) put_le(out, s.low, 8);
+    std::string bits((b.states.size() + 7) / 8, '\0');
+    for (std::size_t i = 0; i < b.states.size(); ++i)
+      if (is_data(b.states[i])) bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
+    out += bits;
+  }
+  put_le(out, XXH3_64bits(out.data(), out.size()), 8);
+  return out;
+}
+
+Manifest manifest_of(const std::string& dir) {
+  std::string why;
+  auto m = decode_manifest(read_text(dir + "/manifest"), why);
+  INFO(why);
+  REQUIRE(m);
+  return *m;
+}
+
+}  // namespace
+
+TEST_CASE("manifest version 2 round trip: chunk states and 128-bit sums; version 1 decodes as XXH3-64 sums") {
+  Manifest m;
+  m.state = kManifestPaused;
+  m.generation = 7;
+  m.chunk_bytes = kChunk;
+  m.data_end = {5 * kChunk};
+  m.blobs.push_back(
+      {.id = 3,
+       .size = 4 * kChunk + 100,
+       .extents = {{0, 5 * kChunk}},
+       .states = {ChunkState::Data, ChunkState::Zero, ChunkState::Data64, ChunkState::Missing, ChunkState::Data},
+       .sums = {{1, 2}, {}, {3, 0}, {}, {~uint64_t{0}, 5}}});
+  const std::string bytes = encode_manifest(m);
+  std::string why;
+  auto back = decode_manifest(bytes, why);
+  INFO(why);
+  REQUIRE(back);
+  CHECK(back->version == kManifestVersion);
+  CHECK(back->generation == 7);
+  REQUIRE(back->blobs.size() == 1);
+  CHECK(back->blobs[0].states == m.blobs[0].states);
+  CHECK(back->blobs[0].sums == m.blobs[0].sums);
+  // Every byte is covered by the trailing hash; an unknown chunk state is refused even with a valid hash.
+  std::string edited = bytes;
+  edited[edited.size() - 9] ^= 1;
+  CHECK_FALSE(decode_manifest(edited, why));
+
+  auto v1 = decode_manifest(encode_manifest_v1(m), why);
+  INFO(why);
+  REQUIRE(v1);
+  CHECK(v1->version == kManifestVersion1);
+  const auto& b = v1->blobs[0];
+  CHECK(b.states == std::vector<ChunkState>{ChunkState::Data64, ChunkState::Missing, ChunkState::Data64,
+                                            ChunkState::Missing, ChunkState::Data64});
+  CHECK(b.sums[0] == Checksum128{1, 0});  // the low half only: version 1 kept 64 bits
+  CHECK(b.sums[4] == Checksum128{~uint64_t{0}, 0});
+}
+
+TEST_CASE("the checksum journal records 128-bit sums in 40-byte records, and reads a version-1 journal") {
+  TempDir dir;
+  UniqueFd d(::open(dir.path().c_str(), O_PATH | O_DIRECTORY));
+  REQUIRE(d);
+  auto j = detail::ChecksumJournal::open(d.get(), true, dir.path() + "/sums");
+  REQUIRE(j);
+  j->set_seed(99);
+  REQUIRE(j->record(1, 5, 1, Checksum128{0x1111, 0x2222}));
+  CHECK(read_text(dir.path() + "/sums").size() == 2 * detail::kJournalRecordBytes);
+  auto recs = j->load(3);
+  REQUIRE(recs);
+  CHECK_FALSE((*recs)[0].valid);
+  CHECK_FALSE((*recs)[0].corrupt);  // a hole: never written
+  REQUIRE((*recs)[1].valid);
+  CHECK((*recs)[1].checksum == Checksum128{0x1111, 0x2222});
+  // The high half is covered by the record's own hash.
+  std::string sums = read_text(dir.path() + "/sums");
+  sums[40 + 24] ^= 1;
+  write_text(dir.path() + "/sums", sums);
+  recs = j->load(2);
+  REQUIRE(recs);
+  CHECK((*recs)[1].corrupt);
+
+  REQUIRE(j->reset());
+  j->set_seed(7);
+  j->use_version1_layout();
+  REQUIRE(j->record(1, 5, 1, Checksum128{0x3333, 0x4444}));
+  CHECK(read_text(dir.path() + "/sums").size() == 2 * detail::kJournalRecordBytesV1);
+  recs = j->load(2);
+  REQUIRE(recs);
+  REQUIRE((*recs)[1].valid);
+  CHECK((*recs)[1].checksum == Checksum128{0x3333, 0});
+}
+
+TEST_CASE("zero chunks take no disk space, are recorded at the reservation and are never written nor read") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("zero", 1);
+  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}, {2, kChunk + 100}};
+  const std::vector<proto::ZeroRun> runs{{1, 2, 4}, {2, 1, 1}};
+  std::string dir;
+  {
+    auto store = make_store(roots, id);
+    dir = store->dir_path();
+
+    SECTION("runs naming another blob, past a blob's end or overlapping are refused and change nothing") {
+      for (const auto& bad : {std::vector<proto::ZeroRun>{{9, 0, 1}}, std::vector<proto::ZeroRun>{{1, 6, 3}},
+                              std::vector<proto::ZeroRun>{{1, 0, 3}, {1, 2, 1}}}) {
+        auto st = store->reserve(set, bad);
+        REQUIRE_FALSE(st);
+        CHECK(st.error().errnum() == EINVAL);
+        CHECK(store->blob_count() == 0);
+        CHECK(usage_of(dir + "/data").size == 0);
+      }
+    }
+
+    REQUIRE(store->reserve(set, runs));
+    // Blob 1: chunks 0, 1, 6, 7 hold data; blob 2: chunk 0 (its chunk 1, 100 bytes, is zero).
+    CHECK(store->disk_bytes() == 5 * kChunk);
+    CHECK(store->zero_bytes() == 4 * kChunk + 100);
+    CHECK(store->chunk_count() == 10);
+    CHECK(allocated_bytes(dir + "/data") <= 5 * kChunk + 16384);
+    CHECK(usage_of(dir + "/data").size >= 9 * kChunk);  // sparse: the layout's whole length
+    CHECK(store->missing_chunks() == 5);
+
+    for (auto refused : {store->locate(1, 2 * kChunk, kChunk).error(), store->locate(2, kChunk, 100).error(),
+                         store->begin_write(1, 5 * kChunk, filled(kChunk, 0)).error(),
+                         store->expected_checksum(1, 3 * kChunk).error()}) {
+      CHECK(refused.errnum() == EINVAL);
+      CHECK_THAT(refused.message, Catch::Contains("reserved as zero"));
+    }
+    CHECK_FALSE(store->commit(proto::CommitState::Paused));  // data chunks still missing
+    for (uint64_t off : {0u, 1u, 6u, 7u}) CHECK_FALSE(write_through(*store, 1, off * kChunk, filled(kChunk, 0x61)));
+    CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x62)));
+    CHECK(store->missing_chunks() == 0);
+    REQUIRE(store->commit(proto::CommitState::Paused));
+  }
+  // The committed manifest keeps them zero: an adopting daemon refuses them too, and verifies the rest.
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  RankStore& store = **adopted;
+  CHECK(store.paused());
+  CHECK(store.disk_bytes() == 5 * kChunk);
+  CHECK(store.verify(1, kChunk, filled(kChunk, 0x61)));
+  auto zero = store.verify(1, 4 * kChunk, filled(kChunk, 0));
+  REQUIRE_FALSE(zero);
+  CHECK(zero.error().errnum() == EINVAL);
+  REQUIRE(store.remove());
+}
+
+TEST_CASE("a zero chunk becomes data and data becomes zero across generations, its blocks punched") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity("zerogen", 1));
+  const std::string data = store->dir_path() + "/data";
+  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  REQUIRE(store->reserve(set));
+  for (uint64_t c = 0; c < 8; ++c) write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(c + 1)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+  const uint64_t full = allocated_bytes(data);
+  CHECK(full >= 8 * kChunk);
+
+  REQUIRE(store->reserve(set, std::vector<proto::ZeroRun>{{1, 0, 6}}));
+  CHECK(store->disk_bytes() == 2 * kChunk);
+  CHECK(allocated_bytes(data) <= full - 6 * kChunk);
+  CHECK(store->missing_chunks() == 2);
+  // The kept data chunks still hold their bytes; the zero ones read back as zeros from the file.
+  CHECK(chunk_is(*store, 1, 7 * kChunk, kChunk, 8));
+  CHECK(write_through(*store, 1, 6 * kChunk, filled(kChunk, 7)));  // unchanged: never punched
+  CHECK(write_through(*store, 1, 7 * kChunk, filled(kChunk, 8)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+
+  // Zero again to data: allocated again, and written (what the file held there was punched).
+  REQUIRE(store->reserve(set));
+  CHECK(store->disk_bytes() == 8 * kChunk);
+  CHECK(allocated_bytes(data) >= 8 * kChunk);
+  CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 1)));
+  CHECK(chunk_is(*store, 1, 0, kChunk, 1));
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("a set larger than the free space is reserved when its data chunks fit") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  constexpr uint32_t kBig = 64 << 20;  // few chunks, however large the filesystem
+  auto store = make_store(roots, my_identity("sparse", 1), kBig);
+  auto free = roots.free_bytes(0);
+  REQUIRE(free);
+  const uint64_t chunks = *free / kBig + 8;
+  const uint64_t size = chunks * kBig + 4096;  // the last chunk, 4 KiB, holds the only data
+  const std::vector<proto::BlobSize> set{{1, size}};
+  auto nospace = store->reserve(set);
+  REQUIRE_FALSE(nospace);
+  CHECK(nospace.error().errnum() == ENOSPC);
+  REQUIRE(store->reserve(set, std::vector<proto::ZeroRun>{{1, 0, chunks}}));
+  CHECK(store->disk_bytes() == 4096);
+  CHECK(store->missing_chunks() == 1);
+  CHECK(usage_of(store->dir_path() + "/data").size == size);
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything doubtful is rewritten") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("unchanged", 1);
+  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}, {2, kChunk}};
+  auto pause_all = [&](RankStore& store, uint8_t fill) {
+    int unchanged = 0;
+    for (const auto& b : set)
+      for (uint64_t off = 0; off < b.size; off += kChunk)
+        unchanged += write_through(store, b.id, off, filled(kChunk, fill));
+    REQUIRE(store.commit(proto::CommitState::Paused));
+    for (const auto& b : set)
+      for (uint64_t off = 0; off < b.size; off += kChunk) CHECK(store.verify(b.id, off, filled(kChunk, fill)));
+    REQUIRE(store.commit(proto::CommitState::Resumed));
+    return unchanged;
+  };
+  {
+    auto store = make_store(roots, id);
+    const std::string data = store->dir_path() + "/data";
+    REQUIRE(store->reserve(set));
+    CHECK(pause_all(*store, 0x31) == 0);  // first pause: nothing known
+    REQUIRE(store->reserve(set));
+    CHECK(pause_all(*store, 0x31) == 4);  // pause, resume, pause of the same bytes
+    // Changed bytes are rewritten; the others stay unchanged.
+    REQUIRE(store->reserve(set));
+    CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x32)));
+    CHECK(write_through(*store, 1, 0, filled(kChunk, 0x31)));
+    CHECK(chunk_is(*store, 1, kChunk, kChunk, 0x32));
+    // A write that started and did not complete makes the chunk unknown, even for the same bytes.
+    auto started = store->begin_write(1, 2 * kChunk, filled(kChunk, 0x33));
+    REQUIRE(started);
+    CHECK_FALSE(started->unchanged);
+    CHECK_FALSE(write_through(*store, 1, 2 * kChunk, filled(kChunk, 0x31)));
+    CHECK(write_through(*store, 2, 0, filled(kChunk, 0x31)));
+    REQUIRE(store->commit(proto::CommitState::Paused));
+    // A read that fails its check: the chunk is rewritten next time.
+    CHECK_FALSE(store->verify(2, 0, filled(kChunk, 0x30)));
+    REQUIRE(store->commit(proto::CommitState::Resumed));
+    REQUIRE(store->reserve(set));
+    CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x31)));
+    // A resized blob has new extents: rewritten.
+    const std::vector<proto::BlobSize> resized{{1, 4 * kChunk}, {2, kChunk}};
+    REQUIRE(store->reserve(resized));
+    CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x31)));
+    REQUIRE(store->reserve(set));
+    CHECK(pause_all(*store, 0x31) == 1);  // blob 2 kept its extents and was rewritten above
+  }
+  {
+    // A daemon restarted after the resume adopts the committed manifest's sums.
+    auto adopted = RankStore::adopt(roots, id, kChunk);
+    REQUIRE(adopted);
+    REQUIRE((*adopted)->reserve(set));
+    CHECK(pause_all(**adopted, 0x31) == 4);
+    REQUIRE((*adopted)->reserve(set));
+    CHECK(write_through(**adopted, 1, 0, filled(kChunk, 0x31)));
+  }  // the daemon stops mid-pause
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  REQUIRE((*adopted)->reserve(set));
+  CHECK(pause_all(**adopted, 0x31) == 0);  // a restart mid-pause: nothing is provably held
+  REQUIRE((*adopted)->remove());
+}
+
+TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next generation is written as version 2") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("legacy", 1);
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk + 100}};
+  const auto chunk0 = filled(kChunk, 0x41);
+  const auto tail = filled(100, 0x42);
+  std::string dir;
+  {
+    auto store = make_store(roots, id);
+    dir = store->dir_path();
+    REQUIRE(store->reserve(set));
+    write_through(*store, 1, 0, chunk0);
+    write_through(*store, 1, kChunk, chunk0);
+    write_through(*store, 1, 2 * kChunk, tail);
+    REQUIRE(store->commit(proto::CommitState::Paused));
+  }
+  // Rewrite the manifest as a daemon before issue 9 would have: XXH3-64 of each chunk.
+  Manifest m = manifest_of(dir);
+  m.blobs[0].sums = {{XXH3_64bits(chunk0.data(), kChunk), 0},
+                     {XXH3_64bits(chunk0.data(), kChunk), 0},
+                     {XXH3_64bits(tail.data(), tail.size()), 0}};
+  write_text(dir + "/manifest", encode_manifest_v1(m));
+
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  RankStore& store = **adopted;
+  CHECK(store.record_problem().empty());
+  CHECK(store.paused());
+  CHECK(store.verify(1, 0, chunk0));
+  CHECK(store.verify(1, 2 * kChunk, tail));
+  auto bad = store.verify(1, kChunk, filled(kChunk, 0x40));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().errnum() == EBADMSG);
+  REQUIRE(store.commit(proto::CommitState::Resumed));
+  CHECK(manifest_of(dir).version == kManifestVersion);
+  // A 64-bit sum proves nothing against a 128-bit hash: the next pause writes everything.
+  REQUIRE(store.reserve(set));
+  CHECK_FALSE(write_through(store, 1, 0, chunk0));
+  REQUIRE(store.remove());
+}
+
+TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 until its commit") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  RankIdentity id = my_identity("legacyj", 1);
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  const auto bytes = filled(kChunk, 0x51);
+  std::string dir;
+  {
+    auto store = make_store(roots, id);
+    dir = store->dir_path();
+    REQUIRE(store->reserve(set));
+    write_chunk(*store, 1, 0, kChunk, 0x51);
+  }
+  // The "writing" manifest and the journal of chunk 0 as a daemon before issue 9 wrote them.
+  const std::string v1 = encode_manifest_v1(manifest_of(dir));
+  write_text(dir + "/manifest", v1);
+  {
+    UniqueFd d(::open(dir.c_str(), O_PATH | O_DIRECTORY));
+    auto j = detail::ChecksumJournal::open(d.get(), false, dir + "/sums");
+    REQUIRE(j);
+    REQUIRE(j->reset());
+    j->set_seed(XXH3_64bits(v1.data(), v1.size()));
+    j->use_version1_layout();
+    REQUIRE(j->record(0, 1, 0, Checksum128{XXH3_64bits(bytes.data(), bytes.size()), 0}));
+  }
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  REQUIRE(adopted);
+  RankStore& store = **adopted;
+  CHECK(store.missing_chunks() == 1);
+  CHECK(store.verify(1, 0, bytes));
+  auto sealed = store.seal(1, kChunk, bytes);
+  REQUIRE(sealed);
+  CHECK(*sealed == Checksum128{XXH3_64bits(bytes.data(), bytes.size()), 0});
+  REQUIRE(store.commit(proto::CommitState::Paused));
+  Manifest m = manifest_of(dir);
+  CHECK(m.version == kManifestVersion);
+  CHECK(m.blobs[0].states == std::vector<ChunkState>{ChunkState::Data64, ChunkState::Data64});
+  CHECK(store.verify(1, kChunk, bytes));
+  REQUIRE(store.remove());
 }
