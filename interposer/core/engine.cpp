@@ -460,8 +460,7 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
   } else {
     const double secs = static_cast<double>(r.nanos) / 1e9;
     TMS_INFO("%s: %llu bytes in %.3f s (%.2f GB/s; %llu zero and %llu unchanged bytes not moved)%s%s", what,
-             static_cast<unsigned long long>(r.bytes), secs,
-             secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0,
+             static_cast<unsigned long long>(r.bytes), secs, secs > 0 ? static_cast<double>(r.bytes) / secs / 1e9 : 0.0,
              static_cast<unsigned long long>(r.skipped.zero_bytes),
              static_cast<unsigned long long>(r.skipped.unchanged_bytes), r.message().empty() ? "" : "; ",
              r.message().c_str());
@@ -616,7 +615,6 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
   return jobs;
 }
 
-
 Status Engine::reserve(const std::vector<TransferJob>& jobs) {
   // Blobs and their runs of zero chunks, in messages of at most kReserveBatch entries; a run follows
   // its blob, in the same message or a later one.
@@ -766,7 +764,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   uint64_t done_bytes = 0, unchanged_bytes = 0;
   auto result = [&](Status st) {
     OpResult r{std::move(st), released_bytes};
-    r.skipped = {.zero_bytes = released_zero, .unchanged_bytes = std::min(unchanged_bytes, released_bytes - released_zero)};
+    r.skipped = {.zero_bytes = released_zero,
+                 .unchanged_bytes = std::min(unchanged_bytes, released_bytes - released_zero)};
     return r;
   };
   if (std::optional<Error> fail =

@@ -407,7 +407,7 @@
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice device), Optional)                                                  \
   X(cuDeviceGet, (CUdevice * device, int ordinal), Optional)                                                    \
   X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), Optional)                                                \
-  X(cuDeviceGetMemPool, (CUmemoryPool * pool, CUdevice device), Optional)                                      \
+  X(cuDeviceGetMemPool, (CUmemoryPool * pool, CUdevice device), Optional)                                       \
   X(cuModuleLoadData, (CUmodule * module, const void* image), Optional)                                         \
   X(cuModuleGetFunction, (CUfunction * function, CUmodule module, const char* name), Optional)                  \
   X(cuModuleUnload, (CUmodule module), Optional)

@@ -129,8 +129,8 @@ Status ZeroScanner::scan(std::vector<TransferJob>& jobs, uint32_t chunk_bytes, T
   const DriverApi& api = driver().api;
   if (chunk_bytes == 0 || !api.cuMemsetD8Async || !api.cuMemcpyDtoHAsync_v2) return {};
   auto cuda_error = [](const char* what, CUresult r) {
-    return make_error(EIO, fmt::format("zero-chunk scan: {} failed: {} ({})", what, cu_error_name(r),
-                                       static_cast<int>(r)));
+    return make_error(EIO,
+                      fmt::format("zero-chunk scan: {} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
   };
   // By context: one flag buffer, one copy back and one wait for all of its allocations.
   std::vector<int> contexts;

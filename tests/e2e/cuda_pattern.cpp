@@ -34,8 +34,8 @@ namespace {
 struct Allocation {
   CUdeviceptr ptr = 0;
   uint64_t bytes = 0;
-  bool sparse = false;   // only the first kPage bytes of every `stride` hold the pattern
-  uint64_t stride = 0;   // 0 with sparse: nothing does
+  bool sparse = false;                // only the first kPage bytes of every `stride` hold the pattern
+  uint64_t stride = 0;                // 0 with sparse: nothing does
   std::map<uint64_t, uint8_t> edits;  // bytes changed since, by offset
 };
 
@@ -68,7 +68,8 @@ void expected(const Allocation& a, uint64_t id, uint64_t off, uint8_t* buf, uint
   if (a.sparse)
     for (uint64_t i = 0; i < n; ++i)
       if (a.stride == 0 || (off + i) % a.stride >= kPage) buf[i] = 0;
-  for (auto it = a.edits.lower_bound(off); it != a.edits.end() && it->first < off + n; ++it) buf[it->first - off] = it->second;
+  for (auto it = a.edits.lower_bound(off); it != a.edits.end() && it->first < off + n; ++it)
+    buf[it->first - off] = it->second;
 }
 
 bool fill(const Allocation& a, uint64_t id) {

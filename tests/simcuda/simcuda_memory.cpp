@@ -1076,7 +1076,8 @@ CUresult do_nonzero_chunks(Driver& d, uintptr_t base, uint64_t bytes, uint64_t c
   std::shared_lock<std::shared_mutex> lk(d.mem_mu);
   // As on a GPU: every block reads its chunk up to `bytes`, so all of that must be readable.
   const uint64_t read = std::min<uint64_t>(bytes, chunks * chunk);
-  if (check_locked(d, base, read, dev, false) != CUDA_SUCCESS || check_locked(d, flags, chunks, dev, true) != CUDA_SUCCESS)
+  if (check_locked(d, base, read, dev, false) != CUDA_SUCCESS ||
+      check_locked(d, flags, chunks, dev, true) != CUDA_SUCCESS)
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   const auto* p = reinterpret_cast<const uint8_t*>(base);
   auto* out = reinterpret_cast<uint8_t*>(flags);

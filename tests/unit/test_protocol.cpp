@@ -236,7 +236,8 @@ TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither f
   CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
 }
 
-TEST_CASE("what a pause skipped (zero, unchanged) is part of the bytes it covered, and runs of zero chunks are not empty") {
+TEST_CASE(
+    "what a pause skipped (zero, unchanged) is part of the bytes it covered, and runs of zero chunks are not empty") {
   const Skipped some{.zero_bytes = 4096, .unchanged_bytes = 8192};
   auto cd = round_trip(CommandDone{.bytes = 3 * 4096, .skipped = some});
   CHECK(cd.skipped.zero_bytes == 4096);

@@ -231,28 +231,27 @@ int cmd_status(const Common& common) {
       for (std::size_t i = 0; i < proto::kUnmanagedReasons; ++i)
         if (s.stats.unmanaged_bytes[i])
           unmanaged[proto::unmanaged_name(static_cast<proto::Unmanaged>(i))] = s.stats.unmanaged_bytes[i];
-      out.push_back({{"session", s.session_id},
-                     {"pid", s.pid},
-                     {"uid", s.uid},
-                     {"job", s.job},
-                     {"rank", s.rank},
-                     {"state", session_state_text(s)},
-                     {"resident_bytes", s.stats.resident_bytes},
-                     {"paused_bytes", s.stats.paused_bytes},
-                     {"unmanaged_bytes", unmanaged},
-                     {"managed_allocations", s.stats.managed_allocations},
-                     {"disk_bytes", s.disk_bytes},
-                     {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns,
-                                              s.stats.last_pause_skipped)},
-                     {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns,
-                                               s.stats.last_resume_skipped)},
-                     {"last_change_unix_ms", s.stats.last_change_unix_ms},
-                     {"damaged", damaged_json(s.stats)},
-                     {"orphaned",
-                      s.orphaned ? json{{"since_unix_ms", s.orphaned_unix_ms},
-                                        {"last_state", proto::state_name(static_cast<proto::RankState>(s.stats.state))},
-                                        {"kept_until", kept_until_text(s)}}
-                                 : json(nullptr)}});
+      out.push_back(
+          {{"session", s.session_id},
+           {"pid", s.pid},
+           {"uid", s.uid},
+           {"job", s.job},
+           {"rank", s.rank},
+           {"state", session_state_text(s)},
+           {"resident_bytes", s.stats.resident_bytes},
+           {"paused_bytes", s.stats.paused_bytes},
+           {"unmanaged_bytes", unmanaged},
+           {"managed_allocations", s.stats.managed_allocations},
+           {"disk_bytes", s.disk_bytes},
+           {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
+           {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
+           {"last_change_unix_ms", s.stats.last_change_unix_ms},
+           {"damaged", damaged_json(s.stats)},
+           {"orphaned", s.orphaned
+                            ? json{{"since_unix_ms", s.orphaned_unix_ms},
+                                   {"last_state", proto::state_name(static_cast<proto::RankState>(s.stats.state))},
+                                   {"kept_until", kept_until_text(s)}}
+                            : json(nullptr)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -287,10 +286,8 @@ int cmd_status(const Common& common) {
     // What the last pause and resume did not have to move (zero and unchanged chunks).
     const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
     const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);
-    if (!skipped_pause.empty())
-      std::printf("%-16s %5s %8s   last pause%s\n", "", "", "", skipped_pause.c_str());
-    if (!skipped_resume.empty())
-      std::printf("%-16s %5s %8s   last resume%s\n", "", "", "", skipped_resume.c_str());
+    if (!skipped_pause.empty()) std::printf("%-16s %5s %8s   last pause%s\n", "", "", "", skipped_pause.c_str());
+    if (!skipped_resume.empty()) std::printf("%-16s %5s %8s   last resume%s\n", "", "", "", skipped_resume.c_str());
   }
   return 0;
 }
