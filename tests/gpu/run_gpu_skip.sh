@@ -19,10 +19,10 @@ coproc PROG { exec "$tmsctl" run --job skip -- "$bundle/cuda_pattern" 2>>"$out/s
 ask() { echo "$1" >&"${PROG[1]}"; read -t 900 -r a <&"${PROG[0]}"; echo "$a"; }
 read -t 300 -r ready <&"${PROG[0]}"; echo "program: $ready" >>"$out/skip.txt"
 {
-  # 16 GiB, the pattern in the first 4 KiB of every GiB; then one byte at the end of chunks 3 and
+  # 8 GiB, the pattern in the first 4 KiB of every GiB; then one byte at the end of chunks 3 and
   # 700, and the last byte of the allocation.
-  ask "alloc 1 17179869184 direct sparse 1073741824"
-  for off in $((4 * chunk - 1)) $((701 * chunk - 1)) $((17179869184 - 1)); do echo "edit 1 $off: $(ask "edit 1 $off")"; done
+  ask "alloc 1 8589934592 direct sparse 1073741824"
+  for off in $((4 * chunk - 1)) $((701 * chunk - 1)) $((8589934592 - 1)); do echo "edit 1 $off: $(ask "edit 1 $off")"; done
   # 1 GiB + 4099 bytes, all zero but its very last byte (past the last 16-byte boundary).
   ask "alloc 2 1073745923 direct sparse 0"
   echo "edit 2 last byte: $(ask 'edit 2 1073745922')"
@@ -31,7 +31,7 @@ read -t 300 -r ready <&"${PROG[0]}"; echo "program: $ready" >>"$out/skip.txt"
   echo "check before: $(ask check)"
   "$tmsctl" --json pause --job skip | tee "$out/skip-pause.json"
   "$tmsctl" status
-  "$bundle/cuda_probe" 20000
+  "$bundle/cuda_probe" 12000
   "$tmsctl" --json resume --job skip | tee "$out/skip-resume.json"
   echo "check after resume: $(ask check)"
   "$tmsctl" --json pause --job skip | tee "$out/skip-pause-unchanged.json"
@@ -46,9 +46,9 @@ out = sys.argv[1]
 p = json.load(open(f"{out}/skip-pause.json"))[0]
 u = json.load(open(f"{out}/skip-pause-unchanged.json"))[0]
 chunk = 8 << 20
-# Data chunks: 16 of allocation 1 (one per GiB) + 2 edited ones + its last; allocation 2's last; all
+# Data chunks: 8 of allocation 1 (one per GiB) + 2 edited ones + its last; allocation 2's last; all
 # 512 of allocation 3.
-want_zero = 17179869184 - 19 * chunk + 1073745923 - (1073745923 - 128 * chunk)
+want_zero = 8589934592 - 11 * chunk + 128 * chunk
 print("zero bytes", p["zero_bytes"], "expected", want_zero, "PASS" if p["zero_bytes"] == want_zero else "FAIL")
 print("unchanged pause: moved", u["moved_bytes"], "unchanged", u["unchanged_bytes"],
       "PASS" if u["moved_bytes"] == 0 and u["unchanged_bytes"] == p["moved_bytes"] else "FAIL")
