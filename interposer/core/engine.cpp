@@ -728,13 +728,20 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // other byte; refused (ENOSPC...) means nothing changed.
   const uint32_t chunk = staging_.chunk_bytes();
   for (TransferJob& j : jobs) j.zero.clear();  // what a failed pause found is stale now
+  const uint64_t scan_start = now_ns();
   if (config().zero_scan)
     if (Status st = zero_scan_.scan(jobs, chunk, pipeline_); !st) return failed(st.error());
   total = 0;
+  uint64_t covered = 0;
   for (TransferJob& j : jobs) {
     count_zero_chunks(j, chunk);
     total += data_bytes(j, chunk);
+    covered += j.a->size;
   }
+  if (config().zero_scan)
+    TMS_INFO("zero-chunk scan: %llu of %llu bytes are zero chunks (%.3f s)",
+             static_cast<unsigned long long>(covered - total), static_cast<unsigned long long>(covered),
+             static_cast<double>(now_ns() - scan_start) / 1e9);
   if (Status st = reserve(jobs); !st) return failed(st.error());
 
   // 3./4. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
