@@ -139,7 +139,8 @@ proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "COMMIT while chunks are still in flight");
   const StorageTimer timer(s.id);
   auto st = s.store->commit(static_cast<proto::CommitState>(m.state));
-  timer.done(m.state == static_cast<uint8_t>(proto::CommitState::Paused) ? "committing a pause" : "committing a resume");
+  timer.done(m.state == static_cast<uint8_t>(proto::CommitState::Paused) ? "committing a pause"
+                                                                         : "committing a resume");
   if (!st) return error_reply(st.error().errnum(), st.error().describe());
   return proto::OkReply{};
 }

@@ -589,10 +589,7 @@ namespace {
 
 // The bytes of j's chunks that hold data: what moves.
 uint64_t data_bytes(const TransferJob& j, uint32_t chunk) {
-  uint64_t zero = 0;
-  for (uint64_t i = 0; i < j.zero.size(); ++i)
-    if (j.zero[i]) zero += std::min<uint64_t>(chunk, j.a->size - i * chunk);
-  return j.a->size - zero;
+  return j.a->size - zero_chunk_bytes(j, chunk);
 }
 
 }  // namespace
@@ -638,18 +635,13 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
     if (full())
       if (Status st = send(false); !st) return st;
     m.blobs.push_back({j.a->id, j.a->size});
-    for (uint64_t i = 0; i < j.zero.size();) {
-      if (!j.zero[i]) {
-        ++i;
-        continue;
-      }
-      uint64_t end = i;
-      while (end < j.zero.size() && j.zero[end]) ++end;
+    Status st = for_each_zero_run(j, [&](uint64_t first, uint64_t count) -> Status {
       if (full())
-        if (Status st = send(false); !st) return st;
-      m.zero_runs.push_back({j.a->id, i, end - i});
-      i = end;
-    }
+        if (Status sent = send(false); !sent) return sent;
+      m.zero_runs.push_back({j.a->id, first, count});
+      return {};
+    });
+    if (!st) return st;
   }
   return send(true);
 }

@@ -118,19 +118,12 @@ Status TransferPipeline::queue_zeroes(TransferJob& j) {
   CtxScope scope(api, cr.ctx);
   const uint64_t chunk = slots_.chunk_bytes();
   // One memset per run of zero chunks, queued before the chunks read back: they run in that order.
-  for (uint64_t i = 0; i < j.zero.size();) {
-    if (!j.zero[i]) {
-      ++i;
-      continue;
-    }
-    uint64_t end = i;
-    while (end < j.zero.size() && j.zero[end]) ++end;
-    const uint64_t from = i * chunk, to = std::min<uint64_t>(end * chunk, j.a->size);
+  return for_each_zero_run(j, [&](uint64_t first, uint64_t count) -> Status {
+    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.a->size);
     if (CUresult r = api.cuMemsetD8Async(j.a->base + from, 0, to - from, cr.stream); r != CUDA_SUCCESS)
       return cuda_error("setting zero chunks (cuMemsetD8Async)", r);
-    i = end;
-  }
-  return {};
+    return {};
+  });
 }
 
 Status TransferPipeline::drain(int ctx) {

@@ -49,6 +49,23 @@ struct TransferJob {
   bool zeroes_queued = false;  // from storage: the zero chunks' memsets are queued on the stream
 };
 
+// Calls f(first, count) for each run of consecutive zero chunks of `j` (TransferJob::zero), in
+// order; stops at the first error f returns.
+template <class F>
+Status for_each_zero_run(const TransferJob& j, F&& f) {
+  for (uint64_t i = 0; i < j.zero.size();) {
+    if (!j.zero[i]) {
+      ++i;
+      continue;
+    }
+    uint64_t end = i;
+    while (end < j.zero.size() && j.zero[end]) ++end;
+    if (Status st = f(i, end - i); !st) return st;
+    i = end;
+  }
+  return {};
+}
+
 struct TransferSteps {
   // From storage: before a chunk is copied to the device (the first one maps memory). An error
   // fails this allocation only.

@@ -91,17 +91,20 @@ bool readable_by_own_device(const Allocation& a) {
 
 }  // namespace
 
-uint64_t count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
+uint64_t zero_chunk_bytes(const TransferJob& j, uint32_t chunk_bytes) noexcept {
+  const uint64_t size = j.a->size;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < j.zero.size() && i * chunk_bytes < size; ++i)
+    if (j.zero[i]) bytes += std::min<uint64_t>(chunk_bytes, size - i * chunk_bytes);
+  return bytes;
+}
+
+void count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
   const uint64_t size = j.a->size;
   const uint64_t all = chunk_bytes ? (size + chunk_bytes - 1) / chunk_bytes : 0;
-  uint64_t zero_bytes = 0, zero_chunks = 0;
-  for (uint64_t i = 0; i < j.zero.size() && i < all; ++i) {
-    if (!j.zero[i]) continue;
-    ++zero_chunks;
-    zero_bytes += std::min<uint64_t>(chunk_bytes, size - i * chunk_bytes);
-  }
-  j.chunks = all - zero_chunks;
-  return zero_bytes;
+  uint64_t zero = 0;
+  for (uint64_t i = 0; i < j.zero.size() && i < all; ++i) zero += j.zero[i] ? 1 : 0;
+  j.chunks = all - zero;
 }
 
 CUfunction ZeroScanner::kernel_for(CUcontext ctx) {

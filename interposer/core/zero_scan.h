@@ -48,7 +48,9 @@ class ZeroScanner {
   std::vector<Loaded> loaded_;
 };
 
-// Recounts `j.chunks` as its non-zero chunks and returns the bytes of its zero ones.
-uint64_t count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept;
+// The bytes of j's zero chunks (TransferJob::zero).
+uint64_t zero_chunk_bytes(const TransferJob& j, uint32_t chunk_bytes) noexcept;
+// Recounts `j.chunks` as its non-zero chunks (what moves).
+void count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept;
 
 }  // namespace tmsdisk::shim

@@ -75,7 +75,8 @@ void expected(const Allocation& a, uint64_t id, uint64_t off, uint8_t* buf, uint
       if (from < to) tmsdisk::testing::fill_pattern(id, from, buf + (from - off), to - from);
     }
   }
-  for (auto it = a.edits.lower_bound(off); it != a.edits.end() && it->first < off + n; ++it) buf[it->first - off] = it->second;
+  for (auto it = a.edits.lower_bound(off); it != a.edits.end() && it->first < off + n; ++it)
+    buf[it->first - off] = it->second;
 }
 
 bool fill(const Allocation& a, uint64_t id) {
