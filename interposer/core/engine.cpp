@@ -23,6 +23,7 @@
 #include "driver.h"
 #include "gate.h"
 #include "log.h"
+#include "pause_callbacks.h"
 #include "tmsdisk/common/human.h"
 #include "vmm.h"
 
@@ -119,6 +120,7 @@ void Engine::fork_child() noexcept {
   }
   registry().unlock_after_fork();
   gate::fork_child();
+  pause_callbacks_fork_child();
 }
 
 Engine::Engine() {
@@ -388,6 +390,11 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
     if (!connected) {
       r = failed(connected.error());
     } else {
+      // Before the gate closes, the program may hand back memory it does not need (PyTorch's cache):
+      // its frees and their synchronization must not be held. Only for a pause that has work to do:
+      // with the gate closed (something paused already), a callback's CUDA calls would wait on it.
+      if (pausing && !gate::is_closed() && registry().totals().resident_bytes > 0)
+        (void)run_pause_callbacks(config().pause_callback_timeout_ms);
       // Pause: no application thread may submit work from here on, and what was submitted before
       // finishes (pause() synchronizes) before a byte moves. The gate opens again once nothing is
       // paused (after a resume, or a pause that released nothing), or nothing but memory whose backup
