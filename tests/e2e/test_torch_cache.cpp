@@ -180,6 +180,16 @@ TEST_CASE("a program that pauses itself holding the GIL (ctypes.PyDLL) is paused
   CHECK(app.cmd("check") == "ok");
 }
 
+TEST_CASE("the sitecustomize that the start-up module hides on the path still runs") {
+  require_python();
+  Node node;
+  node.start_daemon();
+  App app(node, {}, {}, {{"PYTHONPATH", std::string(TORCH_APP_DIR) + "/usersite"}});
+  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  CHECK(app.cmd("site") == "site yes");
+  CHECK(app.cmd("callbacks") == "registered yes");
+}
+
 TEST_CASE("tmsctl env: the start-up module's directory first on PYTHONPATH, the user's after it, or off with the flag") {
   Node node;
   node.start_daemon();

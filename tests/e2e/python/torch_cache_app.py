@@ -10,6 +10,7 @@ call nothing). It prints "ready", then answers one line per command read on stdi
   pause-gil    the same through ctypes.PyDLL (the GIL held while it waits): "paused RC"
   resume-self  tmsdisk_resume(): "resumed RC"
   callbacks    whether this process registered the start-up module's callback: "registered yes|no"
+  site         whether the sitecustomize that tmsdisk's hides ran, and is `sitecustomize`: "site yes|no"
 """
 import ctypes
 import sys
@@ -41,6 +42,10 @@ def main():
             startup = sys.modules.get("_tmsdisk_sitecustomize")
             registered = startup is not None and startup._CALLBACK is not None
             print("registered %s" % ("yes" if registered else "no"), flush=True)
+        elif cmd == "site":
+            ran = getattr(sys, "tmsdisk_test_user_sitecustomize_ran", False)
+            named = getattr(sys.modules.get("sitecustomize"), "__file__", "").endswith("usersite/sitecustomize.py")
+            print("site %s" % ("yes" if ran and named else "no"), flush=True)
         else:
             print("unknown command %r" % cmd, flush=True)
 
