@@ -63,9 +63,10 @@ Config* load() {
     if (ms && *ms <= static_cast<uint64_t>(std::numeric_limits<int>::max()))
       c->pause_callback_timeout_ms = static_cast<int>(*ms);
     else
-      TMS_ERROR("TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS=%s is refused: it must be a plain integer number of milliseconds; "
-                "using %d",
-                text, kDefaultPauseCallbackTimeoutMs);
+      TMS_ERROR(
+          "TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS=%s is refused: it must be a plain integer number of milliseconds; "
+          "using %d",
+          text, kDefaultPauseCallbackTimeoutMs);
   }
   return c;
 }

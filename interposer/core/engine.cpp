@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +22,7 @@
 #include "gate.h"
 #include "log.h"
 #include "pause_callbacks.h"
+#include "threads.h"
 #include "tmsdisk/common/human.h"
 #include "vmm.h"
 
@@ -140,23 +139,10 @@ void Engine::ensure_started() noexcept {
     TMS_LOG_ONCE(LogLevel::Error, "cannot create the control thread's eventfd: %s", std::strerror(errno));
     return;
   }
-  // Threads started inside the host block every signal: a SIGINT, SIGCHLD or profiler signal meant
-  // for the application must never be delivered to ours (heaptrack learned this the hard way).
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  const int rc = pthread_create(&thread, &attr, &Engine::thread_main, this);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
+  if (const int rc = start_shim_thread(&Engine::thread_main, this, "tmsdisk-ctl"); rc != 0) {
     TMS_LOG_ONCE(LogLevel::Error, "cannot start the control thread: %s", std::strerror(rc));
     return;
   }
-  pthread_setname_np(thread, "tmsdisk-ctl");
   thread_started_ = true;
   started_.store(true, std::memory_order_release);
 }

@@ -2,9 +2,6 @@
 // tmsdisk_on_pause callbacks (pause_callbacks.h).
 #include "pause_callbacks.h"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +12,7 @@
 #include <new>
 
 #include "log.h"
+#include "threads.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -58,9 +56,8 @@ void* run_round(void* p) noexcept {
     }
   }
   TMS_DEBUG("pause: %zu callback(s) returned in %lld ms", round->count,
-            static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::steady_clock::now() - t0)
-                                       .count()));
+            static_cast<long long>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
   g_running.store(false, std::memory_order_release);
   {
     std::lock_guard lock(round->mu);
@@ -108,18 +105,7 @@ bool run_pause_callbacks(int timeout_ms) noexcept {
       round->args[i] = g_registered[i].arg.load(std::memory_order_relaxed);
     }
     auto* handed = new std::shared_ptr<Round>(round);
-    // Like the control thread, it blocks every signal: those are the application's.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    const int rc = pthread_create(&thread, &attr, &run_round, handed);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (rc != 0) {
+    if (const int rc = start_shim_thread(&run_round, handed, "tmsdisk-onpause"); rc != 0) {
       delete handed;
       g_running.store(false, std::memory_order_release);
       TMS_WARN("pause: cannot start a thread for the tmsdisk_on_pause callbacks (%s); pausing without them",
@@ -127,7 +113,6 @@ bool run_pause_callbacks(int timeout_ms) noexcept {
       return false;
     }
     started = true;
-    pthread_setname_np(thread, "tmsdisk-onpause");
     std::unique_lock lock(round->mu);
     if (!round->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return round->done; })) {
       TMS_WARN(

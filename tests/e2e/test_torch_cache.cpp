@@ -65,14 +65,43 @@ void require_python() {
   if (std::string(PYTHON3_PATH).empty()) skip("no python3 was found when the build was configured");
 }
 
+// The node's daemon started (the cases need python3: skipped without it).
+Node& started(Node& node) {
+  require_python();
+  node.start_daemon();
+  return node;
+}
+
+// A node, and the app launched on it with `tmsctl run`, ready.
+struct Launched {
+  Node node;
+  App app;
+  explicit Launched(const std::vector<std::string>& run_options, const std::vector<std::string>& app_options = {},
+                    const Env& extra = {})
+      : app(started(node), run_options, app_options, extra) {
+    REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  }
+};
+
+// `tmsctl pause` moves the cache with the tensors, no empty_cache() having run; the resume restores
+// the tensors.
+void pause_whole_and_resume(const Node& node, App& app) {
+  auto p = node.pause(app.proc.pid());
+  INFO(p.text);
+  REQUIRE(p.ok());
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].bytes == (kTensorMiB + kCacheMiB) * MiB);
+  CHECK(app.empty_cache_calls() == 0);
+  REQUIRE(node.resume(app.proc.pid()).ok());
+  CHECK(app.cmd("check") == "ok");
+}
+
 }  // namespace
 
 TEST_CASE("tmsctl run: a pause moves PyTorch's tensors, not its cache, and the resume restores them bit-exact") {
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({});
+  Node& node = launched.node;
+  App& app = launched.app;
   REQUIRE(app.cmd("callbacks") == "registered yes");
   CHECK(app.empty_cache_calls() == 0);
 
@@ -102,48 +131,27 @@ TEST_CASE("tmsctl run: a pause moves PyTorch's tensors, not its cache, and the r
 }
 
 TEST_CASE("tmsctl run --keep-torch-cache: the cache is paused with the tensors") {
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {"--keep-torch-cache"});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({"--keep-torch-cache"});
+  Node& node = launched.node;
+  App& app = launched.app;
   CHECK(app.cmd("callbacks") == "registered no");
-
-  auto p = node.pause(app.proc.pid());
-  INFO(p.text);
-  REQUIRE(p.ok());
-  REQUIRE(p.size() == 1);
-  CHECK(p[0].bytes == (kTensorMiB + kCacheMiB) * MiB);
-  CHECK(app.empty_cache_calls() == 0);
-  REQUIRE(node.resume(app.proc.pid()).ok());
-  CHECK(app.cmd("check") == "ok");
+  pause_whole_and_resume(node, app);
 }
 
 TEST_CASE("a program that imports no torch gets no call: its memory is paused whole") {
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {}, {"--no-torch"});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({}, {"--no-torch"});
+  Node& node = launched.node;
+  App& app = launched.app;
   CHECK(app.cmd("callbacks") == "registered yes");  // registered, but torch is not in sys.modules
-
-  auto p = node.pause(app.proc.pid());
-  INFO(p.text);
-  REQUIRE(p.ok());
-  CHECK(p[0].bytes == (kTensorMiB + kCacheMiB) * MiB);
-  CHECK(app.empty_cache_calls() == 0);
-  REQUIRE(node.resume(app.proc.pid()).ok());
-  CHECK(app.cmd("check") == "ok");
+  pause_whole_and_resume(node, app);
 }
 
 TEST_CASE("a program that pauses itself through ctypes.CDLL empties its cache first and does not hang") {
   // ctypes.CDLL releases the GIL while tmsdisk_pause() waits for the control thread, so the callback,
   // which takes the GIL on the shim's thread, runs.
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({});
+  Node& node = launched.node;
+  App& app = launched.app;
   REQUIRE(app.cmd("pause-self") == "paused 0");
   CHECK(app.empty_cache_calls() == 1);
   const Totals paused = totals(node, app.proc.pid());
@@ -158,11 +166,9 @@ TEST_CASE("a program that pauses itself holding the GIL (ctypes.PyDLL) is paused
   // The callback cannot take the GIL until tmsdisk_pause() returns: the pause stops waiting for it
   // after TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS and moves the cache too. The callback then runs late,
   // while the process is paused, and frees the paused cache (a free of paused memory is allowed).
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {}, {}, {{"TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS", "300"}});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({}, {}, {{"TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS", "300"}});
+  Node& node = launched.node;
+  App& app = launched.app;
   REQUIRE(app.cmd("pause-gil") == "paused 0");
   // What the pause itself moved: the cache with the tensors (its callback had not run).
   auto [rc, out] = node.tmsctl({"status"});
@@ -181,16 +187,14 @@ TEST_CASE("a program that pauses itself holding the GIL (ctypes.PyDLL) is paused
 }
 
 TEST_CASE("the sitecustomize that the start-up module hides on the path still runs") {
-  require_python();
-  Node node;
-  node.start_daemon();
-  App app(node, {}, {}, {{"PYTHONPATH", std::string(TORCH_APP_DIR) + "/usersite"}});
-  REQUIRE(app.proc.line(kAnswerMs) == "ready");
+  Launched launched({}, {}, {{"PYTHONPATH", std::string(TORCH_APP_DIR) + "/usersite"}});
+  App& app = launched.app;
   CHECK(app.cmd("site") == "site yes");
   CHECK(app.cmd("callbacks") == "registered yes");
 }
 
-TEST_CASE("tmsctl env: the start-up module's directory first on PYTHONPATH, the user's after it, or off with the flag") {
+TEST_CASE(
+    "tmsctl env: the start-up module's directory first on PYTHONPATH, the user's after it, or off with the flag") {
   Node node;
   node.start_daemon();
   Env env = node.sim_env();
