@@ -35,6 +35,9 @@ TMSDISK_EXPORT int tmsdisk_resume_accept_loss(void) noexcept {
 TMSDISK_EXPORT int tmsdisk_status(struct tmsdisk_status* status, size_t size) noexcept {
   return tmsdisk::shim::api_status(status, size);
 }
+TMSDISK_EXPORT int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) noexcept {
+  return tmsdisk::shim::api_on_pause(callback, arg);
+}
 TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept {
   return tmsdisk::shim::api_version();
 }

@@ -51,6 +51,11 @@ for bin in /usr/bin/tmsctl /usr/sbin/tmsdiskd "$shim"; do
 done
 tmsctl --help >/dev/null
 tmsdiskd --help >/dev/null
+# tmsctl finds the Python start-up module (PyTorch's cache) where the package put it.
+startup=$(grep '/tmsdisk/python/sitecustomize\.py$' <<<"$files") || fail "the package does not install sitecustomize.py"
+env_out=$(env -u PYTHONPATH TMSDISK_SOCKET=/nonexistent tmsctl env 2>&1)
+grep -qx "export PYTHONPATH='$(dirname "$startup")'" <<<"$env_out" ||
+  fail "tmsctl env does not put $(dirname "$startup") on PYTHONPATH: $env_out"
 
 step "verifying the installed units"
 sh tests/systemd/verify_units.sh "$unit_dir"

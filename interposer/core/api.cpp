@@ -11,6 +11,7 @@
 #include "driver.h"
 #include "engine.h"
 #include "log.h"
+#include "pause_callbacks.h"
 #include "shim.h"
 #include "vmm.h"
 
@@ -98,6 +99,11 @@ int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
   } catch (...) {
     return -ENOMEM;
   }
+}
+
+int api_on_pause(void (*callback)(void* arg), void* arg) noexcept {
+  // Registration only: no thread, no session. The first pause (which starts the engine) runs it.
+  return add_pause_callback(callback, arg);
 }
 
 const char* api_version() noexcept {

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 
@@ -56,6 +57,16 @@ Config* load() {
     c->zero_scan = std::string_view(scan) != "0";
     if (std::string_view(scan) != "0" && std::string_view(scan) != "1")
       TMS_WARN("TMSDISK_ZERO_SCAN=%s is not 0 or 1; scanning for zero chunks", scan);
+  }
+  if (const char* text = env("TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS")) {
+    const std::optional<uint64_t> ms = parse_plain_integer(text);
+    if (ms && *ms <= static_cast<uint64_t>(std::numeric_limits<int>::max()))
+      c->pause_callback_timeout_ms = static_cast<int>(*ms);
+    else
+      TMS_ERROR(
+          "TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS=%s is refused: it must be a plain integer number of milliseconds; "
+          "using %d",
+          text, kDefaultPauseCallbackTimeoutMs);
   }
   return c;
 }

@@ -12,6 +12,9 @@
 namespace tmsdisk::shim {
 
 inline constexpr uint64_t kDefaultMinBytes = 2ull << 20;
+// How long a pause waits for the tmsdisk_on_pause callbacks (PyTorch's empty_cache of thousands of
+// cached blocks takes a second or two; a callback blocked on the GIL would never return).
+inline constexpr int kDefaultPauseCallbackTimeoutMs = 30000;
 
 struct Config {
   uint64_t min_bytes = kDefaultMinBytes;  // TMSDISK_MIN_BYTES: smaller allocations stay native
@@ -24,6 +27,7 @@ struct Config {
   uint64_t staging_budget_bytes = 0;      // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
   OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
   bool zero_scan = true;                  // TMSDISK_ZERO_SCAN=0: every chunk is data (no device scan)
+  int pause_callback_timeout_ms = kDefaultPauseCallbackTimeoutMs;  // TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS
 };
 
 // Reads the environment the first time it is called; later calls return the same object. Never

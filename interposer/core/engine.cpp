@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +21,8 @@
 #include "driver.h"
 #include "gate.h"
 #include "log.h"
+#include "pause_callbacks.h"
+#include "threads.h"
 #include "tmsdisk/common/human.h"
 #include "vmm.h"
 
@@ -119,6 +119,7 @@ void Engine::fork_child() noexcept {
   }
   registry().unlock_after_fork();
   gate::fork_child();
+  pause_callbacks_fork_child();
 }
 
 Engine::Engine() {
@@ -138,23 +139,10 @@ void Engine::ensure_started() noexcept {
     TMS_LOG_ONCE(LogLevel::Error, "cannot create the control thread's eventfd: %s", std::strerror(errno));
     return;
   }
-  // Threads started inside the host block every signal: a SIGINT, SIGCHLD or profiler signal meant
-  // for the application must never be delivered to ours (heaptrack learned this the hard way).
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  const int rc = pthread_create(&thread, &attr, &Engine::thread_main, this);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
+  if (const int rc = start_shim_thread(&Engine::thread_main, this, "tmsdisk-ctl"); rc != 0) {
     TMS_LOG_ONCE(LogLevel::Error, "cannot start the control thread: %s", std::strerror(rc));
     return;
   }
-  pthread_setname_np(thread, "tmsdisk-ctl");
   thread_started_ = true;
   started_.store(true, std::memory_order_release);
 }
@@ -388,6 +376,11 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
     if (!connected) {
       r = failed(connected.error());
     } else {
+      // Before the gate closes, the program may hand back memory it does not need (PyTorch's cache):
+      // its frees and their synchronization must not be held. Only for a pause that has work to do:
+      // with the gate closed (something paused already), a callback's CUDA calls would wait on it.
+      if (pausing && !gate::is_closed() && registry().totals().resident_bytes > 0)
+        (void)run_pause_callbacks(config().pause_callback_timeout_ms);
       // Pause: no application thread may submit work from here on, and what was submitted before
       // finishes (pause() synchronizes) before a byte moves. The gate opens again once nothing is
       // paused (after a resume, or a pause that released nothing), or nothing but memory whose backup

@@ -16,6 +16,7 @@ int api_pause() noexcept;
 int api_resume() noexcept;
 int api_resume_accept_loss() noexcept;
 int api_status(struct tmsdisk_status* status, std::size_t size) noexcept;
+int api_on_pause(void (*callback)(void* arg), void* arg) noexcept;
 const char* api_version() noexcept;
 
 }  // namespace tmsdisk::shim

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 2
+#define TMSDISK_API_VERSION 3
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -96,6 +96,24 @@ int tmsdisk_resume_accept_loss(void) TMSDISK_NOEXCEPT;
 /* Fills the first `size` bytes of *status (pass sizeof(struct tmsdisk_status)); fields added in
  * later versions go at the end. Returns 0 or -EINVAL. */
 int tmsdisk_status(struct tmsdisk_status* status, size_t size) TMSDISK_NOEXCEPT;
+
+/* Registers callback(arg) to run before each pause of this process, before CUDA calls are held: it
+ * hands back memory the program does not need, so that the pause does not move it (the start-up
+ * module `tmsctl run` puts on the Python path registers one that calls torch.cuda.empty_cache()).
+ * Callbacks run in the order registered, on a thread of the shim's own (not the caller of
+ * tmsdisk_pause, nor the thread that registered them) that is like any thread of the program: its
+ * CUDA calls go through the shim (cuMemFree of managed memory releases it). A pause waits for them
+ * at most TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS (default 30 s) and then goes on without them, so a
+ * callback must return promptly and must not wait for what a thread that pauses holds (a Python
+ * callback needs the GIL: call tmsdisk_pause through ctypes.CDLL, which releases it, not PyDLL).
+ * One that returns late runs while the process pauses, as any other thread would. A callback must not
+ * call tmsdisk_pause or tmsdisk_resume (-EBUSY), nor throw.
+ * They run only for a pause that has work to do (some managed memory resident, nothing paused), not
+ * for a resume, nor again while those of an earlier pause have not returned.
+ * Returns 0 (also when the same callback and arg are registered already), -EINVAL for a null
+ * callback, -ENOSPC when 16 are registered. There is no way to unregister one: arg must stay valid for
+ * the life of the process. Added in API version 3. */
+int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) TMSDISK_NOEXCEPT;
 
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;

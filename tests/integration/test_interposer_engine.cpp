@@ -28,6 +28,7 @@
 #include "driver.h"
 #include "engine.h"
 #include "gate.h"
+#include "pause_callbacks.h"
 #include "registry.h"
 #include "shim.h"
 #include "tmsdisk/protocol/messages.h"
@@ -950,4 +951,121 @@ TEST_CASE("a fork child drops the inherited session") {
   REQUIRE(api_resume() == 0);
   CHECK(a.intact());
   a.free();
+}
+
+// Issue 9: tmsdisk_on_pause, through which PyTorch hands back its cache before a pause.
+namespace {
+
+// What a pause callback saw, written on the callbacks' thread and read by the test after the pause.
+struct CallbackProbe {
+  std::atomic<int> calls{0};
+  std::atomic<bool> gate_was_closed{false};
+  std::atomic<bool> on_shim_thread{false};  // its driver calls bypass the hooks (they must not)
+  std::atomic<CUresult> freed{CUDA_ERROR_UNKNOWN};
+  std::atomic<CUresult> copied{CUDA_ERROR_UNKNOWN};
+  CUdeviceptr cache = 0;  // freed by the callback, as torch.cuda.empty_cache() frees cached blocks
+  CUdeviceptr tensor = 0;
+  uint32_t tensor_word = 0;  // the tensor's first bytes, written again as they are
+  Sim* sim = nullptr;
+
+  static void on_pause(void* self) {
+    auto* p = static_cast<CallbackProbe*>(self);
+    p->gate_was_closed = gate::is_closed();
+    {
+      ReentryGuard guard;
+      p->on_shim_thread = guard.nested();
+    }
+    if (p->cache) {
+      p->freed = hook::cuMemFree_v2(p->cache);
+      p->cache = 0;
+    }
+    // A gated call (a copy) still passes: the gate is open. Its thread is new, so it makes its context
+    // current first, as cudart does for PyTorch.
+    p->sim->cuCtxSetCurrent(p->sim->ctx);
+    p->copied = hook::cuMemcpyHtoD_v2(p->tensor, &p->tensor_word, sizeof(p->tensor_word));
+    p->calls++;
+  }
+};
+
+// Forgets the callbacks a case registered, whatever its outcome.
+struct CallbacksCleared {
+  ~CallbacksCleared() { clear_pause_callbacks(); }
+};
+
+}  // namespace
+
+TEST_CASE("tmsdisk_on_pause: a null callback is refused, the same one is registered once, 16 at most") {
+  world();
+  CallbacksCleared cleared;
+  CHECK(api_on_pause(nullptr, nullptr) == -EINVAL);
+  CallbackProbe probes[kMaxPauseCallbacks + 1];
+  for (std::size_t i = 0; i < kMaxPauseCallbacks; ++i) REQUIRE(api_on_pause(&CallbackProbe::on_pause, &probes[i]) == 0);
+  CHECK(api_on_pause(&CallbackProbe::on_pause, &probes[0]) == 0);  // already there: not a 17th
+  CHECK(api_on_pause(&CallbackProbe::on_pause, &probes[kMaxPauseCallbacks]) == -ENOSPC);
+}
+
+TEST_CASE("a pause callback runs once per pause, before the gate closes, and what it frees is not paused") {
+  World& w = world();
+  CallbacksCleared cleared;
+  Buffer tensor(2 * kSlotBytes, 21), cache(3 * kSlotBytes, 22);
+  CallbackProbe probe;
+  probe.cache = cache.ptr;
+  probe.tensor = tensor.ptr;
+  probe.sim = &w.sim;
+  std::memcpy(&probe.tensor_word, tensor.expected().data(), sizeof(probe.tensor_word));
+  REQUIRE(api_on_pause(&CallbackProbe::on_pause, &probe) == 0);
+
+  REQUIRE(api_pause() == 0);
+  CHECK(probe.calls.load() == 1);
+  CHECK_FALSE(probe.gate_was_closed.load());
+  CHECK_FALSE(probe.on_shim_thread.load());
+  CHECK(probe.freed.load() == CUDA_SUCCESS);
+  CHECK(probe.copied.load() == CUDA_SUCCESS);
+  CHECK(registry().find(cache.ptr) == nullptr);
+  auto st = status();
+  CHECK(st.last_pause_bytes == tensor.size);  // the cache did not move
+  CHECK(st.paused_bytes == tensor.size);
+  CHECK(api_pause() == 0);  // already paused: nothing to do, and no callback
+  CHECK(probe.calls.load() == 1);
+
+  REQUIRE(api_resume() == 0);
+  CHECK(probe.calls.load() == 1);  // not on resume
+  CHECK(tensor.intact());
+  REQUIRE(api_pause() == 0);  // the next pause calls it again
+  CHECK(probe.calls.load() == 2);
+  REQUIRE(api_resume() == 0);
+  CHECK(tensor.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  tensor.free();
+}
+
+TEST_CASE("a pause callback that does not return in time does not hold the pause, nor is it started twice") {
+  world();
+  CallbacksCleared cleared;
+  struct Blocked {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false;
+    std::atomic<int> calls{0};
+    static void on_pause(void* self) {
+      auto* b = static_cast<Blocked*>(self);
+      b->calls++;
+      std::unique_lock lock(b->mu);
+      b->cv.wait(lock, [&] { return b->release; });
+    }
+  };
+  static Blocked blocked;  // the callback may outlive a failed case
+  REQUIRE(api_on_pause(&Blocked::on_pause, &blocked) == 0);
+  CHECK_FALSE(run_pause_callbacks(50));  // gave up waiting
+  CHECK(blocked.calls.load() == 1);
+  CHECK_FALSE(run_pause_callbacks(50));  // the first round still runs: not started again
+  CHECK(blocked.calls.load() == 1);
+  {
+    std::lock_guard lock(blocked.mu);
+    blocked.release = true;
+  }
+  blocked.cv.notify_all();
+  // Once it returned, the next round runs (to completion: the callback no longer blocks).
+  CHECK(eventually([] { return run_pause_callbacks(5000); }));
+  CHECK(blocked.calls.load() >= 2);
 }

@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 
 #include "client.h"
 #include "deadline.h"
@@ -187,10 +188,10 @@ fs::path self_dir() {
   return fs::path(buf).parent_path();
 }
 
-// $`env`, else what `find` sees beside this executable (paths.h: install tree, then build tree),
-// made canonical: it goes into LD_PRELOAD and messages.
+// $`env` (when named), else what `find` sees beside this executable (paths.h: install tree, then build
+// tree), made canonical: it goes into LD_PRELOAD, PYTHONPATH and messages.
 std::string find_next_to_self(const char* env, std::string (*find)(const std::string&)) {
-  if (const char* e = std::getenv(env); e && *e) return e;
+  if (const char* e = env ? std::getenv(env) : nullptr; e && *e) return e;
   const std::string found = find(self_dir().string());
   if (found.empty()) return {};
   std::error_code ec;
@@ -216,6 +217,12 @@ void print_failure(bool json, const std::string& where, const std::string& messa
 
 std::string find_shim_library() {
   return find_next_to_self("TMSDISK_LIBRARY", find_shim_beside_tmsctl);
+}
+
+std::string find_python_startup() {
+  // No variable names another: the module only registers a callback through the C API, which every
+  // libtmsdisk.so since API version 3 has.
+  return find_next_to_self(nullptr, find_python_startup_beside_tmsctl);
 }
 
 int cmd_status(const Common& common) {
@@ -521,9 +528,40 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
   return std::nullopt;
 }
 
-// The variables a launch needs, in a stable order. `root` is where the daemon keeps files.
+// PYTHONPATH with `dir` first and the inherited entries after it (once: a `tmsctl run` inside
+// another one does not add it twice).
+std::string python_path_with(const std::string& dir) {
+  std::string path = dir;
+  const char* old = std::getenv("PYTHONPATH");
+  for (std::string_view rest = old ? old : ""; !rest.empty();) {
+    const auto colon = rest.find(':');
+    const std::string_view entry = rest.substr(0, colon);
+    if (entry != dir) (path += ':') += entry;
+    rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+  }
+  return path;
+}
+
+// Where the Python start-up module is, when the launch wants it; a warning on stderr (stdout may be
+// JSON or `export` lines) when it is missing: the program runs all the same, its cache paused with the
+// rest of its memory.
+std::string python_startup_for(const LaunchOptions& launch, const char* where) {
+  if (!launch.empty_torch_cache) return {};
+  std::string dir = find_python_startup();
+  if (dir.empty())
+    std::fprintf(stderr,
+                 "%s: warning: the Python start-up module (sitecustomize.py) is not installed beside tmsctl: "
+                 "PyTorch's cached memory will be paused with the rest (reinstall tmsdisk, or pass "
+                 "--keep-torch-cache to say so)\n",
+                 where);
+  return dir;
+}
+
+// The variables a launch needs, in a stable order. `root` is where the daemon keeps files;
+// `python_dir`, the start-up module's directory (empty: missing, or not wanted).
 std::vector<std::pair<std::string, std::string>> launch_env(const std::string& socket, const std::string& root,
-                                                            const LaunchOptions& launch, const std::string& lib) {
+                                                            const LaunchOptions& launch, const std::string& lib,
+                                                            const std::string& python_dir) {
   std::vector<std::pair<std::string, std::string>> env;
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old && std::string(old).find(lib) == std::string::npos)
@@ -535,6 +573,13 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   if (!launch.job.empty()) env.emplace_back("TMSDISK_JOB", launch.job);
   if (launch.min_mb) env.emplace_back("TMSDISK_MIN_BYTES", std::to_string(launch.min_mb << 20));
   if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);
+  if (!launch.empty_torch_cache) {
+    // Also off where an outer launch already put the module on PYTHONPATH.
+    env.emplace_back("TMSDISK_TORCH_EMPTY_CACHE", "0");
+  } else if (!python_dir.empty()) {
+    env.emplace_back("PYTHONPATH", python_path_with(python_dir));
+    env.emplace_back("TMSDISK_TORCH_EMPTY_CACHE", "1");
+  }
   return env;
 }
 
@@ -558,7 +603,7 @@ int cmd_env(const Common& common, const LaunchOptions& launch) {
       return fail(common, "env", refused->message, refused->exit_status);
     root = client->first_root();
   }
-  auto env = launch_env(socket, root, launch, lib);
+  auto env = launch_env(socket, root, launch, lib, python_startup_for(launch, "tmsctl env"));
   if (common.json) {
     json out = json::object();
     for (auto& [k, v] : env) out[k] = v;
@@ -595,7 +640,7 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
   if (!client) return fail(common, "run", client.error());
   if (auto refused = check_staging_budget(launch, client->welcome()))
     return fail(common, "run", refused->message, refused->exit_status);
-  auto env = launch_env(socket, client->first_root(), launch, lib);
+  auto env = launch_env(socket, client->first_root(), launch, lib, python_startup_for(launch, "tmsctl run"));
   for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));

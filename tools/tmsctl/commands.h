@@ -32,6 +32,9 @@ struct LaunchOptions {
   uint64_t min_mb = 0;             // TMSDISK_MIN_BYTES in MiB (0: the shim's default)
   std::string on_touch;            // TMSDISK_ON_TOUCH: wait | resume | fail (empty: the shim's default, wait)
   bool start_daemon = true;        // run: start a private daemon when none answers
+  // The Python start-up module on PYTHONPATH, TMSDISK_TORCH_EMPTY_CACHE=1: PyTorch empties its cache
+  // before each pause. false (--keep-torch-cache): TMSDISK_TORCH_EMPTY_CACHE=0, PYTHONPATH untouched.
+  bool empty_torch_cache = true;
 };
 
 // Tells a failure: "WHERE: MESSAGE" on stderr, or with --json a JSON object on stdout
@@ -49,5 +52,8 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
 // Path of libtmsdisk.so for LD_PRELOAD: $TMSDISK_LIBRARY, else next to this tmsctl's install or
 // build tree. Empty if not found.
 std::string find_shim_library();
+// The directory of the Python start-up module (sitecustomize.py) next to this tmsctl's install or
+// build tree. Empty if not found.
+std::string find_python_startup();
 
 }  // namespace tmsdisk::ctl

@@ -219,6 +219,11 @@ int main(int argc, char** argv) {
                     "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
         ->type_name("MODE")
         ->check(one_of({"wait", "resume", "fail"}));
+    sub->add_flag_function(
+        "--keep-torch-cache", [&](std::int64_t) { launch.empty_torch_cache = false; },
+        "pause PyTorch's cached memory with the rest (TMSDISK_TORCH_EMPTY_CACHE=0); by default a Python start-up "
+        "module put first on PYTHONPATH calls torch.cuda.empty_cache() before each pause, so that memory no tensor "
+        "uses does not move");
   };
   auto* env =
       app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");

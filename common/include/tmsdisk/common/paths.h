@@ -71,6 +71,14 @@ inline std::string find_shim_beside_tmsctl(const std::string& tmsctl_dir) {
   return find_beside(tmsctl_dir, {layout::kBinToLib, ".", layout::kBuiltCtlToShim}, "libtmsdisk.so", R_OK);
 }
 
+// The Python start-up module's directory (the one holding sitecustomize.py) beside tmsctl, whose
+// directory is `tmsctl_dir`: `python` in a flat bundle.
+inline std::string find_python_startup_beside_tmsctl(const std::string& tmsctl_dir) {
+  std::string file =
+      find_beside(tmsctl_dir, {layout::kBinToPython, "python", layout::kBuiltCtlToPython}, "sitecustomize.py", R_OK);
+  return file.empty() ? file : file.substr(0, file.rfind('/'));
+}
+
 // tmsdiskd beside libtmsdisk.so, whose directory is `shim_dir`.
 inline std::string find_daemon_beside_shim(const std::string& shim_dir) {
   return find_beside(shim_dir, {layout::kLibToSbin, ".", layout::kBuiltShimToDaemon}, "tmsdiskd", X_OK);

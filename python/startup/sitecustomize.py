@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tmsdisk's Python start-up module: PyTorch hands back its cache before a pause.
+
+`tmsctl run` puts this directory first on PYTHONPATH, so Python's `site` imports this file at start-up
+in every Python process of the job. When libtmsdisk.so is preloaded and TMSDISK_TORCH_EMPTY_CACHE is
+not "0", it registers a tmsdisk_on_pause callback (tmsdisk.h) that calls torch.cuda.empty_cache()
+before each pause: blocks that PyTorch's caching allocator holds but no tensor uses are garbage to the
+program, and moving them to disk and back is pure waste.
+
+- It never imports torch: a program that does not use torch, or has not initialized CUDA, is left
+  alone.
+- empty_cache() releases only cached blocks that no tensor uses. It synchronizes the events of blocks
+  freed on other streams itself, and the pause synchronizes every context once CUDA calls are held, so
+  no torch.cuda.synchronize() is needed. CUDA graphs' private pools stay: the allocator's
+  release_cached_blocks walks only graph_pools_freeable, pools whose graphs were all released
+  (use_count 0); a live graph's pool is never freed, so replaying it after the resume finds its memory.
+- The callback runs on a thread of the shim and takes the GIL (ctypes does, around the call). A thread
+  that pauses its own process must release the GIL while it waits: ctypes.CDLL calls do
+  (ctypes.CDLL(None).tmsdisk_pause()), ctypes.PyDLL calls do not; with PyDLL the pause goes on without
+  emptying the cache once TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS has passed.
+- Nothing raised in the callback reaches the shim: it is caught, and told with TMSDISK_LOG=debug.
+
+Python imports only the first `sitecustomize` on its path, so this one then runs the one it hides (a
+site's or a virtual environment's own), which stays importable as `sitecustomize`.
+"""
+
+import os
+import sys
+
+
+def _debug_enabled():
+    return os.environ.get("TMSDISK_LOG", "").strip().lower() == "debug"
+
+
+def _debug(message):
+    if _debug_enabled():
+        sys.stderr.write("[tmsdisk %d] debug: python: %s\n" % (os.getpid(), message))
+
+
+def _empty_torch_cache(_arg):
+    try:
+        torch = sys.modules.get("torch")  # never imported here: only a program's own torch counts
+        cuda = getattr(torch, "cuda", None) if torch is not None else None
+        if cuda is None or not cuda.is_initialized():
+            _debug("before pause: torch %s; nothing to empty" % ("not loaded" if torch is None else "has no CUDA yet"))
+            return
+        before = cuda.memory_reserved() if _debug_enabled() else 0
+        cuda.empty_cache()
+        if _debug_enabled():
+            _debug(
+                "before pause: torch.cuda.empty_cache() released %d bytes of cache (%d reserved now)"
+                % (before - cuda.memory_reserved(), cuda.memory_reserved())
+            )
+    except BaseException as e:  # pylint: disable=broad-except
+        # Raised into ctypes it would be printed as "Exception ignored"; the pause must go on anyway.
+        _debug("before pause: emptying torch's cache failed: %r" % (e,))
+
+
+def _register():
+    if os.environ.get("TMSDISK_TORCH_EMPTY_CACHE", "1") == "0":
+        return None
+    import ctypes
+
+    try:
+        on_pause = ctypes.CDLL(None).tmsdisk_on_pause  # present only where libtmsdisk.so is loaded
+    except (AttributeError, OSError):
+        return None
+    on_pause.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    on_pause.restype = ctypes.c_int
+    # The shim keeps the C pointer for the life of the process: this object must live as long (a
+    # module global of a module that stays in sys.modules).
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_empty_torch_cache)
+    rc = on_pause(ctypes.cast(callback, ctypes.c_void_p), None)
+    if rc != 0:
+        _debug("tmsdisk_on_pause failed: %s" % os.strerror(-rc))
+        return None
+    _debug("torch's cache is emptied before each pause")
+    return callback
+
+
+def _run_hidden_sitecustomize():
+    """Imports the next `sitecustomize` on sys.path after this directory, as Python would have."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    rest = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    if spec.origin and os.path.realpath(spec.origin) == os.path.realpath(__file__):
+        return  # this very file again, under another name
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:  # pylint: disable=broad-except
+        # As site.py treats a failing sitecustomize: say so, and start the program anyway.
+        import traceback
+
+        sys.stderr.write("Error in sitecustomize (%s); set PYTHONVERBOSE for traceback:\n" % spec.origin)
+        traceback.print_exc()
+
+
+# This module leaves sys.modules["sitecustomize"] to the one it hides; it stays alive under its own
+# name, since it holds the callback the shim calls.
+sys.modules["_tmsdisk_sitecustomize"] = sys.modules[__name__]
+try:
+    _CALLBACK = _register()
+except Exception as _e:  # pylint: disable=broad-except
+    _CALLBACK = None
+    _debug("not registered: %r" % (_e,))
+_run_hidden_sitecustomize()
