@@ -5,7 +5,9 @@
 # non-zero bytes placed at the edges the kernel must not miss (the last byte of a chunk, the last
 # byte of an allocation of odd size); it is paused, another process takes the memory, and after the
 # resume every byte is compared (zeros included). A second pause of unchanged memory rewrites
-# nothing. Then JAX with its default preallocation (75% of the GPU) pauses and resumes bit for bit.
+# nothing. Then JAX with its default preallocation (75% of the GPU) pauses and resumes bit for bit,
+# and PyTorch's free cached blocks are handed back before a pause (torch_cache.py), and kept with
+# `tmsctl run --keep-torch-cache`.
 #   tests/gpu/run_gpu_skip.sh BUNDLE_DIR OUT_DIR
 set -uo pipefail  # not -e: every section runs and reports
 out=$2
@@ -58,4 +60,9 @@ echo "== 2. JAX with its default preallocation" | tee -a "$out/skip.txt"
 unset XLA_PYTHON_CLIENT_PREALLOCATE
 TMSCTL=$tmsctl "$tmsctl" run --job jax-prealloc -- python3 "$here/frameworks.py" jax >>"$out/skip.txt" 2>"$out/jax-shim.log" ||
   echo "FAIL jax-prealloc: exited $? (see jax-shim.log)" >>"$out/skip.txt"
+echo "== 3. PyTorch's free cached blocks are not moved" | tee -a "$out/skip.txt"
+TMSCTL=$tmsctl "$tmsctl" run --job torch-cache -- python3 "$here/torch_cache.py" 4 >>"$out/skip.txt" 2>"$out/torch-cache-shim.log" ||
+  echo "FAIL torch-cache: exited $? (see torch-cache-shim.log)" >>"$out/skip.txt"
+TMSCTL=$tmsctl "$tmsctl" run --keep-torch-cache --job torch-kept -- python3 "$here/torch_cache.py" 4 keep \
+  >>"$out/skip.txt" 2>"$out/torch-kept-shim.log" || echo "FAIL torch-kept: exited $? (see torch-kept-shim.log)" >>"$out/skip.txt"
 cat "$out/skip.txt"
