@@ -36,12 +36,14 @@
 #include <variant>
 
 #include "adversarial.h"
+#include "fd_passing.h"
 #include "other_user.h"
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::adversarial;
+using tmsdisk::testing::send_with_fds;
 
 namespace {
 
@@ -692,24 +694,6 @@ void run_batch(Place place) {
 
 // ------------------------------------------------------------------------------------------------
 // Descriptors
-
-// Sends `bytes` with `count` copies of `fd` (SCM_RIGHTS; the kernel takes at most 253 per message).
-ssize_t send_with_fds(int sock, const std::vector<uint8_t>& bytes, int fd, std::size_t count) {
-  std::vector<int> fds(count, fd);
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * count), 0);
-  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int) * count);
-  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * count);
-  return ::sendmsg(sock, &msg, MSG_NOSIGNAL);
-}
 
 // A pipe whose write end is what clients pass: once every copy of it is closed (ours and the
 // daemon's), the read end reports a hangup. One pipe thus counts any number of passed copies.

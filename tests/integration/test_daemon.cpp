@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "client.h"
+#include "fd_passing.h"
 #include "in_process_daemon.h"
 #include "other_user.h"
 #include "server.h"
@@ -144,23 +145,6 @@ int raw_exchange(const std::string& socket, const std::vector<uint8_t>& bytes) {
   // The daemon closes a connection after a protocol violation.
   CHECK(proto::recv_message(fd.get(), buf) == 0);
   return e->code;
-}
-
-// Sends `bytes` with every descriptor of `fds` in one SCM_RIGHTS message (send_message passes one).
-void send_with_fds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-  REQUIRE(::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
 }
 
 // `n` pipes, whose write ends a test passes to the daemon: once every copy of one is closed, its
@@ -1740,7 +1724,7 @@ TEST_CASE("descriptors a client passes with messages that take none are closed, 
   Pipes pipes(3);
   auto bytes = proto::encode(1, proto::Report{});
   REQUIRE(!bytes.empty());
-  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  REQUIRE(send_with_fds(c.fd(), bytes, pipes.write_ends()) == static_cast<ssize_t>(bytes.size()));
   pipes.writers.clear();
   CHECK(eventually([&] { return pipes.all_closed(); }));
   // The session is unharmed.
@@ -1753,7 +1737,7 @@ TEST_CASE("more descriptors than a message may carry are refused as such, and al
   auto c = d.shim();
   Pipes pipes(proto::kMaxPassedFds + 4);
   auto bytes = proto::encode(77, proto::Report{});  // 28 bytes: nothing about the message is too large
-  send_with_fds(c.fd(), bytes, pipes.write_ends());
+  REQUIRE(send_with_fds(c.fd(), bytes, pipes.write_ends()) == static_cast<ssize_t>(bytes.size()));
   pipes.writers.clear();
   auto reply = c.receive();
   REQUIRE(reply);

@@ -11,11 +11,13 @@
 #include <cstring>
 #include <vector>
 
+#include "fd_passing.h"
 #include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/messages.h"
 #include "tmsdisk/protocol/socket.h"
 
 using namespace tmsdisk::proto;
+using tmsdisk::testing::send_with_fds;
 
 namespace {
 
@@ -516,23 +518,6 @@ TEST_CASE("socket I/O passes one descriptor, closes extras and reports oversized
 
 namespace {
 
-// Sends `bytes` with every descriptor of `fds` in one SCM_RIGHTS message (send_message passes one).
-void send_with_fds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-  REQUIRE(::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
-}
-
 // Whether every write end of these pipes is closed everywhere (each read end reports a hangup).
 bool all_closed(const std::vector<int>& read_ends) {
   for (int r : read_ends) {
@@ -556,7 +541,7 @@ TEST_CASE("a message with more descriptors than a receiver takes is refused as s
       read_ends.push_back(p[0]);
       write_ends.push_back(p[1]);
     }
-    send_with_fds(sv[0], bytes, write_ends);
+    REQUIRE(send_with_fds(sv[0], bytes, write_ends) == static_cast<ssize_t>(bytes.size()));
     for (int w : write_ends) ::close(w);
     std::vector<uint8_t> buf;
     std::vector<int> extra;
