@@ -308,7 +308,11 @@ bool MetricsFile::write(std::string_view text) {
     return false;
   };
   // Hidden and without the .prom suffix: the textfile collector reads only *.prom, never a half-written file.
-  std::string temp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
+  // Built by appending: GCC 12 at -O3 misreads `"." + string` as an overlapping memcpy (-Wrestrict).
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".XXXXXX";
+  std::string temp = (dir / name).string();
   const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
   if (fd < 0) return fail(fmt::format("cannot create a temp file in {}: {}", dir.string(), std::strerror(errno)));
   auto discard = [&](const std::string& what) {
