@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "client.h"
+#include "disk_faults.h"
 #include "test_support.h"
 #include "tmsdisk/protocol/messages.h"
 
@@ -236,21 +237,6 @@ struct Sentinel {
     CHECK(changes.empty());
   }
 };
-
-// Flips one byte of `path` at `offset` (as a failing disk would) and gets it to the disk.
-inline void flip_byte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char b = 0;
-  f.read(&b, 1);
-  REQUIRE(f);
-  b = static_cast<char>(b ^ 0x5a);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&b, 1);
-  f.close();
-  ::sync();
-}
 
 // The state word of a rank's manifest (daemon/storage/manifest.h: 1 paused, 2 resumed, 3 writing),
 // 0 when there is none. Lets a case tell whether a fault really came mid-pause or mid-resume.

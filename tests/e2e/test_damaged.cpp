@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "disk_faults.h"
 #include "e2e.h"
 
 using namespace tmsdisk;
@@ -22,22 +23,6 @@ using namespace tmsdisk::e2e;
 namespace {
 
 constexpr int kNotPermitted = 800;  // CUDA_ERROR_NOT_PERMITTED: what TMSDISK_ON_TOUCH=fail returns
-
-// Flips one byte of `path` at `offset`, as a failing disk would, and gets it to the disk; flipping it
-// again repairs it.
-void flip_byte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char b = 0;
-  f.read(&b, 1);
-  REQUIRE(f);
-  b = static_cast<char>(b ^ 0x5a);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&b, 1);
-  f.close();
-  ::sync();
-}
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

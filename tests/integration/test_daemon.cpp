@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "client.h"
+#include "disk_faults.h"
 #include "fd_passing.h"
 #include "in_process_daemon.h"
 #include "other_user.h"
@@ -41,20 +42,6 @@ using namespace tmsdisk::testing;
 using proto::BlobSize;
 
 namespace {
-
-// Flips one bit of `path` at `offset`, as a failing disk would, and gets it to the disk.
-void flip_bit_on_disk(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char b = 0;
-  f.read(&b, 1);
-  b = static_cast<char>(b ^ 0x01);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&b, 1);
-  f.close();
-  ::sync();
-}
 
 constexpr uint64_t MiB = 1ull << 20;
 
@@ -473,7 +460,7 @@ TEST_CASE("a corrupted byte in a backup file is detected on read") {
   REQUIRE(c.write_all(blobs, fill_pattern));
   REQUIRE(c.commit(proto::CommitState::Paused));
   const std::string data = d.rank_dir(0, "corrupt", 0, ::getpid()) + "/data";
-  flip_bit_on_disk(data, 4 * MiB + 100);
+  flip_byte(data, 4 * MiB + 100, 0x01);
   // The page cache may hold the old byte for a buffered fallback; O_DIRECT reads see the disk.
   auto r = c.read_all(blobs, check_pattern);
   REQUIRE_FALSE(r);
@@ -857,7 +844,7 @@ TEST_CASE("after a daemon restart mid-pause the store verifies chunks written be
   c.close();
   // The second chunk is corrupted on disk while no daemon runs.
   const std::string data = d.rank_dir(0, "sealed", 1, ::getpid()) + "/data";
-  flip_bit_on_disk(data, 4 * MiB + 100);
+  flip_byte(data, 4 * MiB + 100, 0x01);
   d.start();
   auto again = d.shim({.job = "sealed", .rank = 1, .token = token});
   CHECK(again.welcome().restored == 0);
@@ -1370,7 +1357,7 @@ TEST_CASE(
   Daemon d;
   std::string data;
   auto rank = paused_rank_after_restart(
-      d, [](const std::string& dir) { flip_bit_on_disk(dir + "/manifest", 40); }, data);
+      d, [](const std::string& dir) { flip_byte(dir + "/manifest", 40, 0x01); }, data);
   const std::string dir = d.rank_dir(0, "lost", 3, ::getpid());
   check_refused_and_kept(
       d, rank,
