@@ -141,6 +141,16 @@ constexpr Setting kSettings[] = {
      .help = "legacy CUDA IPC exports of all users together (keep well below the descriptor limit)",
      .min = 0,
      .max = kMaxCount},
+    {.name = "host-tier-mb",
+     .value_name = "N",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.host_tier_mb; },
+     .help = "host memory of the whole node that pausing ranks use before the disk (the host tier; default 0: "
+             "off). Each rank gets at most this divided by the ranks on the node, and never what the node cannot "
+             "spare at pause time (MemAvailable less 5% of memory and 1 GiB, the daemon's cgroup limit): the rest "
+             "goes to disk",
+     .min = 0,
+     .max = kMaxLimitMiB,
+     .unit = "MiB"},
     {.name = "chunk-mb",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.chunk_mb; },

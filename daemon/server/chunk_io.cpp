@@ -64,12 +64,14 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   if (m.flags & proto::kReserveFirst) {
     s.pending_reserve.clear();
     s.pending_zero_runs.clear();
+    s.pending_host_runs.clear();
     s.pending_chunks = 0;
   }
   // A refused set is dropped whole (its memory with it): the shim starts again with kReserveFirst.
   auto refuse = [&](int code, std::string why) {
     std::vector<proto::BlobSize>().swap(s.pending_reserve);
-    std::vector<proto::ZeroRun>().swap(s.pending_zero_runs);
+    std::vector<proto::ChunkRun>().swap(s.pending_zero_runs);
+    std::vector<proto::ChunkRun>().swap(s.pending_host_runs);
     s.pending_chunks = 0;
     spdlog::warn("session {}: reservation refused: {}", s.id, why);
     return error_reply(code, why);
@@ -79,8 +81,10 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     return refuse(E2BIG, fmt::format("more than {} blobs in one reservation; raise TMSDISK_MIN_BYTES so that fewer, "
                                      "larger allocations are paused",
                                      kMaxReserveBlobs));
-  if (s.pending_zero_runs.size() + m.zero_runs.size() > kMaxReserveZeroRuns)
-    return refuse(E2BIG, fmt::format("more than {} zero runs in one reservation", kMaxReserveZeroRuns));
+  if (s.pending_zero_runs.size() + m.zero_runs.size() + s.pending_host_runs.size() + m.host_runs.size() >
+      kMaxReserveZeroRuns)
+    return refuse(E2BIG, fmt::format("more than {} runs of zero or host-tier chunks in one reservation",
+                                     kMaxReserveZeroRuns));
   const uint64_t chunk = s.store->chunk_bytes();
   uint64_t chunks_in_set = s.pending_chunks;
   for (const auto& b : m.blobs) chunks_in_set = add_saturated(chunks_in_set, b.size / chunk + (b.size % chunk != 0));
@@ -115,17 +119,20 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     return over_chunk_quota(add_saturated(others.reserved_chunks, chunks_in_set), "reserved");
   s.pending_reserve.insert(s.pending_reserve.end(), m.blobs.begin(), m.blobs.end());
   s.pending_zero_runs.insert(s.pending_zero_runs.end(), m.zero_runs.begin(), m.zero_runs.end());
+  s.pending_host_runs.insert(s.pending_host_runs.end(), m.host_runs.begin(), m.host_runs.end());
   s.pending_chunks = chunks_in_set;
   if (!last) return proto::OkReply{};
   auto blobs = std::move(s.pending_reserve);
   auto zero_runs = std::move(s.pending_zero_runs);
+  auto host_runs = std::move(s.pending_host_runs);
   s.pending_reserve.clear();
   s.pending_zero_runs.clear();
+  s.pending_host_runs.clear();
   s.pending_chunks = 0;
   // The store checks the zero runs against the whole set (a run may name a blob of an earlier
   // message): refused, the set is dropped like any other refusal.
   const StorageTimer timer(s.id);
-  auto st = s.store->reserve(blobs, zero_runs);
+  auto st = s.store->reserve(blobs, zero_runs, host_runs);
   timer.done("reserving the pause's disk space");
   if (!st) {
     spdlog::warn("session {}: reservation refused: {}", s.id, st.error().describe());

@@ -32,8 +32,11 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
   std::vector<const Session*> visible;
   // Orphans too: they hold files and count against max-sessions-per-uid, so the user must see them.
   // Only a session whose shim just went, waiting for its I/O before it closes or turns orphan, is left out.
-  for (auto& [id, s] : sessions_.all())
+  out.host_tier_budget_bytes = host_tier_budget_;
+  for (auto& [id, s] : sessions_.all()) {
+    out.host_tier_used_bytes += s.host_tier_bytes + s.host_tier_pending;
     if (may_act_on(uid, s) && (s.conn_id != 0 || s.orphan)) visible.push_back(&s);
+  }
   out.total = static_cast<uint32_t>(visible.size());
   // Paged by count and by size: a rank's stats list its damaged ranges, so an entry's size varies.
   std::size_t bytes = kPageOverhead;
@@ -49,6 +52,7 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.stats = s.stats;
     info.orphaned = s.orphan ? 1 : 0;
     info.orphaned_unix_ms = s.orphan ? s.orphaned_unix_ms : 0;
+    info.host_tier_bytes = s.host_tier_bytes;
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;

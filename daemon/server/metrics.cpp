@@ -146,13 +146,15 @@ std::string_view name_of(FailureCause cause) noexcept {
   return "other";
 }
 
-MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots) {
+MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget) {
   MetricsSnapshot now;
+  now.host_tier_budget_bytes = host_tier_budget;
   std::vector<uint64_t> disk(roots.size(), 0);
   for (const auto& [id, s] : sessions.all()) {
     if (s.conn_id != 0) ++now.sessions_connected;
     if (s.orphan) ++now.sessions_orphaned;
     if (s.staging) now.staging_bytes += s.staging->bytes();
+    now.host_tier_used_bytes += s.host_tier_bytes + s.host_tier_pending;
     if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
   }
@@ -212,6 +214,8 @@ void Metrics::record(Operation op, const proto::CommandDone& answer) {
   } else {
     durations_[o].observe(static_cast<double>(answer.nanos) / 1e9);
   }
+  // The host tier's bytes move by DMA in the rank: its answer is the daemon's only account of them.
+  host_moved_bytes_[o] += answer.skipped.host_bytes;
   ++results_[o][static_cast<std::size_t>(result)];
   if (on_recorded_) on_recorded_();
 }
@@ -254,9 +258,12 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
   out.family("tmsdisk_moved_bytes_total", "counter",
              "Bytes the daemon wrote (op=pause) or read back and verified (op=resume), by tier; every pause and resume "
              "counts, a process's own included.");
-  for (Operation op : kAllOps)
+  for (Operation op : kAllOps) {
     out.sample("tmsdisk_moved_bytes_total", std::vector<Label>{op_label(op), {"tier", "disk"}},
                moved_bytes_[static_cast<std::size_t>(op)]);
+    out.sample("tmsdisk_moved_bytes_total", std::vector<Label>{op_label(op), {"tier", "host"}},
+               host_moved_bytes_[static_cast<std::size_t>(op)]);
+  }
 
   out.family("tmsdisk_skipped_bytes_total", "counter",
              "Bytes a pause did not write, by reason: zero (chunks whose bytes are all zero, counted when reserved: "
@@ -286,6 +293,11 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
              "Bytes allocated in the files of the ranks the daemon serves (connected and orphaned), per root.");
   for (const auto& [root, bytes] : now.disk_bytes)
     out.sample("tmsdisk_disk_bytes", std::vector<Label>{{"root", root}}, bytes);
+
+  out.family("tmsdisk_host_tier_bytes", "gauge",
+             "The node's host-memory tier: its budget (host-tier-mb) and what ranks hold of it now.");
+  out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "budget"}}, now.host_tier_budget_bytes);
+  out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "used"}}, now.host_tier_used_bytes);
   return out.text();
 }
 
@@ -356,7 +368,8 @@ MetricsExporter::MetricsExporter(const Config& config, SessionTable& sessions, c
     : metrics_(TMSDISK_VERSION, std::chrono::system_clock::now()),
       sessions_(sessions),
       roots_(roots),
-      interval_(config.metrics_interval_s) {
+      interval_(config.metrics_interval_s),
+      host_tier_budget_(config.host_tier_mb << 20) {
   router.set_metrics(&metrics_);
   chunks.on_moved = [this](io::Op op, uint64_t bytes) { metrics_.moved(op, bytes); };
   chunks.on_skipped = [this](SkipReason reason, uint64_t bytes) { metrics_.skipped(reason, bytes); };
@@ -385,7 +398,7 @@ int MetricsExporter::write_if_due() {
 void MetricsExporter::write_now() {
   next_write_ = Clock::now() + interval_;
   try {
-    file_->write(metrics_.format(take_snapshot(sessions_, roots_)));
+    file_->write(metrics_.format(take_snapshot(sessions_, roots_, host_tier_budget_)));
   } catch (const std::exception& e) {
     // Out of memory formatting a few KB: the metrics wait for the next turn, the daemon goes on.
     spdlog::warn("metrics: cannot format them: {}", e.what());

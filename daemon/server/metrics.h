@@ -108,10 +108,14 @@ struct MetricsSnapshot {
   uint64_t staging_bytes = 0;
   // Per root: bytes allocated in the files of its ranks.
   std::vector<std::pair<std::string, uint64_t>> disk_bytes;
+  // The node's host tier: its budget, and what sessions hold or are being granted of it.
+  uint64_t host_tier_budget_bytes = 0;
+  uint64_t host_tier_used_bytes = 0;
 };
 
-// Takes the snapshot from the session table: every session's staging, and its store's bytes on each root.
-MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots);
+// Takes the snapshot from the session table: every session's staging and host tier, and its store's
+// bytes on each root.
+MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget);
 
 class Metrics {
  public:
@@ -152,6 +156,7 @@ class Metrics {
   uint64_t results_[kOps][kResults]{};
   uint64_t failures_[kOps][kCauses]{};
   uint64_t moved_bytes_[kOps]{};
+  uint64_t host_moved_bytes_[kOps]{};  // as the ranks' answers report them
   uint64_t skipped_bytes_[2]{};       // by SkipReason, of pauses
   std::vector<Histogram> durations_;  // per operation, of those that succeeded
   std::function<void()> on_recorded_;
@@ -202,6 +207,7 @@ class MetricsExporter {
   const storage::Roots& roots_;
   std::unique_ptr<MetricsFile> file_;
   std::chrono::seconds interval_;
+  uint64_t host_tier_budget_;
   Clock::time_point next_write_;
 };
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "host_tier.h"
 #include "io_engine.h"
 #include "tmsdisk/common/result.h"
 
@@ -31,6 +32,7 @@ struct Config {
   uint32_t max_ipc_exports_per_uid = 4096;      // legacy IPC exports (one descriptor each) per user
   uint32_t max_ipc_exports = 16384;             // ... of all users together
   uint32_t chunk_mb = 8;                        // bytes per I/O request / slot
+  uint64_t host_tier_mb = 0;                    // the node's host-memory tier (host_tier.h); 0: off
   std::vector<uid_t> allowed_uids;              // empty and no groups: every uid may connect
   std::vector<gid_t> allowed_gids;
   bool allow_tmpfs = false;
@@ -46,6 +48,8 @@ struct Config {
   // job name), and may block there to hold that HELLO in the slow path. It must return before the
   // server is destroyed, which waits for it.
   std::function<void(const std::string& job)> before_staging;
+  // Tests only: what the node can spare for the host tier, instead of MemAvailable and the cgroup.
+  std::function<SpareMemory()> spare_memory;
 };
 
 // A connection is not read while the replies queued for it cost this much (or 256 of them wait):

@@ -46,10 +46,16 @@ struct Session {
   // When it became an orphan: `tmsctl status` says since when.
   uint64_t orphaned_unix_ms = 0;
   // A reservation being sent (RESERVE messages before the one with kReserveLast): its blobs, their
-  // zero runs, and its chunks (zero ones included) as counted against max-chunks-per-uid.
+  // runs of zero and host-tier chunks, and its chunks (those included) as counted against
+  // max-chunks-per-uid.
   std::vector<proto::BlobSize> pending_reserve;
-  std::vector<proto::ZeroRun> pending_zero_runs;
+  std::vector<proto::ChunkRun> pending_zero_runs;
+  std::vector<proto::ChunkRun> pending_host_runs;
   uint64_t pending_chunks = 0;
+  // Host-tier memory the rank holds (granted, or handed back after a daemon restart) and a grant
+  // being made for it (host_tier.h): both count against the node's budget until the session ends.
+  uint64_t host_tier_bytes = 0;
+  uint64_t host_tier_pending = 0;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };

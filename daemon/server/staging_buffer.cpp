@@ -22,10 +22,9 @@ namespace {
 // that it waits for one piece at most, not for a whole GiB.
 constexpr uint64_t kPieceBytes = 16ull << 20;
 
-// Faults in every page of [base, base+bytes) for writing, so that registering them with io_uring
-// only pins pages already there (under the ring's lock, which the event loop's submissions wait
-// for), and the shim's first pause does not pay for the faults either.
-Status populate(uint8_t* base, uint64_t bytes) {
+}  // namespace
+
+Status fault_in(uint8_t* base, uint64_t bytes, const char* what) {
   for (uint64_t off = 0; off < bytes;) {
     const uint64_t len = std::min(kPieceBytes, bytes - off);
     if (::madvise(base + off, len, MADV_POPULATE_WRITE) == 0) {
@@ -40,15 +39,11 @@ Status populate(uint8_t* base, uint64_t bytes) {
       return {};
     }
     if (errno == ENOMEM || errno == EFAULT)
-      return make_error(ENOMEM, fmt::format("not enough memory for a staging buffer of {} MiB; ask for a smaller "
-                                            "one (TMS_DISK_BACKUP_CHUNK_MB) or free memory on the node",
-                                            bytes >> 20));
-    return errno_error("cannot fault in the staging buffer");
+      return make_error(ENOMEM, fmt::format("not enough memory for {} of {} MiB", what, bytes >> 20));
+    return errno_error(fmt::format("cannot fault in {}", what));
   }
   return {};
 }
-
-}  // namespace
 
 Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine, uint32_t chunk_bytes,
                                                              uint32_t slot_count, int fixed_index,
@@ -69,7 +64,8 @@ Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine,
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->memfd_.get(), 0);
   if (p == MAP_FAILED) return errno_error("cannot map the staging buffer");
   b->base_ = static_cast<uint8_t*>(p);
-  if (auto st = populate(b->base_, bytes); !st) return std::move(st).error();
+  if (auto st = fault_in(b->base_, bytes, "a staging buffer"); !st)
+    return make_error(st.error().errnum(), st.error().message + (st.error().errnum() == ENOMEM ? "; ask for a smaller one (TMS_DISK_BACKUP_CHUNK_MB) or free memory on the node" : ""));
   if (fixed_index >= 0) {
     if (engine.fill_buffer_slot(fixed_index, b->base_, bytes, not_registered) == 0) b->buf_index_ = fixed_index;
   }

@@ -23,6 +23,11 @@ namespace tmsdisk::server {
 class StagingBuffer;
 class StagingWorkers;
 
+// Faults in every page of [base, base+bytes) for writing (`what` names the memory in an error), in
+// pieces, so that registering them later (io_uring, CUDA) only pins pages already there and the
+// holder of the mmap lock is never held up for long. ENOMEM when the memory is not to be had.
+Status fault_in(uint8_t* base, uint64_t bytes, const char* what);
+
 // Deletes a staging buffer on a staging worker (or here, when there is none).
 struct StagingRetire {
   StagingWorkers* workers = nullptr;

@@ -2,6 +2,8 @@
 // The staging workers (staging_workers.h).
 #include "staging_workers.h"
 
+#include "host_tier.h"
+
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -71,6 +73,21 @@ void StagingWorkers::build(uint64_t conn_id, const std::string& job, uint32_t ch
   cv_.notify_one();
 }
 
+void StagingWorkers::build_tier(uint64_t session_id, uint64_t conn_id, uint64_t request_id, uint64_t bytes,
+                                std::string note) {
+  {
+    std::lock_guard lock(mu_);
+    TierBuilt t;
+    t.session_id = session_id;
+    t.conn_id = conn_id;
+    t.request_id = request_id;
+    t.bytes = bytes;
+    t.note = std::move(note);
+    tier_builds_.push_back(std::move(t));
+  }
+  cv_.notify_one();
+}
+
 void StagingWorkers::retire(StagingBuffer* buffer) noexcept {
   if (!buffer) return;
   {
@@ -117,7 +134,7 @@ void StagingWorkers::work() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !teardowns_.empty() || !builds_.empty(); });
+    cv_.wait(lock, [&] { return stopping_ || !teardowns_.empty() || !builds_.empty() || !tier_builds_.empty(); });
     if (!teardowns_.empty()) {
       StagingBuffer* buffer = teardowns_.front();
       teardowns_.pop_front();
@@ -136,6 +153,28 @@ void StagingWorkers::work() {
       continue;
     }
     if (stopping_) return;  // builds not started are dropped: nobody will take them
+    if (builds_.empty()) {
+      TierBuilt tier = std::move(tier_builds_.front());
+      tier_builds_.pop_front();
+      lock.unlock();
+      try {
+        if (auto made = make_tier_memory(tier.bytes))
+          tier.memory = std::move(made).value();
+        else
+          tier.error = std::move(made).error();
+      } catch (const std::exception& e) {
+        tier.error = make_error(ENOMEM, fmt::format("cannot make host-tier memory: {}", e.what()));
+      }
+      lock.lock();
+      try {
+        done_.tiers.push_back(std::move(tier));
+      } catch (...) {
+        // No memory to report it: the TIER_ASK is never answered (the shim times out and pauses to
+        // disk); its charge stays until the session ends.
+      }
+      post_locked();
+      continue;
+    }
     BuildJob job = std::move(builds_.front());
     builds_.pop_front();
     lock.unlock();

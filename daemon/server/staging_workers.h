@@ -3,7 +3,8 @@
 // asking for a GiB of staging costs seconds of page zeroing and pinning on a loaded node, and the end
 // of a session as long to unpin and free them: on the event loop, which serves every user, that
 // stalled everyone else's requests (issue 11). The loop hands the work here and hears back through
-// an eventfd in its epoll set.
+// an eventfd in its epoll set. Host-tier memory (host_tier.h), zeroed by the kernel page by page as
+// staging is, is made here too.
 #pragma once
 
 #include <condition_variable>
@@ -37,9 +38,20 @@ class StagingWorkers {
     Error error;                 // ... why
     std::string not_registered;  // why the buffer is not registered with io_uring (it works without)
   };
+  // What build_tier() asked for, as it came out.
+  struct TierBuilt {
+    uint64_t session_id = 0;
+    uint64_t conn_id = 0;
+    uint64_t request_id = 0;  // of the TIER_ASK to answer
+    uint64_t bytes = 0;
+    std::string note;  // why less than asked (TierGrant.note)
+    UniqueFd memory;   // invalid when it could not be made:
+    Error error;      // ... why
+  };
   struct Finished {
     std::vector<Built> built;
     std::vector<int> emptied_slots;  // fixed-buffer slots of retired buffers, for the loop to release
+    std::vector<TierBuilt> tiers;
   };
 
   // `before_build` (tests only) runs on the worker before each build, with the HELLO's job name.
@@ -57,6 +69,9 @@ class StagingWorkers {
   // Builds a buffer of `slot_count` slots of `chunk_bytes` for the HELLO on `conn_id`, registered at
   // `claimed_index` (-1: not registered). The result comes back through finished().
   void build(uint64_t conn_id, const std::string& job, uint32_t chunk_bytes, uint32_t slot_count, int claimed_index);
+  // Makes `bytes` of host-tier memory for the TIER_ASK `request_id` of session `session_id` on
+  // `conn_id`. The result comes back through finished().
+  void build_tier(uint64_t session_id, uint64_t conn_id, uint64_t request_id, uint64_t bytes, std::string note);
   // Tears `buffer` down on a worker; its fixed-buffer slot comes back through finished(). What
   // StagingPtr's deleter calls; after the workers stopped it tears down on the calling thread.
   void retire(StagingBuffer* buffer) noexcept;
@@ -83,6 +98,7 @@ class StagingWorkers {
   // Teardowns go first: they give memory back, builds take it.
   std::deque<StagingBuffer*> teardowns_;
   std::deque<BuildJob> builds_;
+  std::deque<TierBuilt> tier_builds_;  // requests: `memory` and `error` filled in by a worker
   Finished done_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;

@@ -47,8 +47,14 @@ enum class ChunkState : uint8_t {
   Data = 1,     // written; its checksum is an XXH3-128
   Zero = 2,     // every byte zero: nothing stored, no disk space (issue 9)
   Data64 = 3,   // written; its checksum is an XXH3-64 from a version-1 manifest or journal
+  Host = 4,     // kept by the rank in its host-tier memory: nothing stored, no disk space (issue 9)
 };
-inline constexpr uint8_t kChunkStateMax = 3;
+inline constexpr uint8_t kChunkStateMax = 4;
+
+// Zero and host-tier chunks: nothing of them is on disk, nothing is written or read for them.
+inline bool kept_off_disk(ChunkState s) noexcept {
+  return s == ChunkState::Zero || s == ChunkState::Host;
+}
 
 inline bool is_data(ChunkState s) noexcept {
   return s == ChunkState::Data || s == ChunkState::Data64;

@@ -130,8 +130,8 @@ struct RootFiles {
   bool direct_io = true;
   bool gone = false;  // rank directory removed
   ExtentAllocator alloc{kIoAlignment};
-  // Of alloc.used_bytes(), the ranges of zero chunks: holes in the file, no disk space (issue 9).
-  uint64_t zero_bytes = 0;
+  // Of alloc.used_bytes(), the ranges of zero and host-tier chunks: holes in the file, no disk space.
+  uint64_t off_disk_bytes = 0;
 };
 
 // What the store knows of one chunk.
@@ -195,7 +195,8 @@ struct RankStore::Impl {
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
-  Status reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> zero_runs);
+  Status reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
+                        std::span<const proto::ChunkRun> host_runs);
   Status load_manifest();
   Status load_journal(uint64_t seed, uint64_t chunks);
   // Bytes in the data file of each root, as they are.
@@ -470,38 +471,39 @@ static void add_range(std::vector<FileRange>& out, const FileRange& range) {
   out.push_back(range);
 }
 
-// Checks the zero runs against the set (EINVAL naming the first wrong one), sorted by blob and
-// chunk into `sorted`.
-static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<const proto::ZeroRun> runs,
-                              uint32_t chunk, std::vector<proto::ZeroRun>& sorted) {
+// Checks the runs of zero and host-tier chunks against the set (EINVAL naming the first wrong one),
+// sorted by blob and chunk into `sorted`.
+static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> runs,
+                              uint32_t chunk, std::vector<proto::ChunkRun>& sorted) {
   std::unordered_map<uint64_t, uint64_t> chunks_of;
   chunks_of.reserve(set.size());
   for (const auto& b : set) chunks_of.emplace(b.id, b.size == 0 ? 0 : (b.size - 1) / chunk + 1);
   for (const auto& z : runs) {
     auto it = chunks_of.find(z.blob);
     if (it == chunks_of.end())
-      return make_error(EINVAL, fmt::format("a zero run names blob {}, which is not in the reserved set", z.blob));
+      return make_error(EINVAL, fmt::format("a run of chunks names blob {}, which is not in the reserved set", z.blob));
     if (z.count == 0 || z.count > it->second || z.first_chunk > it->second - z.count) {
-      return make_error(EINVAL, fmt::format("zero run of chunks [{}, {}+{}) of blob {} is empty or past its {} chunks",
+      return make_error(EINVAL, fmt::format("run of chunks [{}, {}+{}) of blob {} is empty or past its {} chunks",
                                             z.first_chunk, z.first_chunk, z.count, z.blob, it->second));
     }
   }
   sorted.assign(runs.begin(), runs.end());
-  std::sort(sorted.begin(), sorted.end(), [](const proto::ZeroRun& a, const proto::ZeroRun& b) {
+  std::sort(sorted.begin(), sorted.end(), [](const proto::ChunkRun& a, const proto::ChunkRun& b) {
     return a.blob != b.blob ? a.blob < b.blob : a.first_chunk < b.first_chunk;
   });
   for (std::size_t i = 1; i < sorted.size(); ++i) {
     const auto& prev = sorted[i - 1];
     if (prev.blob == sorted[i].blob && prev.first_chunk + prev.count > sorted[i].first_chunk) {
       return make_error(EINVAL,
-                        fmt::format("zero runs of blob {} overlap at chunk {}", sorted[i].blob, sorted[i].first_chunk));
+                        fmt::format("runs of chunks of blob {} overlap at chunk {}", sorted[i].blob, sorted[i].first_chunk));
     }
   }
   return {};
 }
 
 Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
-                                       std::span<const proto::ZeroRun> zero_runs) {
+                                       std::span<const proto::ChunkRun> zero_runs,
+                                       std::span<const proto::ChunkRun> host_runs) {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (paused) {
     return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
@@ -531,8 +533,9 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
           EFBIG, fmt::format("blob {} of {} bytes is larger than tmsdisk supports ({})", b.id, b.size, kMaxBlobSize));
     }
   }
-  std::vector<proto::ZeroRun> runs;
-  if (auto st = check_zero_runs(set, zero_runs, chunk, runs); !st) return st;
+  std::vector<proto::ChunkRun> runs(zero_runs.begin(), zero_runs.end());
+  runs.insert(runs.end(), host_runs.begin(), host_runs.end());
+  if (auto st = check_zero_runs(set, std::vector<proto::ChunkRun>(runs), chunk, runs); !st) return st;
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -622,10 +625,12 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
     for (uint64_t ci = 0; ci < s.chunks; ++ci)
       s.records[ci] = {.sum = old[ci].sum, .state = ChunkState::Missing, .held = old[ci].held};
   }
-  for (const auto& z : runs) {
-    auto& records = next[next_index.at(z.blob)].records;
-    for (uint64_t ci = z.first_chunk; ci < z.first_chunk + z.count; ++ci)
-      records[ci] = {.sum = {}, .state = ChunkState::Zero, .held = false};
+  for (const auto& [list, state] : {std::pair{zero_runs, ChunkState::Zero}, std::pair{host_runs, ChunkState::Host}}) {
+    for (const auto& z : list) {
+      auto& records = next[next_index.at(z.blob)].records;
+      for (uint64_t ci = z.first_chunk; ci < z.first_chunk + z.count; ++ci)
+        records[ci] = {.sum = {}, .state = state, .held = false};
+    }
   }
 
   // What the files hold now: every used range is allocated but the zero chunks of the old set
@@ -635,7 +640,7 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
   for (const auto& rf : roots) holes.push_back(rf.alloc);
   for (const auto& b : blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
-      if (b.records[ci].state != ChunkState::Zero) continue;
+      if (!kept_off_disk(b.records[ci].state)) continue;
       const FileRange range = chunk_range(b, ci, chunk, n);
       (void)holes[range.root].release(range.offset, range.length);
     }
@@ -651,9 +656,9 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
     const BlobState* old = it != index.end() && kept[it->second] ? &blobs[it->second] : nullptr;
     for (uint64_t ci = 0; ci < s.chunks; ++ci) {
       const FileRange range = chunk_range(s, ci, chunk, n);
-      if (s.records[ci].state == ChunkState::Zero) {
+      if (kept_off_disk(s.records[ci].state)) {
         add_range(zero, range);
-      } else if (!old || old->records[ci].state == ChunkState::Zero) {
+      } else if (!old || kept_off_disk(old->records[ci].state)) {
         add_range(allocate, range);
         for_each_free_part(holes[range.root], range.offset, range.length,
                            [&](uint64_t, uint64_t len) { needed[range.root] += len; });
@@ -765,21 +770,22 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
 
 void RankStore::Impl::recount() {
   missing = 0;
-  for (auto& rf : roots) rf.zero_bytes = 0;
+  for (auto& rf : roots) rf.off_disk_bytes = 0;
   for (const auto& b : blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
       const ChunkState st = b.records[ci].state;
       if (st == ChunkState::Missing) ++missing;
-      if (st != ChunkState::Zero) continue;
+      if (!kept_off_disk(st)) continue;
       const FileRange range = chunk_range(b, ci, chunk, roots.size());
-      roots[range.root].zero_bytes += range.length;
+      roots[range.root].off_disk_bytes += range.length;
     }
   }
 }
 
-Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ZeroRun> zero_runs) {
+Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs,
+                          std::span<const proto::ChunkRun> host_runs) {
   try {
-    return impl_->reserve_locked(blobs, zero_runs);
+    return impl_->reserve_locked(blobs, zero_runs, host_runs);
   } catch (const std::bad_alloc&) {
     return out_of_memory("reserving extents (set unchanged)");
   }
@@ -804,6 +810,11 @@ Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t off
                       fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "
                                   "it, so it is neither written nor read (resume sets it to zero on the device)",
                                   offset, blob));
+  }
+  if (b.records[*chunk_index].state == ChunkState::Host) {
+    return make_error(EINVAL, fmt::format("chunk at offset {} of blob {} was reserved in the rank's host tier: "
+                                          "nothing is stored for it, so it is neither written nor read",
+                                          offset, blob));
   }
   return &b;
 }
@@ -1010,7 +1021,7 @@ uint64_t RankStore::disk_bytes() const noexcept {
     }
     return total;
   }
-  for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes() - rf.zero_bytes;
+  for (const auto& rf : impl_->roots) total += rf.alloc.used_bytes() - rf.off_disk_bytes;
   return total;
 }
 
@@ -1025,7 +1036,7 @@ uint64_t RankStore::disk_bytes_on(std::size_t root) const noexcept {
       return 0;
     }
   }
-  return impl_->roots[root].alloc.used_bytes() - impl_->roots[root].zero_bytes;
+  return impl_->roots[root].alloc.used_bytes() - impl_->roots[root].off_disk_bytes;
 }
 
 uint64_t RankStore::chunk_count() const noexcept {
@@ -1299,7 +1310,7 @@ Status RankStore::Impl::load_journal(uint64_t seed, uint64_t chunks) {
   for (auto& b : blobs) {
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
       ChunkRecord& rec = b.records[ci];
-      if (rec.state == ChunkState::Zero) continue;  // recorded by the manifest, never journaled
+      if (kept_off_disk(rec.state)) continue;  // recorded by the manifest, never journaled
       const auto& r = (*records)[b.first_chunk + ci];
       if (r.valid && r.blob == b.id && r.chunk == ci) {
         if (rec.state == ChunkState::Missing) --missing;

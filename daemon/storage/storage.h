@@ -137,8 +137,10 @@ class RankStore {
   // mid-pause can still locate and verify chunks already written. Duplicate blob ids are refused
   // (EINVAL), and so are zero runs naming a blob not in `blobs`, reaching past its last chunk or
   // overlapping; and a new set while a committed pause has not been resumed (EBUSY): its data is
-  // still the only copy.
-  Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ZeroRun> zero_runs = {});
+  // still the only copy. The chunks `host_runs` name are kept by the rank in its host-tier memory:
+  // like zero chunks, nothing of them is stored (no run of either list may overlap another).
+  Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs = {},
+                 std::span<const proto::ChunkRun> host_runs = {});
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
   // of chunk_bytes, length == min(chunk_bytes, size - offset), the chunk not reserved as zero (EINVAL:

@@ -27,6 +27,7 @@ struct Config {
   uint64_t staging_budget_bytes = 0;      // TMS_DISK_BACKUP_CHUNK_MB in bytes; 0: the daemon's default
   OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
   bool zero_scan = true;                  // TMSDISK_ZERO_SCAN=0: every chunk is data (no device scan)
+  bool host_tier = true;                  // TMSDISK_HOST_TIER=0: never ask for host-tier memory
   int pause_callback_timeout_ms = kDefaultPauseCallbackTimeoutMs;  // TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS
 };
 

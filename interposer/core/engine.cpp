@@ -115,6 +115,7 @@ void Engine::fork_child() noexcept {
     old->session_.close_after_fork();
     if (old->wake_fd_ >= 0) ::close(old->wake_fd_);
     old->staging_.forget_after_fork();  // its CUDA registration is the parent's
+    old->host_tier_.forget_after_fork();
     g_engine.store(new (std::nothrow) Engine, std::memory_order_release);
   }
   registry().unlock_after_fork();
@@ -406,6 +407,7 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
         r = pausing ? pause(progress) : resume(progress, (flags & proto::kAcceptLoss) != 0);
+        release_host_tier_if_unused();  // after a resume, or a pause that kept nothing there
       }
       gated = true;
     }
@@ -582,7 +584,7 @@ namespace {
 
 // The bytes of j's chunks that hold data: what moves.
 uint64_t data_bytes(const TransferJob& j, uint32_t chunk) {
-  return j.a->size - zero_chunk_bytes(j, chunk);
+  return j.a->size - place_bytes(j, ChunkPlace::Zero, chunk);
 }
 
 }  // namespace
@@ -598,16 +600,75 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
     if (!ctx) return std::move(ctx).error();
     j.ctx = *ctx;
     j.chunks = (j.a->size + chunk - 1) / chunk;
-    j.zero = j.a->zero_chunks;  // empty unless paused with zero chunks
-    count_zero_chunks(j, chunk);
+    j.place = j.a->placement;  // empty unless paused with zero or host chunks
+    count_disk_chunks(j, chunk);
+    if (std::find(j.place.begin(), j.place.end(), ChunkPlace::Host) != j.place.end()) {
+      // Paused with host chunks: the host-tier memory holds them (it is kept while they are there).
+      if (!host_tier_.held()) return make_error(EIO, fmt::format("blob {}: its host-tier memory is gone", j.a->id));
+      j.host = host_tier_.base() + j.a->host_offset;
+    }
     *total += data_bytes(j, chunk);
   }
   return jobs;
 }
 
+void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
+  const uint32_t chunk = staging_.chunk_bytes();
+  uint64_t wanted = 0;
+  for (const TransferJob& j : jobs) wanted += j.chunks * uint64_t{chunk};
+  if (!config().host_tier || wanted == 0 || chunk == 0) return;
+  proto::Envelope reply;
+  UniqueFd memory;
+  if (Status st = exchange(proto::TierAsk{.bytes = wanted}, -1, reply, &memory); !st) {
+    TMS_WARN("no host tier for this pause (%s); every chunk goes to disk", st.error().message.c_str());
+    return;
+  }
+  const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
+  if (!grant) {
+    TMS_WARN("unexpected answer to TIER_ASK; every chunk goes to disk");
+    return;
+  }
+  if (!grant->note.empty()) TMS_INFO("host tier: %s", grant->note.c_str());
+  if (grant->bytes == 0) return;
+  if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
+    TMS_WARN("cannot use the host tier (%s); every chunk goes to disk", st.error().message.c_str());
+    release_host_tier_if_unused();
+    return;
+  }
+  // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
+  uint64_t slots = grant->bytes / chunk, next = 0;
+  for (TransferJob& j : jobs) {
+    if (slots == 0) break;
+    const uint64_t all = (j.a->size + chunk - 1) / chunk;
+    if (j.place.size() < all) j.place.resize(all, ChunkPlace::Disk);
+    j.host = host_tier_.base() + next * chunk;
+    j.a->host_offset = next * chunk;
+    for (uint64_t i = 0; i < all && slots > 0; ++i) {
+      if (j.place[i] != ChunkPlace::Disk) continue;
+      j.place[i] = ChunkPlace::Host;
+      --slots;
+      ++next;
+    }
+    count_disk_chunks(j, chunk);
+  }
+}
+
+void Engine::release_host_tier_if_unused() {
+  if (!host_tier_.held()) return;
+  for (const auto& a : registry().snapshot())
+    if (a->state.load() == AllocState::Paused &&
+        std::find(a->placement.begin(), a->placement.end(), ChunkPlace::Host) != a->placement.end())
+      return;
+  host_tier_.release();
+  if (!session_.connected()) return;  // the daemon counts it no more once the session is gone
+  proto::Envelope reply;
+  if (Status st = exchange(proto::TierRelease{}, -1, reply, nullptr); !st)
+    TMS_WARN("cannot tell tmsdiskd the host-tier memory is released: %s", st.error().message.c_str());
+}
+
 Status Engine::reserve(const std::vector<TransferJob>& jobs) {
-  // Blobs and their runs of zero chunks, in messages of at most kReserveBatch entries; a run follows
-  // its blob, in the same message or a later one.
+  // Blobs and their runs of zero and host chunks, in messages of at most kReserveBatch entries; a run
+  // follows its blob, in the same message or a later one.
   proto::Reserve m;
   m.flags = proto::kReserveFirst;
   auto send = [&](bool last) -> Status {
@@ -623,18 +684,20 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
     m = proto::Reserve{};
     return {};
   };
-  auto full = [&] { return m.blobs.size() + m.zero_runs.size() >= kReserveBatch; };
+  auto full = [&] { return m.blobs.size() + m.zero_runs.size() + m.host_runs.size() >= kReserveBatch; };
   for (const TransferJob& j : jobs) {
     if (full())
       if (Status st = send(false); !st) return st;
     m.blobs.push_back({j.a->id, j.a->size});
-    Status st = for_each_zero_run(j, [&](uint64_t first, uint64_t count) -> Status {
-      if (full())
-        if (Status sent = send(false); !sent) return sent;
-      m.zero_runs.push_back({j.a->id, first, count});
-      return {};
-    });
-    if (!st) return st;
+    for (const ChunkPlace where : {ChunkPlace::Zero, ChunkPlace::Host}) {
+      Status st = for_each_run(j, where, [&](uint64_t first, uint64_t count) -> Status {
+        if (full())
+          if (Status sent = send(false); !sent) return sent;
+        (where == ChunkPlace::Zero ? m.zero_runs : m.host_runs).push_back({j.a->id, first, count});
+        return {};
+      });
+      if (!st) return st;
+    }
   }
   return send(true);
 }
@@ -712,14 +775,17 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // 2. Find the chunks that are all zero (nothing of them moves), then reserve disk space for every
   // other byte; refused (ENOSPC...) means nothing changed.
   const uint32_t chunk = staging_.chunk_bytes();
-  for (TransferJob& j : jobs) j.zero.clear();  // what a failed pause found is stale now
+  for (TransferJob& j : jobs) {
+    j.place.clear();  // what a failed pause found is stale now
+    j.host = nullptr;
+  }
   const uint64_t scan_start = now_ns();
   if (config().zero_scan)
     if (Status st = zero_scan_.scan(jobs, chunk, pipeline_); !st) return failed(st.error());
   total = 0;
   uint64_t covered = 0;
   for (TransferJob& j : jobs) {
-    count_zero_chunks(j, chunk);
+    count_disk_chunks(j, chunk);
     total += data_bytes(j, chunk);
     covered += j.a->size;
   }
@@ -727,16 +793,19 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     TMS_INFO("zero-chunk scan: %llu of %llu bytes are zero chunks (%.3f s)",
              static_cast<unsigned long long>(covered - total), static_cast<unsigned long long>(covered),
              static_cast<double>(now_ns() - scan_start) / 1e9);
+  // 3. What the node's host tier grants goes there by DMA; disk space for every other data chunk. The
+  // reservation refused: nothing changed (the host-tier memory goes back).
+  place_in_host_tier(jobs, resident.front()->ctx);
   if (Status st = reserve(jobs); !st) return failed(st.error());
 
-  // 3./4. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
+  // 4./5. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
   // chunks are acknowledged.
-  uint64_t released_bytes = 0, released_zero = 0;
+  uint64_t released_bytes = 0, released_zero = 0, released_host = 0;
   std::size_t released = 0;
   TransferSteps steps;
   steps.finished = [&](TransferJob& j) -> Status {
-    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage, or
-    // recorded as zero with the reservation.
+    // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage, in the
+    // host-tier memory, or recorded as zero with the reservation.
     Allocation& a = *j.a;
     CtxScope scope(api, a.ctx);
     if (CUresult r = api.cuMemUnmap(a.base, a.mapped); r != CUDA_SUCCESS)
@@ -745,10 +814,11 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
       TMS_ERROR("blob %llu: %s; its physical memory may leak", static_cast<unsigned long long>(a.id),
                 cuda_failure("cuMemRelease", r).c_str());
     a.handle = 0;
-    a.zero_chunks = j.zero;  // copied: the pipeline still walks j.zero
+    a.placement = j.place;  // copied: the pipeline still walks j.place
     a.state.store(AllocState::Paused);
     released_bytes += a.size;
     released_zero += a.size - data_bytes(j, chunk);
+    released_host += place_bytes(j, ChunkPlace::Host, chunk);
     ++released;
     return {};
   };
@@ -757,7 +827,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   auto result = [&](Status st) {
     OpResult r{std::move(st), released_bytes};
     r.skipped = {.zero_bytes = released_zero,
-                 .unchanged_bytes = std::min(unchanged_bytes, released_bytes - released_zero)};
+                 .unchanged_bytes = std::min(unchanged_bytes, released_bytes - released_zero - released_host),
+                 .host_bytes = released_host};
     return r;
   };
   if (std::optional<Error> fail =
@@ -768,7 +839,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
                                                       : fail->message + "; every allocation stays resident"));
   }
 
-  // 5. The daemon syncs the data and commits its manifest.
+  // 6. The daemon syncs the data and commits its manifest.
   OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
   if (committed.code()) return result(std::move(committed.status));
   return result({});
@@ -851,7 +922,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   std::vector<TransferJob>& jobs = *made;
   if (!jobs.empty()) staging_.register_with(jobs.front().a->ctx);
 
-  uint64_t resumed_bytes = 0, resumed_zero = 0, map_ns = 0;
+  uint64_t resumed_bytes = 0, resumed_zero = 0, resumed_host = 0, map_ns = 0;
   std::size_t resumed = 0;
   const uint32_t chunk = staging_.chunk_bytes();
   TransferSteps steps;
@@ -871,7 +942,8 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.handle = 0;
     j.mapped = false;
     j.a->damage.store(0);
-    j.a->zero_chunks.clear();
+    resumed_host += place_bytes(j, ChunkPlace::Host, chunk);
+    j.a->placement.clear();
     j.a->state.store(AllocState::Resident);
     resumed_bytes += j.a->size;
     resumed_zero += j.a->size - data_bytes(j, chunk);
@@ -931,7 +1003,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.mapped = false;
     j.a->state.store(AllocState::Resident);
     j.a->damage.store(0);
-    j.a->zero_chunks.clear();
+    j.a->placement.clear();
     if (j.a->export_id) ipc_refresh(*j.a);
     zeroed.push_back(what);
   }
@@ -971,6 +1043,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     if (!lost_note.empty()) message += "; " + lost_note;
     OpResult partial{make_error(code ? code : EIO, message), resumed_bytes};
     partial.skipped.zero_bytes = resumed_zero;
+    partial.skipped.host_bytes = resumed_host;
     return partial;
   }
 
@@ -978,6 +1051,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   if (committed.code()) return committed;
   OpResult done{{}, resumed_bytes, 0, lost_note};
   done.skipped.zero_bytes = resumed_zero;
+  done.skipped.host_bytes = resumed_host;
   return done;
 }
 
@@ -1034,6 +1108,18 @@ Status Engine::connect_session() {
     session_id_ = welcome.session_id;
   }
   ipc_session_started(welcome.adopted != 0);
+  if (host_tier_.held() && !welcome.adopted) {
+    // A new daemon (or one that dropped our session): it counts our host-tier memory again.
+    const uint64_t id = session_.next_id();
+    proto::Envelope reply;
+    Status st = session_.send(id, proto::TierAdopt{}, host_tier_.fd()) < 0 ? make_error(EPIPE, "cannot send TIER_ADOPT")
+                                                                           : session_.await_reply(id, reply);
+    if (st && std::holds_alternative<proto::ErrorReply>(reply.body))
+      st = make_error(EPROTO, std::get<proto::ErrorReply>(reply.body).message);
+    if (!st)
+      TMS_WARN("tmsdiskd does not count this rank's host-tier memory (%s); the paused chunks there are kept",
+               st.error().message.c_str());
+  }
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
            static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
            welcome.rank_dir.c_str());

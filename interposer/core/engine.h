@@ -25,6 +25,7 @@
 
 #include "cuda_api.h"
 #include "daemon_session.h"
+#include "host_tier.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
@@ -169,7 +170,13 @@ class Engine {
   void settle_gate() noexcept;
   // Jobs for the pipeline, one per allocation, each with its context's stream.
   Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
-  // Asks the daemon for file extents for every byte of `jobs`; refused: nothing changed.
+  // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
+  // there (as many as the grant holds, in order). Without a grant, every chunk stays on disk.
+  void place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx);
+  // Gives the host-tier memory back once no paused allocation keeps a chunk there.
+  void release_host_tier_if_unused();
+  // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
+  // chunks; refused: nothing changed.
   Status reserve(const std::vector<TransferJob>& jobs);
   // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
   // says what already happened (for the message of a failure); `bytes` is what moved.
@@ -206,6 +213,7 @@ class Engine {
   StagingSlots staging_;
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
+  HostTier host_tier_;
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.

@@ -18,6 +18,13 @@
 
 namespace tmsdisk::shim {
 
+// Where a chunk of an allocation goes on a pause, and comes back from on a resume.
+enum class ChunkPlace : uint8_t {
+  Disk = 0,  // staged and written to tmsdiskd, read back through the staging slots
+  Zero = 1,  // every byte zero (zero_scan.h): nothing moves; resume sets it to zero on the device
+  Host = 2,  // copied by DMA into the rank's host-tier memory (host_tier.h) and back
+};
+
 enum class AllocState : uint8_t { Resident = 0, Paused = 1 };
 
 struct Allocation {
@@ -53,10 +60,11 @@ struct Allocation {
   // multicast-bound, its handle handed out): it then stays resident for good and status counts it
   // as unmanaged. -1: pausable.
   std::atomic<int> pinned{-1};
-  // While paused: one byte per chunk, 1 where every byte was zero (zero_scan.h). Those chunks were
-  // neither written nor kept anywhere; resume sets them to zero. Empty: every chunk was written.
-  // Written and read by the engine under the exclusive op lock.
-  std::vector<uint8_t> zero_chunks;
+  // While paused: where each chunk went (TransferJob::place; empty: every chunk to disk), and where
+  // its host chunks begin in the rank's host-tier memory. Zero chunks were kept nowhere; resume sets
+  // them to zero. Written and read by the engine under the exclusive op lock.
+  std::vector<ChunkPlace> placement;
+  uint64_t host_offset = 0;
 };
 
 struct RegistryTotals {

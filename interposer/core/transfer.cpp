@@ -28,6 +28,22 @@ const char* copy_what(Direction dir) {
 
 }  // namespace
 
+uint64_t place_bytes(const TransferJob& j, ChunkPlace where, uint32_t chunk_bytes) noexcept {
+  const uint64_t size = j.a->size;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < j.place.size() && i * chunk_bytes < size; ++i)
+    if (j.place[i] == where) bytes += std::min<uint64_t>(chunk_bytes, size - i * chunk_bytes);
+  return bytes;
+}
+
+void count_disk_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
+  const uint64_t size = j.a->size;
+  const uint64_t all = chunk_bytes ? (size + chunk_bytes - 1) / chunk_bytes : 0;
+  uint64_t elsewhere = 0;
+  for (uint64_t i = 0; i < j.place.size() && i < all; ++i) elsewhere += j.place[i] != ChunkPlace::Disk ? 1 : 0;
+  j.chunks = all - elsewhere;
+}
+
 void ProgressReporter::update(uint64_t done, bool force) {
   if (request_ == 0 || !session_ || !session_->connected()) return;  // only a daemon command has someone watching
   const int64_t now = now_ms();
@@ -109,16 +125,30 @@ int TransferPipeline::next_message(proto::Envelope& env, bool copying) {
   return 0;
 }
 
-Status TransferPipeline::queue_zeroes(TransferJob& j) {
-  if (j.zeroes_queued || j.zero.empty()) return {};
-  j.zeroes_queued = true;
+Status TransferPipeline::queue_local(Direction dir, TransferJob& j) {
+  if (j.local_queued || j.place.empty()) return {};
+  j.local_queued = true;
   const DriverApi& api = driver().api;
-  if (!api.cuMemsetD8Async) return make_error(ENOSYS, "the driver has no cuMemsetD8Async to set zero chunks");
   const CtxResources& cr = ctxs_[static_cast<std::size_t>(j.ctx)];
   CtxScope scope(api, cr.ctx);
   const uint64_t chunk = slots_.chunk_bytes();
+  const bool out = dir == Direction::ToStorage;
+  // The host chunks, a copy per run: the k-th host chunk of the job lies at host + k * chunk.
+  uint64_t k = 0;
+  Status st = for_each_run(j, ChunkPlace::Host, [&](uint64_t first, uint64_t count) -> Status {
+    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.a->size);
+    uint8_t* host = j.host + k * chunk;
+    k += count;
+    const CUresult r = out ? api.cuMemcpyDtoHAsync_v2(host, j.a->base + from, to - from, cr.stream)
+                           : api.cuMemcpyHtoDAsync_v2(j.a->base + from, host, to - from, cr.stream);
+    if (r != CUDA_SUCCESS)
+      return cuda_error(out ? "copying device memory to the host tier" : "copying the host tier to device memory", r);
+    return {};
+  });
+  if (!st || out) return st;
+  if (!api.cuMemsetD8Async) return make_error(ENOSYS, "the driver has no cuMemsetD8Async to set zero chunks");
   // One memset per run of zero chunks, queued before the chunks read back: they run in that order.
-  return for_each_zero_run(j, [&](uint64_t first, uint64_t count) -> Status {
+  return for_each_run(j, ChunkPlace::Zero, [&](uint64_t first, uint64_t count) -> Status {
     const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.a->size);
     if (CUresult r = api.cuMemsetD8Async(j.a->base + from, 0, to - from, cr.stream); r != CUDA_SUCCESS)
       return cuda_error("setting zero chunks (cuMemsetD8Async)", r);
@@ -135,7 +165,7 @@ Status TransferPipeline::drain(int ctx) {
   if (r == CUDA_SUCCESS) r = api.cuEventRecord(done, cr.stream);
   if (r == CUDA_SUCCESS) r = api.cuEventSynchronize(done);
   if (done) api.cuEventDestroy_v2(done);
-  if (r != CUDA_SUCCESS) return cuda_error("waiting for the zero chunks to be set", r);
+  if (r != CUDA_SUCCESS) return cuda_error("waiting for the host-tier copies and zero chunks", r);
   return {};
 }
 
@@ -161,56 +191,67 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
   };
   // A chunk's last step is done. A job finishes once all are, unless it failed (or, to storage,
   // anything failed: memory is released only while every step so far succeeded).
+  // A job is done: its host chunks, which moved with it, count as done too.
+  auto finish = [&](TransferJob& j) {
+    if (Status st = steps.finished(j); !st) return fail_all(std::move(st).error());
+    j.complete = true;
+    if (j.host) *done_bytes += place_bytes(j, ChunkPlace::Host, chunk_bytes);
+  };
   auto chunk_done = [&](TransferJob& j, uint32_t len) {
     *done_bytes += len;
     if (++j.done != j.chunks || j.error || (out && fatal)) return;
-    if (Status st = steps.finished(j); !st)
-      fail_all(std::move(st).error());
-    else
-      j.complete = true;
+    finish(j);
   };
 
   // A failed job gives its memory back (from storage) once nothing queued for it still runs: its
-  // zero memsets are not tracked by slots.
+  // host-tier copies and zero memsets are not tracked by slots.
   auto abandon = [&](TransferJob& j) {
     if (!steps.abandoned) return;
-    if (j.zeroes_queued) (void)drain(j.ctx);
-    j.zeroes_queued = false;
+    if (j.local_queued) (void)drain(j.ctx);
+    j.local_queued = false;
     steps.abandoned(j);
   };
-  // The next chunk of `j` that holds data, from its next_offset (zero chunks are skipped).
-  auto skip_zero = [&](TransferJob& j) {
+  // The next chunk of `j` that goes through the disk, from its next_offset.
+  auto skip_local = [&](TransferJob& j) {
     while (j.next_offset < j.a->size) {
       const uint64_t i = j.next_offset / chunk_bytes;
-      if (i >= j.zero.size() || !j.zero[i]) break;
+      if (i >= j.place.size() || j.place[i] == ChunkPlace::Disk) break;
       j.next_offset += chunk_bytes;
     }
   };
 
   *done_bytes = 0;
   if (unchanged_bytes) *unchanged_bytes = 0;
-  // Jobs with no chunk to move: to storage, done at once (the daemon recorded their zero chunks
-  // with the reservation); from storage, their memory is mapped and set to zero, and they are done
-  // once those memsets ran (at the end).
-  std::vector<TransferJob*> only_zero;
+  // To storage, every job's host-tier copies go first, on its stream: its disk chunks' copies run
+  // after them, so a job whose last disk chunk is acknowledged has its host chunks copied too.
+  // Jobs with no disk chunk: to storage, done at once when nothing of them moves (the daemon recorded
+  // their zero chunks with the reservation), else once their host-tier copies ran (at the end); from
+  // storage, their memory is mapped, their host chunks copied back and zero chunks set, and they are
+  // done once that ran (at the end).
+  std::vector<TransferJob*> only_local;
   for (TransferJob& j : jobs) {
-    if (j.chunks != 0 || j.error) continue;
+    if (j.error || (out && fatal)) continue;
     if (out) {
-      if (Status st = steps.finished(j); !st) {
-        fail_all(std::move(st).error());
-        break;
+      if (Status st = queue_local(dir, j); !st) {
+        fail(j, std::move(st).error());
+        continue;
       }
-      j.complete = true;
+      if (j.chunks != 0) continue;
+      if (j.host)
+        only_local.push_back(&j);
+      else
+        finish(j);
       continue;
     }
+    if (j.chunks != 0) continue;
     Status st = steps.before_copy ? steps.before_copy(j) : Status{};
-    if (st) st = queue_zeroes(j);
+    if (st) st = queue_local(dir, j);
     if (!st) {
       j.error = std::move(st).error();
       abandon(j);
       continue;
     }
-    only_zero.push_back(&j);
+    only_local.push_back(&j);
   }
   std::size_t cursor = 0;
   int64_t last_activity = now_ms();
@@ -219,7 +260,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     // storage with the READ (reads need no device memory, so they start at once).
     while (!fatal) {
       while (cursor < jobs.size()) {
-        skip_zero(jobs[cursor]);
+        skip_local(jobs[cursor]);
         if (!jobs[cursor].error && jobs[cursor].next_offset < jobs[cursor].a->size) break;
         ++cursor;
       }
@@ -348,10 +389,11 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       continue;
     }
     if (answered && !j.error && !fatal && steps.before_copy) {
-      // From storage, a failure to get the memory affects this allocation only. Its zero chunks are
-      // set first, on the stream its chunks are copied on: done when its last copy is.
+      // From storage, a failure to get the memory affects this allocation only. Its host chunks are
+      // copied back and its zero chunks set first, on the stream its chunks are copied on: done
+      // when its last copy is.
       Status st = steps.before_copy(j);
-      if (st) st = queue_zeroes(j);
+      if (st) st = queue_local(dir, j);
       if (!st) j.error = std::move(st).error();
     }
     if (answered && !j.error && !fatal) {
@@ -378,9 +420,9 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     free_slot(j, slot);
     progress.update(*done_bytes, false);
   }
-  // From storage, the jobs that were only zero chunks are done once their memsets ran.
+  // The jobs with no disk chunk are done once what was queued for them ran.
   std::vector<int> drained;
-  for (TransferJob* j : only_zero) {
+  for (TransferJob* j : only_local) {
     if (fatal) break;
     if (std::find(drained.begin(), drained.end(), j->ctx) == drained.end()) {
       if (Status st = drain(j->ctx); !st) {
@@ -389,14 +431,11 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       }
       drained.push_back(j->ctx);
     }
-    if (Status st = steps.finished(*j); !st)
-      fail_all(std::move(st).error());
-    else
-      j->complete = true;
+    finish(*j);
   }
   // Whatever did not complete is unmapped by the caller: nothing queued for it may still run.
   for (TransferJob& j : jobs)
-    if (j.zeroes_queued && !j.complete && std::find(drained.begin(), drained.end(), j.ctx) == drained.end()) {
+    if (j.local_queued && !j.complete && std::find(drained.begin(), drained.end(), j.ctx) == drained.end()) {
       (void)drain(j.ctx);
       drained.push_back(j.ctx);
     }

@@ -42,29 +42,36 @@ struct TransferJob {
   // From storage: the new physical memory, mapped before its first chunk is copied back.
   CUmemGenericAllocationHandle handle = 0;
   bool mapped = false;
-  // One byte per chunk, 1: every byte of it is zero (zero_scan.h). Such chunks are neither staged
-  // nor sent; from storage they are set to zero on the device once the memory is mapped. Empty: every
-  // chunk holds data. `chunks` counts the others.
-  std::vector<uint8_t> zero;
-  bool zeroes_queued = false;  // from storage: the zero chunks' memsets are queued on the stream
+  // Where each chunk goes (a chunk past the end of `place` goes to disk; empty: every chunk). Zero
+  // and host chunks are neither staged nor sent: they move on the job's stream (host-tier copies,
+  // zero memsets), queued before its disk chunks' copies. `chunks` counts the disk chunks.
+  std::vector<ChunkPlace> place;
+  // The job's host chunks, in order, one chunk apart from here in the host-tier memory.
+  uint8_t* host = nullptr;
+  bool local_queued = false;  // its host-tier copies and zero memsets are queued on its stream
 };
 
-// Calls f(first, count) for each run of consecutive zero chunks of `j` (TransferJob::zero), in
-// order; stops at the first error f returns.
+// Calls f(first, count) for each run of consecutive chunks of `j` placed at `where`, in order; stops
+// at the first error f returns. Disk runs are not listed (chunks past `place` are on disk too).
 template <class F>
-Status for_each_zero_run(const TransferJob& j, F&& f) {
-  for (uint64_t i = 0; i < j.zero.size();) {
-    if (!j.zero[i]) {
+Status for_each_run(const TransferJob& j, ChunkPlace where, F&& f) {
+  for (uint64_t i = 0; i < j.place.size();) {
+    if (j.place[i] != where) {
       ++i;
       continue;
     }
     uint64_t end = i;
-    while (end < j.zero.size() && j.zero[end]) ++end;
+    while (end < j.place.size() && j.place[end] == where) ++end;
     if (Status st = f(i, end - i); !st) return st;
     i = end;
   }
   return {};
 }
+
+// The bytes of j's chunks placed at `where` (Zero or Host).
+uint64_t place_bytes(const TransferJob& j, ChunkPlace where, uint32_t chunk_bytes) noexcept;
+// Recounts `j.chunks` as its disk chunks (what goes through the staging slots).
+void count_disk_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept;
 
 struct TransferSteps {
   // From storage: before a chunk is copied to the device (the first one maps memory). An error
@@ -107,7 +114,8 @@ class TransferPipeline {
 
   // Moves `jobs` (each with its ctx set); returns the first error that stopped the whole transfer,
   // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks (zero
-  // chunks are not), `unchanged_bytes` (to storage) those the daemon found it already held.
+  // chunks are not; host chunks once their job is done), `unchanged_bytes` (to storage) those the
+  // daemon found it already held.
   std::optional<Error> run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
                            ProgressReporter& progress, uint64_t* done_bytes, uint64_t* unchanged_bytes = nullptr);
 
@@ -123,8 +131,9 @@ class TransferPipeline {
   Status start_copy(Direction dir, TransferJob& j, std::size_t s);
   // Sends the WRITE or READ of slot `s`'s chunk; its request id.
   Result<uint64_t> start_request(Direction dir, const TransferJob& j, std::size_t s);
-  // From storage: queues the memsets that set j's zero chunks on its context's stream.
-  Status queue_zeroes(TransferJob& j);
+  // Queues on j's stream what moves without the daemon: the host-tier copies of its host chunks
+  // (out of the device or back), and from storage the memsets of its zero chunks.
+  Status queue_local(Direction dir, TransferJob& j);
   // Waits for everything queued on `ctx`'s stream.
   Status drain(int ctx);
   // The daemon's next message, or, while copies run and nothing has arrived, the oldest copy's

@@ -91,22 +91,6 @@ bool readable_by_own_device(const Allocation& a) {
 
 }  // namespace
 
-uint64_t zero_chunk_bytes(const TransferJob& j, uint32_t chunk_bytes) noexcept {
-  const uint64_t size = j.a->size;
-  uint64_t bytes = 0;
-  for (uint64_t i = 0; i < j.zero.size() && i * chunk_bytes < size; ++i)
-    if (j.zero[i]) bytes += std::min<uint64_t>(chunk_bytes, size - i * chunk_bytes);
-  return bytes;
-}
-
-void count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
-  const uint64_t size = j.a->size;
-  const uint64_t all = chunk_bytes ? (size + chunk_bytes - 1) / chunk_bytes : 0;
-  uint64_t zero = 0;
-  for (uint64_t i = 0; i < j.zero.size() && i < all; ++i) zero += j.zero[i] ? 1 : 0;
-  j.chunks = all - zero;
-}
-
 CUfunction ZeroScanner::kernel_for(CUcontext ctx) {
   for (const Loaded& l : loaded_)
     if (l.ctx == ctx) return l.kernel;
@@ -201,8 +185,9 @@ Status ZeroScanner::scan(std::vector<TransferJob>& jobs, uint32_t chunk_bytes, T
     at = 0;
     for (TransferJob* j : mine) {
       const uint64_t chunks = (j->a->size + chunk_bytes - 1) / chunk_bytes;
-      j->zero.assign(chunks, 0);
-      for (uint64_t i = 0; i < chunks; ++i) j->zero[i] = nonzero[at + i] == 0;
+      j->place.assign(chunks, ChunkPlace::Disk);
+      for (uint64_t i = 0; i < chunks; ++i)
+        if (nonzero[at + i] == 0) j->place[i] = ChunkPlace::Zero;
       at += chunks;
     }
   }

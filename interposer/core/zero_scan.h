@@ -29,7 +29,7 @@ class ZeroScanner {
   ZeroScanner(const ZeroScanner&) = delete;
   ZeroScanner& operator=(const ZeroScanner&) = delete;
 
-  // Sets each job's `zero` (one byte per chunk of `chunk_bytes`, 1: every byte is zero) and
+  // Sets each job's `place` (one entry per chunk of `chunk_bytes`, Zero where every byte is zero) and
   // recounts its `chunks` as the chunks left to move. A job the scan cannot cover (the kernel does
   // not load, no device memory for the flags, an allocation its device may not read) keeps every
   // chunk as data, said once in the log: skipping a scan costs bytes, never correctness. An error
@@ -47,10 +47,5 @@ class ZeroScanner {
 
   std::vector<Loaded> loaded_;
 };
-
-// The bytes of j's zero chunks (TransferJob::zero).
-uint64_t zero_chunk_bytes(const TransferJob& j, uint32_t chunk_bytes) noexcept;
-// Recounts `j.chunks` as its non-zero chunks (what moves).
-void count_zero_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept;
 
 }  // namespace tmsdisk::shim

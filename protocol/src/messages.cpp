@@ -314,9 +314,10 @@ DecodeResult decode(std::span<const uint8_t> bytes) noexcept {
 
 namespace {
 
-// What was skipped is part of the bytes covered: zero and unchanged chunks are disjoint.
+// What was skipped is part of the bytes covered: zero, unchanged and host-tier chunks are disjoint.
 bool valid_skipped(const Skipped& s, uint64_t total, std::string& why) {
-  if (s.zero_bytes > total || s.unchanged_bytes > total - s.zero_bytes) {
+  if (s.zero_bytes > total || s.unchanged_bytes > total - s.zero_bytes ||
+      s.host_bytes > total - s.zero_bytes - s.unchanged_bytes) {
     why = "more bytes skipped than covered";
     return false;
   }
@@ -402,10 +403,13 @@ bool Reserve::check(std::string& why) const {
     why = "unknown reserve flags";
     return false;
   }
-  for (const auto& z : zero_runs) {
-    if (z.count == 0 || z.first_chunk + z.count < z.first_chunk) {
-      why = "zero run of blob " + std::to_string(z.blob) + " is empty or wraps around";
-      return false;
+  for (const auto* runs : {&zero_runs, &host_runs}) {
+    for (const auto& z : *runs) {
+      if (z.count == 0 || z.first_chunk + z.count < z.first_chunk) {
+        why = std::string(runs == &zero_runs ? "zero" : "host-tier") + " run of blob " + std::to_string(z.blob) +
+              " is empty or wraps around";
+        return false;
+      }
     }
   }
   for (const auto& b : blobs) {
@@ -440,6 +444,14 @@ bool ChunkRef::check(std::string& why) const {
 bool Commit::check(std::string& why) const {
   if (state != static_cast<uint8_t>(CommitState::Paused) && state != static_cast<uint8_t>(CommitState::Resumed)) {
     why = "unknown commit state " + std::to_string(state);
+    return false;
+  }
+  return true;
+}
+
+bool TierGrant::check(std::string& why) const {
+  if (!printable(note)) {
+    why = "TIER_GRANT.note has control characters";
     return false;
   }
   return true;
@@ -679,6 +691,10 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::Commit: return "COMMIT";
     case MsgType::PauseState: return "PAUSE_STATE";
     case MsgType::PauseStateReply: return "PAUSE_STATE_REPLY";
+    case MsgType::TierAsk: return "TIER_ASK";
+    case MsgType::TierGrant: return "TIER_GRANT";
+    case MsgType::TierRelease: return "TIER_RELEASE";
+    case MsgType::TierAdopt: return "TIER_ADOPT";
     case MsgType::Report: return "REPORT";
     case MsgType::Command: return "COMMAND";
     case MsgType::CommandDone: return "COMMAND_DONE";

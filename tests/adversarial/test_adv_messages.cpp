@@ -245,6 +245,7 @@ bool daemon_sends_only(MsgType t) {
     case MsgType::Written:
     case MsgType::ReadDone:
     case MsgType::PauseStateReply:
+    case MsgType::TierGrant:
     case MsgType::Command:
     case MsgType::Sessions:
     case MsgType::ControlResult:
@@ -264,6 +265,9 @@ bool shim_sends_only(MsgType t) {
     case MsgType::Read:
     case MsgType::Commit:
     case MsgType::PauseState:
+    case MsgType::TierAsk:
+    case MsgType::TierRelease:
+    case MsgType::TierAdopt:
     case MsgType::Report:
     case MsgType::CommandDone:
     case MsgType::Progress:

@@ -1786,7 +1786,7 @@ TEST_CASE("zero chunks are neither written nor read, and a pause of unchanged by
   const uint64_t token = c.welcome().token;
   // Blob 1: chunks 1 and 2 (of 4) are zero; blob 2: all data.
   const std::vector<BlobSize> blobs = {{1, 16 * MiB}, {2, 8 * MiB}};
-  const std::vector<proto::ZeroRun> zero = {{1, 1, 2}};
+  const std::vector<proto::ChunkRun> zero = {{1, 1, 2}};
   const std::string dir = d.rank_dir(0, "skip", 0, ::getpid());
   // Pauses and returns how many chunks were unchanged; *reserved gets the data file's mtime once the
   // reservation (which punches the zero chunks' ranges) is made.

@@ -78,6 +78,7 @@ class FakeDaemon {
   std::atomic<uint64_t> corrupt_blob{0};       // READs of this blob fail with EBADMSG
   std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
   std::atomic<int> resume_commit_error{0};     // the next COMMIT(resumed) fails with this (manifest not written)
+  std::atomic<uint64_t> tier_grant_bytes{0};   // host-tier memory a TIER_ASK gets, at most (0: none)
 
   std::atomic<int> writes{0};
   std::atomic<int> commits_paused{0};
@@ -85,6 +86,9 @@ class FakeDaemon {
   std::atomic<int> progress_messages{0};
   std::atomic<int> reports{0};
   std::atomic<int> zero_runs{0};  // runs of zero chunks reserved
+  std::atomic<int> host_runs{0};  // runs of host-tier chunks reserved
+  std::atomic<int> tier_asks{0};
+  std::atomic<int> tier_releases{0};
   std::atomic<int> violations{0};
   std::atomic<int> reads{0};  // READs answered (each one verified here against the sealed checksum)
 
@@ -216,9 +220,11 @@ class FakeDaemon {
             if (m.flags & proto::kReserveFirst) {
               reserve_set_.clear();
               zero_runs_.clear();
+              host_runs_.clear();
             }
             reserve_set_.insert(reserve_set_.end(), m.blobs.begin(), m.blobs.end());
             zero_runs_.insert(zero_runs_.end(), m.zero_runs.begin(), m.zero_runs.end());
+            host_runs_.insert(host_runs_.end(), m.host_runs.begin(), m.host_runs.end());
             if (!(m.flags & proto::kReserveLast)) return send_locked(id, proto::OkReply{});
             if (int e = reserve_error.load()) return error_locked(id, e, "no space left (test)");
             if (paused_) return error_locked(id, EBUSY, "a committed pause holds the only copy");
@@ -246,6 +252,19 @@ class FakeDaemon {
               }
               ++zero_runs;
             }
+            // So are host-tier chunks: the rank keeps them.
+            for (const auto& z : host_runs_) {
+              auto b = next.find(z.blob);
+              if (b == next.end() || z.first_chunk + z.count > b->second.written.size()) {
+                ++violations;
+                return error_locked(id, EINVAL, "bad host run");
+              }
+              for (uint64_t c = z.first_chunk; c < z.first_chunk + z.count; ++c) {
+                b->second.written[c] = true;
+                b->second.zero[c] = true;  // nothing stored: a WRITE or READ of it is a violation
+              }
+              ++host_runs;
+            }
             blobs_ = std::move(next);
             send_locked(id, proto::OkReply{});
           } else if constexpr (std::is_same_v<T, proto::Write> || std::is_same_v<T, proto::Read>) {
@@ -262,6 +281,17 @@ class FakeDaemon {
             }
             busy_[m.slot] = true;
             pending_.push_back(Pending{id, is_write, m});
+          } else if constexpr (std::is_same_v<T, proto::TierAsk>) {
+            ++tier_asks;
+            const uint64_t bytes = std::min<uint64_t>(tier_grant_bytes.load(), m.bytes) / kSlotBytes * kSlotBytes;
+            if (bytes == 0) return send_locked(id, proto::TierGrant{.bytes = 0, .note = "no host tier (test)"});
+            int fd = ::memfd_create("fake-host-tier", MFD_CLOEXEC);
+            if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) ++violations;
+            send_locked(id, proto::TierGrant{.bytes = bytes, .note = {}}, fd);
+            ::close(fd);
+          } else if constexpr (std::is_same_v<T, proto::TierRelease>) {
+            ++tier_releases;
+            send_locked(id, proto::OkReply{});
           } else if constexpr (std::is_same_v<T, proto::PauseState>) {
             send_locked(id, proto::PauseStateReply{.paused = static_cast<uint8_t>(paused_ ? 1 : 0), .generation = 0});
           } else if constexpr (std::is_same_v<T, proto::Commit>) {
@@ -345,7 +375,8 @@ class FakeDaemon {
   std::vector<bool> busy_;
   std::vector<Pending> pending_;
   std::vector<proto::BlobSize> reserve_set_;
-  std::vector<proto::ZeroRun> zero_runs_;
+  std::vector<proto::ChunkRun> zero_runs_;
+  std::vector<proto::ChunkRun> host_runs_;
   std::map<uint64_t, Blob> blobs_;
   bool paused_ = false;
   uint64_t commands_sent_ = 0;
@@ -586,6 +617,32 @@ TEST_CASE("zero chunks are reserved as zero, never written nor read, and come ba
   CHECK(got == want);
   CHECK(w.daemon.violations.load() == 0);
   a.free();
+}
+
+TEST_CASE("the host tier the daemon grants takes the first chunks by DMA; the rest goes to disk (issue 9)") {
+  World& w = world();
+  Buffer a(4 * kSlotBytes + 100, 9), b(2 * kSlotBytes, 10);
+  w.daemon.tier_grant_bytes = 3 * kSlotBytes;
+  const int writes = w.daemon.writes.load(), runs = w.daemon.host_runs.load();
+  const int asks = w.daemon.tier_asks.load(), releases = w.daemon.tier_releases.load();
+  REQUIRE(api_pause() == 0);
+  w.daemon.tier_grant_bytes = 0;
+  CHECK_FALSE(a.mapped());
+  CHECK_FALSE(b.mapped());
+  CHECK(w.daemon.tier_asks.load() - asks == 1);
+  // a's first three chunks in the host tier (one run); its last two and b's two on disk.
+  CHECK(w.daemon.host_runs.load() - runs == 1);
+  CHECK(w.daemon.writes.load() - writes == 2 + 2);
+  CHECK(w.daemon.tier_releases.load() == releases);  // kept while it holds paused chunks
+  const int reads = w.daemon.reads.load();
+  REQUIRE(api_resume() == 0);
+  CHECK(w.daemon.reads.load() - reads == 4);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  CHECK(w.daemon.tier_releases.load() - releases == 1);  // given back once nothing is kept there
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
 }
 
 TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops that keep the last figures") {

@@ -107,7 +107,7 @@ Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs) {
   return reserve(blobs, {});
 }
 
-Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs, const std::vector<proto::ZeroRun>& zero_runs) {
+Status ShimClient::reserve(const std::vector<proto::BlobSize>& blobs, const std::vector<proto::ChunkRun>& zero_runs) {
   proto::Reserve r;
   r.flags = proto::kReserveFirst | proto::kReserveLast;
   r.blobs = blobs;

@@ -45,7 +45,7 @@ class ShimClient {
 
   Status reserve(const std::vector<proto::BlobSize>& blobs);
   // ... with the runs of chunks that are all zero (never written nor read afterwards).
-  Status reserve(const std::vector<proto::BlobSize>& blobs, const std::vector<proto::ZeroRun>& zero_runs);
+  Status reserve(const std::vector<proto::BlobSize>& blobs, const std::vector<proto::ChunkRun>& zero_runs);
   Status commit(proto::CommitState state);
 
   // Writes every blob through the slots, keeping all slots busy; fill(blob, offset, dst, len)

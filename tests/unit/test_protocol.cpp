@@ -145,8 +145,37 @@ TEST_CASE("every message type round-trips with its fields") {
   SessionInfo info;
   info.job = "j";
   info.rank = 3;
+  info.host_tier_bytes = 64 << 20;
   ss.sessions.push_back(info);
-  CHECK(round_trip(ss).sessions.at(0).rank == 3);
+  ss.host_tier_budget_bytes = 1 << 30;
+  ss.host_tier_used_bytes = 64 << 20;
+  auto ss2 = round_trip(ss);
+  CHECK(ss2.sessions.at(0).rank == 3);
+  CHECK(ss2.sessions.at(0).host_tier_bytes == (64u << 20));
+  CHECK(ss2.host_tier_budget_bytes == (1u << 30));
+  CHECK(ss2.host_tier_used_bytes == (64u << 20));
+
+  // The host tier (protocol 6): an ask, a grant with its note, a release and an adoption.
+  CHECK(round_trip(TierAsk{.bytes = 123}).bytes == 123);
+  auto grant = round_trip(TierGrant{.bytes = 8 << 20, .note = "a fair share"});
+  CHECK(grant.bytes == (8u << 20));
+  CHECK(grant.note == "a fair share");
+  CHECK(decode_code(encode(9, TierGrant{.bytes = 0, .note = "bad\nnote"})) == EBADMSG);
+  CHECK(std::holds_alternative<TierRelease>(decode(encode(9, TierRelease{})).envelope->body));
+  CHECK(std::holds_alternative<TierAdopt>(decode(encode(9, TierAdopt{})).envelope->body));
+  Reserve with_host;
+  with_host.blobs = {{.id = 1, .size = 10 << 20}};
+  with_host.host_runs = {{.blob = 1, .first_chunk = 0, .count = 2}};
+  CHECK(round_trip(with_host).host_runs.at(0).count == 2);
+  with_host.host_runs[0].count = 0;
+  CHECK(decode_code(encode(9, with_host)) == EBADMSG);
+  // Host bytes are part of what a pause covered, beside zero and unchanged ones.
+  CommandDone tiered;
+  tiered.bytes = 10;
+  tiered.skipped = {.zero_bytes = 4, .unchanged_bytes = 3, .host_bytes = 3};
+  CHECK(round_trip(tiered).skipped.host_bytes == 3);
+  tiered.skipped.host_bytes = 4;
+  CHECK(decode_code(encode(9, tiered)) == EBADMSG);
 
   Control c;
   c.op = 1;
@@ -233,8 +262,8 @@ TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither f
 
   // The outcome and what was skipped close each: a result's size, by which ControlResult pages,
   // counts them.
-  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1 + 16);
-  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1 + 16);
+  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1 + 24);
+  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1 + 24);
   CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
 }
 

@@ -1328,15 +1328,15 @@ TEST_CASE("zero chunks take no disk space, are recorded at the reservation and a
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("zero", 1);
   const std::vector<proto::BlobSize> set{{1, 8 * kChunk}, {2, kChunk + 100}};
-  const std::vector<proto::ZeroRun> runs{{1, 2, 4}, {2, 1, 1}};
+  const std::vector<proto::ChunkRun> runs{{1, 2, 4}, {2, 1, 1}};
   std::string dir;
   {
     auto store = make_store(roots, id);
     dir = store->dir_path();
 
     SECTION("runs naming another blob, past a blob's end or overlapping are refused and change nothing") {
-      for (const auto& bad : {std::vector<proto::ZeroRun>{{9, 0, 1}}, std::vector<proto::ZeroRun>{{1, 6, 3}},
-                              std::vector<proto::ZeroRun>{{1, 0, 3}, {1, 2, 1}}}) {
+      for (const auto& bad : {std::vector<proto::ChunkRun>{{9, 0, 1}}, std::vector<proto::ChunkRun>{{1, 6, 3}},
+                              std::vector<proto::ChunkRun>{{1, 0, 3}, {1, 2, 1}}}) {
         auto st = store->reserve(set, bad);
         REQUIRE_FALSE(st);
         CHECK(st.error().errnum() == EINVAL);
@@ -1392,7 +1392,7 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
   const uint64_t full = allocated_bytes(data);
   CHECK(full >= 8 * kChunk);
 
-  REQUIRE(store->reserve(set, std::vector<proto::ZeroRun>{{1, 0, 6}}));
+  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, 6}}));
   CHECK(store->disk_bytes() == 2 * kChunk);
   CHECK(allocated_bytes(data) <= full - 6 * kChunk);
   CHECK(store->missing_chunks() == 2);
@@ -1425,7 +1425,7 @@ TEST_CASE("a set larger than the free space is reserved when its data chunks fit
   auto nospace = store->reserve(set);
   REQUIRE_FALSE(nospace);
   CHECK(nospace.error().errnum() == ENOSPC);
-  REQUIRE(store->reserve(set, std::vector<proto::ZeroRun>{{1, 0, chunks}}));
+  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, chunks}}));
   CHECK(store->disk_bytes() == 4096);
   CHECK(store->missing_chunks() == 1);
   CHECK(usage_of(store->dir_path() + "/data").size == size);

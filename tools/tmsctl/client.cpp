@@ -98,7 +98,7 @@ Result<proto::Message> Client::receive(const Deadline& deadline) {
   }
 }
 
-Result<std::vector<proto::SessionInfo>> Client::list_sessions(const Deadline& deadline) {
+Result<std::vector<proto::SessionInfo>> Client::list_sessions(const Deadline& deadline, HostTier* host_tier) {
   std::vector<proto::SessionInfo> all;
   for (;;) {
     ++next_request_;
@@ -109,6 +109,7 @@ Result<std::vector<proto::SessionInfo>> Client::list_sessions(const Deadline& de
     if (!reply) return std::move(reply).error();
     auto* page = std::get_if<proto::Sessions>(&*reply);
     if (!page) return make_error(EPROTO, "unexpected answer to LIST_SESSIONS");
+    if (host_tier) *host_tier = {page->host_tier_budget_bytes, page->host_tier_used_bytes};
     for (auto& s : page->sessions) all.push_back(std::move(s));
     if (page->sessions.empty() || all.size() >= page->total) return all;
   }

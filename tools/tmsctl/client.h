@@ -33,8 +33,14 @@ class Client {
   static Result<Client> connect(const std::string& socket_path,
                                 const Deadline& deadline = Deadline::fixed(kAnswerLimit));
 
-  // Every session the caller may see (all pages), within `deadline`.
-  Result<std::vector<proto::SessionInfo>> list_sessions(const Deadline& deadline = Deadline::fixed(kAnswerLimit));
+  // Every session the caller may see (all pages), within `deadline`. `host_tier` (if set) receives the
+  // node's host-tier budget and use, as the last page said them.
+  struct HostTier {
+    uint64_t budget_bytes = 0;
+    uint64_t used_bytes = 0;
+  };
+  Result<std::vector<proto::SessionInfo>> list_sessions(const Deadline& deadline = Deadline::fixed(kAnswerLimit),
+                                                        HostTier* host_tier = nullptr);
 
   // Pauses or resumes the matching ranks and waits for every answer, or until `deadline` passes once
   // the daemon has said which ranks it asked: the ranks without an answer are then in `unanswered`

@@ -97,20 +97,24 @@ std::string damaged_text(const proto::RankStats& s) {
   return out + "; repair the file and `tmsctl resume`, or `tmsctl resume --accept-loss` (zero-filled)";
 }
 
-// What did not move of `bytes`, in words, empty when everything moved: ": 16.0 GiB written,
+// Where `bytes` went, in words, empty when all of it went through the disk: ": 16.0 GiB written,
 // 5.0 GiB zero, 0 B unchanged (not written)" on a pause, ": 16.0 GiB read, 5.0 GiB zero (set on the
-// device)" on a resume.
+// device)" on a resume; with ", 8.0 GiB in host memory" after the first figure when the host tier
+// kept some.
 std::string skipped_text(uint64_t bytes, const proto::Skipped& s, bool pause) {
-  if (s.zero_bytes == 0 && s.unchanged_bytes == 0) return {};
-  const uint64_t moved = bytes - s.zero_bytes - s.unchanged_bytes;
-  if (!pause) return ": " + human_bytes(moved) + " read, " + human_bytes(s.zero_bytes) + " zero (set on the device)";
-  return ": " + human_bytes(moved) + " written, " + human_bytes(s.zero_bytes) + " zero, " +
+  if (s.zero_bytes == 0 && s.unchanged_bytes == 0 && s.host_bytes == 0) return {};
+  const uint64_t moved = bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes;
+  const std::string host = s.host_bytes ? ", " + human_bytes(s.host_bytes) + " in host memory" : "";
+  if (!pause)
+    return ": " + human_bytes(moved) + " read" + host + ", " + human_bytes(s.zero_bytes) + " zero (set on the device)";
+  return ": " + human_bytes(moved) + " written" + host + ", " + human_bytes(s.zero_bytes) + " zero, " +
          human_bytes(s.unchanged_bytes) + " unchanged (not written)";
 }
 
-// The same, as JSON fields beside "bytes".
+// The same, as JSON fields beside "bytes": moved_bytes went through the disk.
 json skipped_json(uint64_t bytes, const proto::Skipped& s) {
-  return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes},
+  return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes},
+          {"host_bytes", s.host_bytes},
           {"zero_bytes", s.zero_bytes},
           {"unchanged_bytes", s.unchanged_bytes}};
 }
@@ -229,7 +233,8 @@ int cmd_status(const Common& common) {
   const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
   auto client = Client::connect(socket_of(common), deadlines.answer);
   if (!client) return fail(common, "status", client.error());
-  auto sessions = client->list_sessions(deadlines.answer);
+  Client::HostTier host_tier;
+  auto sessions = client->list_sessions(deadlines.answer, &host_tier);
   if (!sessions) return fail(common, "status", sessions.error());
   if (common.json) {
     json out = json::array();
@@ -250,6 +255,7 @@ int cmd_status(const Common& common) {
            {"unmanaged_bytes", unmanaged},
            {"managed_allocations", s.stats.managed_allocations},
            {"disk_bytes", s.disk_bytes},
+           {"host_tier_bytes", s.host_tier_bytes},
            {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
            {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
            {"last_change_unix_ms", s.stats.last_change_unix_ms},
@@ -263,6 +269,10 @@ int cmd_status(const Common& common) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
+  // The node's host tier, whoever holds it (other users' ranks included, as a number).
+  if (host_tier.budget_bytes)
+    std::printf("host tier: %s of %s in use on this node\n", human_bytes(host_tier.used_bytes).c_str(),
+                human_bytes(host_tier.budget_bytes).c_str());
   if (sessions->empty()) {
     std::printf("no ranks connected to %s\n", client->socket_path().c_str());
     return 0;
@@ -290,6 +300,8 @@ int cmd_status(const Common& common) {
     if (s.stats.damaged_allocations)
       std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
     if (s.orphaned) std::printf("%-16s %5s %8s   orphaned: %s\n", "", "", "", orphan_text(s).c_str());
+    if (s.host_tier_bytes)
+      std::printf("%-16s %5s %8s   host tier: holds %s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str());
     // What the last pause and resume did not have to move (zero and unchanged chunks).
     const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
     const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);

@@ -48,7 +48,15 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    (its XXH3-128 equals what the rank's file provably holds there, so the daemon did not rewrite
 //    it). COMMAND_DONE, each RankResult and RankStats' last pause/resume carry the bytes skipped as
 //    zero and as unchanged, beside the total.
-inline constexpr uint16_t kVersion = 5;
+// 6: the host-memory tier (issue 9). Before it reserves, a pausing shim asks for host memory
+//    (TIER_ASK); the daemon answers TIER_GRANT with the bytes of its node budget this rank may use
+//    now and, when that is not 0, a sealed memfd of that size whose pages it has already faulted in.
+//    The shim copies chunks into it by DMA and names them in RESERVE.host_runs: like zero chunks they
+//    take no disk space and are never written nor read. TIER_RELEASE gives the memory back; after a
+//    daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it against
+//    the budget again. The bytes kept in the tier are reported beside the zero and unchanged ones
+//    (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
+inline constexpr uint16_t kVersion = 6;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -96,6 +104,10 @@ enum class MsgType : uint16_t {
   Progress = 21,         // shim -> daemon -> tmsctl: bytes moved so far
   PauseState = 22,       // shim: what the daemon's manifest says of this rank (answered with PAUSE_STATE_REPLY)
   PauseStateReply = 23,  // daemon: whether a committed pause holds the rank's data, and its generation
+  TierAsk = 24,          // shim: host-tier memory wanted for the pause it is starting
+  TierGrant = 25,        // daemon: how much of it the rank may use; its memfd rides along when not 0
+  TierRelease = 26,      // shim: gives its host-tier memory back (answered with OK)
+  TierAdopt = 27,        // shim, on a new session: the host-tier memfd it still holds rides along (OK)
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -196,13 +208,15 @@ struct DamagedRange {
   }
 };
 
-// What a pause or resume did not move, of the bytes it covered (RankResult, CommandDone, RankStats).
+// What a pause or resume did not move to or from disk, of the bytes it covered (RankResult,
+// CommandDone, RankStats). The three are disjoint; the rest went through the disk.
 struct Skipped {
   uint64_t zero_bytes = 0;       // all-zero chunks: not written on pause, set on the device on resume
   uint64_t unchanged_bytes = 0;  // pause only: the file already held them, so they were not rewritten
+  uint64_t host_bytes = 0;       // kept in the host-memory tier (moved by DMA, not through the disk)
   template <class F>
   void fields(F&& f) {
-    f(zero_bytes), f(unchanged_bytes);
+    f(zero_bytes), f(unchanged_bytes), f(host_bytes);
   }
 };
 
@@ -245,8 +259,9 @@ struct BlobSize {
 };
 
 // Chunks [first_chunk, first_chunk + count) of `blob` (chunk i covers bytes [i*chunk, (i+1)*chunk)):
-// every byte of them is zero.
-struct ZeroRun {
+// in Reserve.zero_runs every byte of them is zero; in Reserve.host_runs the shim keeps them in its
+// host-tier memory.
+struct ChunkRun {
   uint64_t blob = 0;
   uint64_t first_chunk = 0;
   uint64_t count = 0;
@@ -269,10 +284,11 @@ struct SessionInfo {
   // session token or its process exits. It counts against max-sessions-per-uid like any session.
   uint8_t orphaned = 0;
   uint64_t orphaned_unix_ms = 0;  // when it lost its connection; set exactly when orphaned
+  uint64_t host_tier_bytes = 0;   // host-tier memory the rank holds (granted or adopted)
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats), f(orphaned),
-        f(orphaned_unix_ms);
+        f(orphaned_unix_ms), f(host_tier_bytes);
   }
   bool check(std::string& why) const;
 };
@@ -375,17 +391,19 @@ struct Welcome {
   bool check(std::string& why) const;
 };
 
-// The blobs a pause will write, and the runs of their chunks that are all zero (a run names a blob
-// of this message or of an earlier one of the same set; runs do not overlap). A zero chunk takes no
-// disk space and is recorded as zero at once: no WRITE for it follows, and no READ may ask for it.
+// The blobs a pause will write, the runs of their chunks that are all zero, and those the shim keeps
+// in its host-tier memory (a run names a blob of this message or of an earlier one of the same set;
+// no two runs, of either list, overlap). Such chunks take no disk space and are recorded at once: no
+// WRITE for them follows, and no READ may ask for them.
 struct Reserve {
   static constexpr MsgType kType = MsgType::Reserve;
   uint8_t flags = 0;
   std::vector<BlobSize> blobs;
-  std::vector<ZeroRun> zero_runs;
+  std::vector<ChunkRun> zero_runs;
+  std::vector<ChunkRun> host_runs;
   template <class F>
   void fields(F&& f) {
-    f(flags), f(blobs), f(zero_runs);
+    f(flags), f(blobs), f(zero_runs), f(host_runs);
   }
   bool check(std::string& why) const;
 };
@@ -464,6 +482,44 @@ struct PauseStateReply {
   bool check(std::string& why) const;
 };
 
+// Host-memory tier (issue 9). The daemon owns one budget for the node (host-tier-mb); a rank asks for
+// what its pause would like to keep there, and gets at most its fair share of the budget, less
+// whatever the node cannot spare now (MemAvailable, the daemon's cgroup). Granted memory belongs to
+// the rank until it releases it or exits: the daemon keeps no descriptor of it.
+struct TierAsk {
+  static constexpr MsgType kType = MsgType::TierAsk;
+  uint64_t bytes = 0;  // wanted; the grant is a whole number of the session's chunks
+  template <class F>
+  void fields(F&& f) {
+    f(bytes);
+  }
+};
+
+struct TierGrant {
+  static constexpr MsgType kType = MsgType::TierGrant;
+  uint64_t bytes = 0;  // 0: none (no fd); else the memfd's size, its pages faulted in and sealed
+  std::string note;    // why less than asked (for the rank's log); empty when all of it
+  template <class F>
+  void fields(F&& f) {
+    f(bytes), f(note, kMaxTextLength);
+  }
+  bool check(std::string& why) const;
+};
+
+struct TierRelease {
+  static constexpr MsgType kType = MsgType::TierRelease;
+  template <class F>
+  void fields(F&&) {}
+};
+
+// The memfd a daemon granted (this one or one that stopped since) rides along; the daemon counts
+// its pages against the budget (the rank keeps them either way).
+struct TierAdopt {
+  static constexpr MsgType kType = MsgType::TierAdopt;
+  template <class F>
+  void fields(F&&) {}
+};
+
 struct Report {
   static constexpr MsgType kType = MsgType::Report;
   RankStats stats;
@@ -525,9 +581,13 @@ struct Sessions {
   static constexpr MsgType kType = MsgType::Sessions;
   uint32_t total = 0;  // sessions visible to the caller; ask again from start+size() for more
   std::vector<SessionInfo> sessions;
+  // The node's host-memory tier: its budget (0: off) and what all ranks hold of it now, every
+  // user's (a number, no names: the caller sees only its own sessions).
+  uint64_t host_tier_budget_bytes = 0;
+  uint64_t host_tier_used_bytes = 0;
   template <class F>
   void fields(F&& f) {
-    f(total), f(sessions);
+    f(total), f(sessions), f(host_tier_budget_bytes), f(host_tier_used_bytes);
   }
   bool check(std::string& why) const;
 };
@@ -680,7 +740,7 @@ struct IpcUsers {
 };
 
 using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit,
-                             PauseState, PauseStateReply, Report, Command, CommandDone, Progress, ListSessions,
+                             PauseState, PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, Report, Command, CommandDone, Progress, ListSessions,
                              Sessions, Control, ControlResult, Gc, GcResult, ControlTargets, IpcExport, IpcExported,
                              IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
