@@ -83,8 +83,8 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
                                      kMaxReserveBlobs));
   if (s.pending_zero_runs.size() + m.zero_runs.size() + s.pending_host_runs.size() + m.host_runs.size() >
       kMaxReserveZeroRuns)
-    return refuse(E2BIG, fmt::format("more than {} runs of zero or host-tier chunks in one reservation",
-                                     kMaxReserveZeroRuns));
+    return refuse(E2BIG,
+                  fmt::format("more than {} runs of zero or host-tier chunks in one reservation", kMaxReserveZeroRuns));
   const uint64_t chunk = s.store->chunk_bytes();
   uint64_t chunks_in_set = s.pending_chunks;
   for (const auto& b : m.blobs) chunks_in_set = add_saturated(chunks_in_set, b.size / chunk + (b.size % chunk != 0));

@@ -41,8 +41,7 @@ std::optional<uint64_t> meminfo_field(const std::string& text, std::string_view 
   std::string unit;
   while (in >> name >> kib) {
     std::getline(in, unit);
-    if (name.size() == key.size() + 1 && name.compare(0, key.size(), key) == 0 && name.back() == ':')
-      return kib * 1024;
+    if (name.size() == key.size() + 1 && name.compare(0, key.size(), key) == 0 && name.back() == ':') return kib * 1024;
   }
   return std::nullopt;
 }
@@ -133,12 +132,13 @@ Result<UniqueFd> make_tier_memory(uint64_t bytes) {
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
     return errno_error(fmt::format("cannot size host-tier memory to {} bytes", bytes));
   // Sealed against resizing: its size is what the budget counts, now and when a rank hands it back.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) return errno_error("cannot seal host-tier memory");
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+    return errno_error("cannot seal host-tier memory");
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return errno_error("cannot map host-tier memory");
   auto* base = static_cast<uint8_t*>(p);
-  const unsigned threads = static_cast<unsigned>(
-      std::clamp<uint64_t>(bytes / kFaultPiece, 1, std::max(1u, std::min(kFaultThreads, std::thread::hardware_concurrency()))));
+  const unsigned threads = static_cast<unsigned>(std::clamp<uint64_t>(
+      bytes / kFaultPiece, 1, std::max(1u, std::min(kFaultThreads, std::thread::hardware_concurrency()))));
   const uint64_t share = (bytes / threads + 4095) / 4096 * 4096;
   std::vector<Status> results(threads);
   auto piece = [&](unsigned t) {

@@ -157,8 +157,8 @@ class Metrics {
   uint64_t failures_[kOps][kCauses]{};
   uint64_t moved_bytes_[kOps]{};
   uint64_t host_moved_bytes_[kOps]{};  // as the ranks' answers report them
-  uint64_t skipped_bytes_[2]{};       // by SkipReason, of pauses
-  std::vector<Histogram> durations_;  // per operation, of those that succeeded
+  uint64_t skipped_bytes_[2]{};        // by SkipReason, of pauses
+  std::vector<Histogram> durations_;   // per operation, of those that succeeded
   std::function<void()> on_recorded_;
 };
 

@@ -29,6 +29,7 @@
 #include "chunk_io.h"
 #include "control_router.h"
 #include "fd_reaper.h"
+#include "host_tier.h"
 #include "ipc_exports.h"
 #include "metrics.h"
 #include "session_table.h"
@@ -209,10 +210,12 @@ struct Server::Impl {
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid);
-    router =
-        std::make_unique<ControlRouter>(*sessions, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
+    router = std::make_unique<ControlRouter>(
+        *sessions,
+        [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
-        }, config.host_tier_mb * kMiB);
+        },
+        config.host_tier_mb * kMiB);
 
     if (auto s = take_lock(); !s) return s;
     // After the lock: a second daemon refused here must not overwrite (or remove) the first one's file.
@@ -778,7 +781,7 @@ struct Server::Impl {
       return send_error(c, rid, EBUSY, "this rank already holds host-tier memory: release it (TIER_RELEASE) first");
     const uint64_t budget = config.host_tier_mb * kMiB;
     const uint64_t used = host_tier_used();
-    const SpareMemory spare = !budget ? SpareMemory{} : config.spare_memory ? config.spare_memory() : spare_memory();
+    const SpareMemory spare = budget ? spare_memory() : SpareMemory{};
     TierPlan plan = plan_grant(m.bytes, s.staging->chunk_bytes(), budget, used, sessions->all().size(), spare);
     if (budget && !plan.note.empty())
       spdlog::info("session {}: host tier: {} of the {} asked for: {}", s.id, human_bytes(plan.bytes),
@@ -801,9 +804,10 @@ struct Server::Impl {
     if (!t.memory) {
       spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
                    human_bytes(t.bytes), t.error.describe());
-      return send(*c, t.request_id,
-                  proto::TierGrant{.bytes = 0, .note = proto::wire_text("tmsdiskd could not get the memory: " +
-                                                                        t.error.describe())});
+      return send(
+          *c, t.request_id,
+          proto::TierGrant{.bytes = 0,
+                           .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())});
     }
     s->host_tier_bytes = t.bytes;
     spdlog::info("session {}: granted {} of host-tier memory ({} of {} in use)", s->id, human_bytes(t.bytes),
@@ -813,7 +817,8 @@ struct Server::Impl {
 
   void on_shim(Connection& c, uint64_t rid, proto::TierRelease&) {
     Session& s = session_of(c);
-    if (s.host_tier_bytes) spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier_bytes));
+    if (s.host_tier_bytes)
+      spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier_bytes));
     s.host_tier_bytes = 0;
     send(c, rid, proto::OkReply{});
   }

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "host_tier.h"
 #include "io_engine.h"
 #include "tmsdisk/common/result.h"
 
@@ -48,8 +47,6 @@ struct Config {
   // job name), and may block there to hold that HELLO in the slow path. It must return before the
   // server is destroyed, which waits for it.
   std::function<void(const std::string& job)> before_staging;
-  // Tests only: what the node can spare for the host tier, instead of MemAvailable and the cgroup.
-  std::function<SpareMemory()> spare_memory;
 };
 
 // A connection is not read while the replies queued for it cost this much (or 256 of them wait):

@@ -65,7 +65,11 @@ Result<std::unique_ptr<StagingBuffer>> StagingBuffer::create(io::Engine& engine,
   if (p == MAP_FAILED) return errno_error("cannot map the staging buffer");
   b->base_ = static_cast<uint8_t*>(p);
   if (auto st = fault_in(b->base_, bytes, "a staging buffer"); !st)
-    return make_error(st.error().errnum(), st.error().message + (st.error().errnum() == ENOMEM ? "; ask for a smaller one (TMS_DISK_BACKUP_CHUNK_MB) or free memory on the node" : ""));
+    return make_error(
+        st.error().errnum(),
+        st.error().message + (st.error().errnum() == ENOMEM
+                                  ? "; ask for a smaller one (TMS_DISK_BACKUP_CHUNK_MB) or free memory on the node"
+                                  : ""));
   if (fixed_index >= 0) {
     if (engine.fill_buffer_slot(fixed_index, b->base_, bytes, not_registered) == 0) b->buf_index_ = fixed_index;
   }

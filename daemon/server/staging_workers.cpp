@@ -2,14 +2,14 @@
 // The staging workers (staging_workers.h).
 #include "staging_workers.h"
 
-#include "host_tier.h"
-
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include "host_tier.h"
 
 namespace tmsdisk::server {
 namespace {

@@ -46,7 +46,7 @@ class StagingWorkers {
     uint64_t bytes = 0;
     std::string note;  // why less than asked (TierGrant.note)
     UniqueFd memory;   // invalid when it could not be made:
-    Error error;      // ... why
+    Error error;       // ... why
   };
   struct Finished {
     std::vector<Built> built;

@@ -494,15 +494,14 @@ static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<co
   for (std::size_t i = 1; i < sorted.size(); ++i) {
     const auto& prev = sorted[i - 1];
     if (prev.blob == sorted[i].blob && prev.first_chunk + prev.count > sorted[i].first_chunk) {
-      return make_error(EINVAL,
-                        fmt::format("runs of chunks of blob {} overlap at chunk {}", sorted[i].blob, sorted[i].first_chunk));
+      return make_error(
+          EINVAL, fmt::format("runs of chunks of blob {} overlap at chunk {}", sorted[i].blob, sorted[i].first_chunk));
     }
   }
   return {};
 }
 
-Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
-                                       std::span<const proto::ChunkRun> zero_runs,
+Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
                                        std::span<const proto::ChunkRun> host_runs) {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (paused) {

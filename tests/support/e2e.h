@@ -209,6 +209,8 @@ struct RankStatus {
   int64_t rank = -1;
   pid_t pid = 0;
   Totals totals;
+  uint64_t disk_bytes = 0;       // reserved in its files
+  uint64_t host_tier_bytes = 0;  // of the node's host tier, held now
 };
 
 // One rank's part in a `tmsctl pause` or `resume`.
@@ -219,7 +221,8 @@ struct RankOutcome {
   bool ok = false;
   int error = 0;  // errno, 0 when ok
   uint64_t bytes = 0;
-  uint64_t zero_bytes = 0, unchanged_bytes = 0, moved_bytes = 0;  // what of `bytes` did (not) move
+  // What of `bytes` did not go through the disk, and what did (moved).
+  uint64_t zero_bytes = 0, unchanged_bytes = 0, host_bytes = 0, moved_bytes = 0;
   std::string message;
   std::string outcome;  // "done", or "no-op": the rank was already in the state asked for
 };
@@ -305,6 +308,7 @@ inline Outcome Node::control(const std::string& verb, const std::vector<std::str
                        .bytes = r.value("bytes", uint64_t{0}),
                        .zero_bytes = r.value("zero_bytes", uint64_t{0}),
                        .unchanged_bytes = r.value("unchanged_bytes", uint64_t{0}),
+                       .host_bytes = r.value("host_bytes", uint64_t{0}),
                        .moved_bytes = r.value("moved_bytes", uint64_t{0}),
                        .message = r.value("message", ""),
                        .outcome = r.value("outcome", "")});
@@ -321,6 +325,8 @@ inline std::vector<RankStatus> Node::status() const {
     r.totals.resident = s.value("resident_bytes", uint64_t{0});
     r.totals.paused = s.value("paused_bytes", uint64_t{0});
     r.totals.state = s.value("state", "");
+    r.disk_bytes = s.value("disk_bytes", uint64_t{0});
+    r.host_tier_bytes = s.value("host_tier_bytes", uint64_t{0});
     for (auto& [k, v] : s["unmanaged_bytes"].items()) r.totals.unmanaged[k] = v.get<uint64_t>();
     ranks.push_back(std::move(r));
   }

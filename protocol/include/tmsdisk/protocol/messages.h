@@ -740,9 +740,9 @@ struct IpcUsers {
 };
 
 using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit,
-                             PauseState, PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, Report, Command, CommandDone, Progress, ListSessions,
-                             Sessions, Control, ControlResult, Gc, GcResult, ControlTargets, IpcExport, IpcExported,
-                             IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
+                             PauseState, PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, Report, Command,
+                             CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc, GcResult,
+                             ControlTargets, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 9, end to end on simcuda: the node's host-memory tier. With host-tier-mb set, a pause keeps
+// what the rank's fair share allows in host memory the daemon grants and writes only the rest; ranks
+// share the budget; the memory is the rank's, so a daemon killed and restarted while it is paused
+// loses nothing, and a rank killed while paused frees its share. Each TEST_CASE is its own CTest test.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "e2e.h"
+
+using namespace tmsdisk;
+using namespace tmsdisk::e2e;
+
+namespace {
+
+// The rank of `pid` as `tmsctl status` lists it (pid 0: the only one).
+RankStatus rank_of(const Node& node, pid_t pid = 0) {
+  for (const auto& r : node.status())
+    if (pid == 0 || r.pid == pid) return r;
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("with a budget larger than the pause, its data goes to host memory, none to disk, and comes back whole") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "256"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("tier", 0));
+  REQUIRE(prog.line() == "ready");
+  const std::string addr = ok_addr(prog.cmd("alloc 1 67108864 direct"));
+  REQUIRE_FALSE(addr.empty());
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 16777216 direct sparse 8388608")).empty());  // 2 data chunks, 6 zero
+
+  auto p = node.pause("tier");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].bytes == 80 * MiB);
+  CHECK(p[0].host_bytes == 64 * MiB + 4 * MiB);
+  CHECK(p[0].zero_bytes == 12 * MiB);
+  CHECK(p[0].moved_bytes == 0);
+  RankStatus held = rank_of(node);
+  CHECK(held.host_tier_bytes == 68 * MiB);
+  CHECK(held.disk_bytes == 0);
+  CHECK(held.totals.state == "paused");
+  // The words say it too, and the node's budget is shown.
+  auto [rc, text] = run({TMSCTL_PATH, "--socket", node.socket, "status"}, node.sim_env());
+  CHECK(rc == 0);
+  CHECK(text.find("host tier: 68.0 MiB of 256.0 MiB in use on this node") != std::string::npos);
+
+  auto r = node.resume("tier");
+  INFO(r.text);
+  REQUIRE(r.ok());
+  CHECK(r[0].host_bytes == 68 * MiB);
+  CHECK(r[0].moved_bytes == 0);
+  CHECK(prog.cmd("check") == "ok 2");
+  CHECK(prog.cmd("addr 1") == "ok " + addr);
+  CHECK(rank_of(node).host_tier_bytes == 0);  // given back on resume
+}
+
+TEST_CASE("past the budget the pause spills to disk, and a second pause uses the tier again") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "24"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("spill", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 67108864 direct")).empty());
+  for (int round = 0; round < 2; ++round) {
+    auto p = node.pause("spill");
+    INFO(p.text);
+    REQUIRE(p.ok());
+    CHECK(p[0].host_bytes == 24 * MiB);
+    CHECK(p[0].moved_bytes + p[0].unchanged_bytes == 40 * MiB);
+    CHECK(rank_of(node).disk_bytes == 40 * MiB);
+    auto r = node.resume("spill");
+    INFO(r.text);
+    REQUIRE(r.ok());
+    CHECK(r[0].host_bytes == 24 * MiB);
+    CHECK(r[0].moved_bytes == 40 * MiB);
+    REQUIRE(prog.cmd("check") == "ok 1");
+  }
+}
+
+TEST_CASE("two ranks share the budget: each gets half, the sum never passes it, both come back whole") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  Proc a({CUDA_PATTERN_PATH}, node.shim_env("pair", 0));
+  Proc b({CUDA_PATTERN_PATH}, node.shim_env("pair", 1));
+  REQUIRE(a.line() == "ready");
+  REQUIRE(b.line() == "ready");
+  REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
+  REQUIRE_FALSE(ok_addr(b.cmd("alloc 1 67108864 direct")).empty());
+  REQUIRE(eventually([&] { return node.status().size() == 2; }));
+  auto p = node.pause("pair");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  REQUIRE(p.size() == 2);
+  uint64_t sum = 0;
+  for (const auto& r : p.ranks) {
+    CHECK(r.host_bytes == 32 * MiB);
+    CHECK(r.moved_bytes + r.unchanged_bytes == 32 * MiB);
+    sum += r.host_bytes;
+  }
+  CHECK(sum <= 64 * MiB);
+  uint64_t held = 0;
+  for (const auto& r : node.status()) held += r.host_tier_bytes;
+  CHECK(held == 64 * MiB);
+  auto r = node.resume("pair");
+  INFO(r.text);
+  REQUIRE(r.ok());
+  CHECK(a.cmd("check") == "ok 1");
+  CHECK(b.cmd("check") == "ok 1");
+}
+
+TEST_CASE("a daemon killed while a rank is paused with chunks in the tier: the new daemon counts them, resume is whole") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "32"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("restart", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 67108864 direct")).empty());
+  auto p = node.pause("restart");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  REQUIRE(p[0].host_bytes == 32 * MiB);
+
+  node.daemon.kill9();
+  node.start_daemon({"--host-tier-mb", "32"});
+  // The shim reconnects and hands its host-tier memory to the new daemon, which counts it again.
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 32 * MiB; }, std::chrono::seconds(60)));
+  CHECK(rank_of(node).totals.state == "paused");
+  auto r = node.resume("restart");
+  INFO(r.text);
+  REQUIRE(r.ok());
+  CHECK(r[0].host_bytes == 32 * MiB);
+  CHECK(r[0].moved_bytes == 32 * MiB);
+  CHECK(prog.cmd("check") == "ok 1");
+  CHECK(rank_of(node).host_tier_bytes == 0);
+}
+
+TEST_CASE("a rank killed while paused frees its share of the tier at once: the next rank gets all of it") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  {
+    Proc doomed({CUDA_PATTERN_PATH}, node.shim_env("doomed", 0));
+    REQUIRE(doomed.line() == "ready");
+    REQUIRE_FALSE(ok_addr(doomed.cmd("alloc 1 67108864 direct")).empty());
+    auto p = node.pause("doomed");
+    INFO(p.text);
+    REQUIRE(p.ok());
+    REQUIRE(p[0].host_bytes == 64 * MiB);
+    ::kill(doomed.pid(), SIGKILL);
+    doomed.wait();
+  }
+  REQUIRE(eventually([&] { return node.status().empty(); }));
+  Proc next({CUDA_PATTERN_PATH}, node.shim_env("next", 0));
+  REQUIRE(next.line() == "ready");
+  REQUIRE_FALSE(ok_addr(next.cmd("alloc 1 67108864 direct")).empty());
+  auto p = node.pause("next");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 64 * MiB);
+  REQUIRE(node.resume("next").ok());
+  CHECK(next.cmd("check") == "ok 1");
+}
+
+TEST_CASE("TMSDISK_HOST_TIER=0 keeps a rank on disk even where the node has a tier") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "256"});
+  Env env = node.shim_env("notier", 0);
+  env["TMSDISK_HOST_TIER"] = "0";
+  Proc prog({CUDA_PATTERN_PATH}, env);
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+  auto p = node.pause("notier");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 0);
+  CHECK(p[0].moved_bytes == 32 * MiB);
+  REQUIRE(node.resume("notier").ok());
+  CHECK(prog.cmd("check") == "ok 1");
+}

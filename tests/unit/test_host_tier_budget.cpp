@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// The daemon's host tier (daemon/server/host_tier.h): how much of the node's budget a rank gets, what
+// the node can spare (MemAvailable, cgroup limits, over fake /proc and /sys files), and the memory
+// itself: made sealed with its pages faulted in, and recognized (or not) when a rank hands it back.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "host_tier.h"
+#include "temp_dir.h"
+
+using namespace tmsdisk;
+using namespace tmsdisk::server;
+using tmsdisk::testing::TempDir;
+using tmsdisk::testing::test_tmp_root;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kGiB = 1ull << 30;
+constexpr uint32_t kChunk = 8 * kMiB;
+
+void write_file(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+}  // namespace
+
+TEST_CASE("a grant is the smallest of the ask, the fair share, what is left and what the node can spare") {
+  const SpareMemory plenty{};
+  // Alone on the node: all it asks, in whole chunks (rounded up).
+  TierPlan p = plan_grant(100 * kMiB + 1, kChunk, 16 * kGiB, 0, 1, plenty);
+  CHECK(p.bytes == 104 * kMiB);
+  CHECK(p.note.empty());
+  // Four ranks, a budget for two: each gets a quarter, and the note says why.
+  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 0, 4, plenty);
+  CHECK(p.bytes == 4 * kGiB);
+  CHECK(p.note.find("fair share") != std::string::npos);
+  // What other ranks hold is not granted again.
+  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 14 * kGiB, 2, plenty);
+  CHECK(p.bytes == 2 * kGiB);
+  CHECK(p.note.find("other ranks hold") != std::string::npos);
+  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 17 * kGiB, 2, plenty);  // over the budget after adoptions
+  CHECK(p.bytes == 0);
+  // Off: nothing, and the note says which setting.
+  p = plan_grant(8 * kGiB, kChunk, 0, 0, 1, plenty);
+  CHECK(p.bytes == 0);
+  CHECK(p.note.find("host-tier-mb") != std::string::npos);
+}
+
+TEST_CASE("a budget larger than the memory the node can spare grants only what it can spare, in whole chunks") {
+  const SpareMemory scarce{.bytes = 3 * kGiB + 5 * kMiB, .limited_by = "MemAvailable"};
+  TierPlan p = plan_grant(64 * kGiB, kChunk, 1024 * kGiB, 0, 1, scarce);
+  CHECK(p.bytes == 3 * kGiB);
+  CHECK(p.note.find("MemAvailable") != std::string::npos);
+  CHECK(plan_grant(64 * kGiB, kChunk, 1024 * kGiB, 0, 1, SpareMemory{.bytes = kMiB, .limited_by = "x"}).bytes == 0);
+}
+
+TEST_CASE("the node's spare memory: MemAvailable less what the tier always leaves, and every cgroup's headroom") {
+  TempDir dir{test_tmp_root(), "host-tier"};
+  const fs::path meminfo = fs::path(dir.path()) / "meminfo";
+  write_file(meminfo, "MemTotal:       104857600 kB\nMemFree:        1000 kB\nMemAvailable:   52428800 kB\n");
+  const fs::path self = fs::path(dir.path()) / "cgroup";
+  const fs::path root = fs::path(dir.path()) / "sys";
+
+  // No cgroup file: MemAvailable (50 GiB) less 5% of 100 GiB.
+  SpareMemory s = spare_memory(meminfo, (fs::path(dir.path()) / "absent").string(), root.string());
+  CHECK(s.bytes == 50 * kGiB - 5 * kGiB);
+  CHECK(s.limited_by == "MemAvailable");
+
+  // A service cgroup without a limit under a slice with one: the slice's headroom, less the margin.
+  write_file(self, "0::/system.slice/tmsdiskd.service\n");
+  write_file(root / "system.slice/tmsdiskd.service/memory.max", "max\n");
+  write_file(root / "system.slice/tmsdiskd.service/memory.current", "1000\n");
+  write_file(root / "system.slice/memory.max", std::to_string(10 * kGiB) + "\n");
+  write_file(root / "system.slice/memory.current", std::to_string(2 * kGiB) + "\n");
+  s = spare_memory(meminfo, self.string(), root.string());
+  CHECK(s.bytes == 8 * kGiB - 64 * kMiB);
+  CHECK(s.limited_by.find("/system.slice") != std::string::npos);
+
+  // A tighter limit on the service itself wins.
+  write_file(root / "system.slice/tmsdiskd.service/memory.max", std::to_string(kGiB) + "\n");
+  s = spare_memory(meminfo, self.string(), root.string());
+  CHECK(s.bytes == kGiB - 1000 - 64 * kMiB);
+  CHECK(s.limited_by.find("tmsdiskd.service") != std::string::npos);
+
+  // Used up: nothing to spare, never a wrapped-around number.
+  write_file(root / "system.slice/tmsdiskd.service/memory.current", std::to_string(kGiB) + "\n");
+  CHECK(spare_memory(meminfo, self.string(), root.string()).bytes == 0);
+}
+
+TEST_CASE("tier memory is sealed with its pages in; handed back, it is recognized and counted by its pages") {
+  auto made = make_tier_memory(3 * kMiB);
+  REQUIRE(made);
+  const int fd = made->get();
+  struct stat st {};
+  REQUIRE(::fstat(fd, &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_size) == 3 * kMiB);
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 >= 3 * kMiB);  // faulted in by the daemon
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  CHECK((seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+  CHECK(::ftruncate(fd, static_cast<off_t>(64 * kMiB)) != 0);  // a rank cannot grow what the budget counts
+  auto bytes = tier_memory_bytes(fd);
+  REQUIRE(bytes);
+  CHECK(*bytes == 3 * kMiB);
+
+  // Anything else is refused: a plain file, an unsealed memfd of another name.
+  UniqueFd other(::memfd_create("something-else", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(other);
+  REQUIRE(::ftruncate(other.get(), static_cast<off_t>(kMiB)) == 0);
+  CHECK(tier_memory_bytes(other.get()).error().errnum() == EINVAL);
+  UniqueFd file(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+  CHECK(tier_memory_bytes(file.get()).error().errnum() == EINVAL);
+
+  // A sparse memfd of the right name and seals claims only the pages it holds, not its size.
+  UniqueFd sparse(::memfd_create("tmsdisk-host-tier", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(sparse);
+  REQUIRE(::ftruncate(sparse.get(), static_cast<off_t>(kGiB)) == 0);
+  REQUIRE(::fcntl(sparse.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+  auto claimed = tier_memory_bytes(sparse.get());
+  REQUIRE(claimed);
+  CHECK(*claimed == 0);
+}
