@@ -810,8 +810,8 @@ struct Server::Impl {
                            .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())});
     }
     s->host_tier_bytes = t.bytes;
-    spdlog::info("session {}: granted {} of host-tier memory ({} of {} in use)", s->id, human_bytes(t.bytes),
-                 human_bytes(host_tier_used()), human_bytes(config.host_tier_mb * kMiB));
+    spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
+                 human_bytes(t.bytes), t.seconds, human_bytes(host_tier_used()), human_bytes(config.host_tier_mb * kMiB));
     send(*c, t.request_id, proto::TierGrant{.bytes = t.bytes, .note = proto::wire_text(t.note)}, t.memory.get());
   }
 

@@ -3,6 +3,8 @@
 #include "staging_workers.h"
 
 #include <fmt/format.h>
+
+#include <chrono>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -157,6 +159,7 @@ void StagingWorkers::work() {
       TierBuilt tier = std::move(tier_builds_.front());
       tier_builds_.pop_front();
       lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
       try {
         if (auto made = make_tier_memory(tier.bytes))
           tier.memory = std::move(made).value();
@@ -165,6 +168,7 @@ void StagingWorkers::work() {
       } catch (const std::exception& e) {
         tier.error = make_error(ENOMEM, fmt::format("cannot make host-tier memory: {}", e.what()));
       }
+      tier.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       lock.lock();
       try {
         done_.tiers.push_back(std::move(tier));

@@ -47,6 +47,7 @@ class StagingWorkers {
     std::string note;  // why less than asked (TierGrant.note)
     UniqueFd memory;   // invalid when it could not be made:
     Error error;       // ... why
+    double seconds = 0;  // making it took (the kernel zeroes every page)
   };
   struct Finished {
     std::vector<Built> built;

@@ -3,7 +3,8 @@
 #
 # start_node BUNDLE_DIR OUT_DIR NAME
 #   Sets `bundle`, `tmsctl` and `work` (/var/tmp/tmsdisk-gpu-NAME), exports TMSDISK_*, and starts
-#   tmsdiskd with its log in OUT_DIR/tmsdiskd-NAME.log; it is stopped and `work` removed on exit.
+#   tmsdiskd with its log in OUT_DIR/tmsdiskd-NAME.log (with the options in $NODE_DAEMON_ARGS, if
+#   set); it is stopped and `work` removed on exit, or by stop_node.
 start_node() {
   bundle=$(cd "$1" && pwd)
   mkdir -p "$2"
@@ -15,10 +16,20 @@ start_node() {
   # cuBLAS workspaces are fixed so that deterministic runs can be compared digest for digest.
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
   tmsctl=$bundle/tmsctl
-  "$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info 2>"$2/tmsdiskd-$3.log" &
+  # shellcheck disable=SC2086  # NODE_DAEMON_ARGS is a list of options
+  "$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info ${NODE_DAEMON_ARGS:-} \
+    2>"$2/tmsdiskd-$3.log" &
   node_daemon=$!
   trap 'kill $node_daemon 2>/dev/null; wait $node_daemon 2>/dev/null; rm -rf "$work"' EXIT
   for _ in $(seq 100); do "$tmsctl" status >/dev/null 2>&1 && return 0; sleep 0.1; done
   echo "tmsdiskd did not start; see $2/tmsdiskd-$3.log" >&2
   return 1
+}
+
+# Stops the daemon start_node started and removes its root (a later start_node starts another).
+stop_node() {
+  kill "$node_daemon" 2>/dev/null
+  wait "$node_daemon" 2>/dev/null
+  rm -rf "$work"
+  trap - EXIT
 }
