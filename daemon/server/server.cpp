@@ -811,7 +811,8 @@ struct Server::Impl {
     }
     s->host_tier_bytes = t.bytes;
     spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
-                 human_bytes(t.bytes), t.seconds, human_bytes(host_tier_used()), human_bytes(config.host_tier_mb * kMiB));
+                 human_bytes(t.bytes), t.seconds, human_bytes(host_tier_used()),
+                 human_bytes(config.host_tier_mb * kMiB));
     send(*c, t.request_id, proto::TierGrant{.bytes = t.bytes, .note = proto::wire_text(t.note)}, t.memory.get());
   }
 

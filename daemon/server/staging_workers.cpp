@@ -3,13 +3,13 @@
 #include "staging_workers.h"
 
 #include <fmt/format.h>
-
-#include <chrono>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include "host_tier.h"
 

@@ -44,9 +44,9 @@ class StagingWorkers {
     uint64_t conn_id = 0;
     uint64_t request_id = 0;  // of the TIER_ASK to answer
     uint64_t bytes = 0;
-    std::string note;  // why less than asked (TierGrant.note)
-    UniqueFd memory;   // invalid when it could not be made:
-    Error error;       // ... why
+    std::string note;    // why less than asked (TierGrant.note)
+    UniqueFd memory;     // invalid when it could not be made:
+    Error error;         // ... why
     double seconds = 0;  // making it took (the kernel zeroes every page)
   };
   struct Finished {

@@ -319,6 +319,7 @@ void Engine::serve_requests() {
       busy_ = false;
     }
     cv_.notify_all();
+    release_host_tier_if_unused();
   }
 }
 
@@ -361,6 +362,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.outcome = static_cast<uint8_t>(r.outcome);
   done.skipped = r.skipped;
   if (session_.connected()) (void)session_.send(env.request_id, done);
+  release_host_tier_if_unused();
 }
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request) {
@@ -407,7 +409,6 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
         r = pausing ? pause(progress) : resume(progress, (flags & proto::kAcceptLoss) != 0);
-        release_host_tier_if_unused();  // after a resume, or a pause that kept nothing there
       }
       gated = true;
     }
@@ -632,7 +633,7 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
   if (grant->bytes == 0) return;
   if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
     TMS_WARN("cannot use the host tier (%s); every chunk goes to disk", st.error().message.c_str());
-    release_host_tier_if_unused();
+    give_back_host_tier();
     return;
   }
   // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
@@ -655,10 +656,17 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
 
 void Engine::release_host_tier_if_unused() {
   if (!host_tier_.held()) return;
+  // After the operation's answer (unpinning and freeing a GiB takes a good part of a second, which
+  // nobody needs to wait for), under the op lock: paused allocations' placement is read.
+  std::unique_lock lock(op_lock_);
   for (const auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused &&
         std::find(a->placement.begin(), a->placement.end(), ChunkPlace::Host) != a->placement.end())
       return;
+  give_back_host_tier();
+}
+
+void Engine::give_back_host_tier() {
   host_tier_.release();
   if (!session_.connected()) return;  // the daemon counts it no more once the session is gone
   proto::Envelope reply;

@@ -173,8 +173,11 @@ class Engine {
   // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
   // there (as many as the grant holds, in order). Without a grant, every chunk stays on disk.
   void place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx);
-  // Gives the host-tier memory back once no paused allocation keeps a chunk there.
+  // Gives the host-tier memory back once no paused allocation keeps a chunk there. Takes the op lock:
+  // called after an operation, once its answer is out.
   void release_host_tier_if_unused();
+  // Unmaps the host-tier memory and tells the daemon.
+  void give_back_host_tier();
   // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
   // chunks; refused: nothing changed.
   Status reserve(const std::vector<TransferJob>& jobs);

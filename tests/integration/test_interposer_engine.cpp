@@ -92,6 +92,12 @@ class FakeDaemon {
   std::atomic<int> violations{0};
   std::atomic<int> reads{0};  // READs answered (each one verified here against the sealed checksum)
 
+  // Waits (up to 30 s) until `n` TIER_RELEASEs came; false if they did not.
+  bool await_tier_releases(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return tier_releases.load() >= n; });
+  }
+
   // Chunks written for `blob` and the data, once complete.
   bool blob_complete(uint64_t blob, std::vector<uint8_t>* data) {
     std::lock_guard lock(mu_);
@@ -292,6 +298,7 @@ class FakeDaemon {
           } else if constexpr (std::is_same_v<T, proto::TierRelease>) {
             ++tier_releases;
             send_locked(id, proto::OkReply{});
+            cv_.notify_all();
           } else if constexpr (std::is_same_v<T, proto::PauseState>) {
             send_locked(id, proto::PauseStateReply{.paused = static_cast<uint8_t>(paused_ ? 1 : 0), .generation = 0});
           } else if constexpr (std::is_same_v<T, proto::Commit>) {
@@ -639,7 +646,9 @@ TEST_CASE("the host tier the daemon grants takes the first chunks by DMA; the re
   CHECK(w.daemon.reads.load() - reads == 4);
   CHECK(a.intact());
   CHECK(b.intact());
-  CHECK(w.daemon.tier_releases.load() - releases == 1);  // given back once nothing is kept there
+  // Given back once nothing is kept there, after the answer (nobody waits for the unpinning).
+  CHECK(w.daemon.await_tier_releases(releases + 1));
+  CHECK(w.daemon.tier_releases.load() == releases + 1);
   CHECK(w.daemon.violations.load() == 0);
   a.free();
   b.free();

@@ -2,13 +2,12 @@
 // The daemon's host tier (daemon/server/host_tier.h): how much of the node's budget a rank gets, what
 // the node can spare (MemAvailable, cgroup limits, over fake /proc and /sys files), and the memory
 // itself: made sealed with its pages faulted in, and recognized (or not) when a rank hands it back.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
