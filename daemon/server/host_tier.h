@@ -2,7 +2,7 @@
 // The host-memory tier (issue 9): one budget of host memory for the whole node (host-tier-mb), which
 // pausing ranks use before the disk. A rank asks (TIER_ASK) for what its pause would keep there; the
 // daemon grants at most the rank's fair share of the budget, and never more than the node can spare
-// now, as a sealed memfd whose pages it allocated (so they are charged to the daemon's cgroup, which
+// now, as a sealed memfd whose pages it faulted in (so they are charged to the daemon's cgroup, which
 // it checked, and not to the rank's, which might be killed for them). The rank maps it, registers it
 // with CUDA and copies into it by DMA. The daemon keeps no descriptor: the memory belongs to the rank
 // and goes when it releases it (TIER_RELEASE) or exits; a daemon that restarts learns of it again
@@ -46,8 +46,9 @@ struct TierPlan {
 TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used, std::size_t ranks,
                     const SpareMemory& spare);
 
-// A sealed memfd of `bytes` whose pages are allocated (and zeroed by the kernel, about 11 GB/s).
-// Slow: call it off the event loop. ENOMEM when the memory could not be had.
+// A sealed memfd of `bytes` whose pages are faulted in, by several threads for a large one (the kernel
+// zeroes each page: one thread does a few GB/s). Slow: call it off the event loop. ENOMEM when the
+// memory could not be had.
 Result<UniqueFd> make_tier_memory(uint64_t bytes);
 
 // The bytes a memfd handed back by TIER_ADOPT holds, checked to be tier memory as make_tier_memory

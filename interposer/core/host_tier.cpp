@@ -28,7 +28,8 @@ Status HostTier::take(UniqueFd memory, uint64_t bytes, CUcontext ctx) {
   fd_ = std::move(memory);
   base_ = static_cast<uint8_t*>(p);
   bytes_ = bytes;
-  // Pinning walks every page (the daemon allocated them already): timed, as it is part of the pause.
+  (void)::madvise(base_, bytes_, MADV_HUGEPAGE);  // as the daemon asked when it made the memory
+  // Pinning walks every page (the daemon faulted them in already): timed, as it is part of the pause.
   const DriverApi& api = driver().api;
   if (!api.cuMemHostRegister_v2) return {};
   timespec t0, t1;

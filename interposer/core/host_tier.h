@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The rank's host-tier memory (issue 9): what tmsdiskd granted of the node's host-memory budget for
-// one pause, a sealed memfd whose pages the daemon allocated. The shim maps it, registers it with
+// one pause, a sealed memfd whose pages the daemon faulted in. The shim maps it, registers it with
 // CUDA, and the pipeline copies host chunks into it and back by DMA (transfer.h). The descriptor is
 // kept for as long as the memory holds paused chunks: a daemon that restarts meanwhile is handed it
 // back (TIER_ADOPT), so that it counts the memory against the budget again.

@@ -96,14 +96,14 @@ TEST_CASE("the node's spare memory: MemAvailable less what the tier always leave
   CHECK(spare_memory(meminfo, self.string(), root.string()).bytes == 0);
 }
 
-TEST_CASE("tier memory is sealed with its pages allocated; handed back, it is recognized and counted by its pages") {
+TEST_CASE("tier memory is sealed with its pages in; handed back, it is recognized and counted by its pages") {
   auto made = make_tier_memory(3 * kMiB);
   REQUIRE(made);
   const int fd = made->get();
   struct stat st {};
   REQUIRE(::fstat(fd, &st) == 0);
   CHECK(static_cast<uint64_t>(st.st_size) == 3 * kMiB);
-  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 >= 3 * kMiB);  // allocated by the daemon
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 >= 3 * kMiB);  // faulted in by the daemon
   const int seals = ::fcntl(fd, F_GET_SEALS);
   CHECK((seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
   CHECK(::ftruncate(fd, static_cast<off_t>(64 * kMiB)) != 0);  // a rank cannot grow what the budget counts

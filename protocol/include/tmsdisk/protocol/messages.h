@@ -50,7 +50,7 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    zero and as unchanged, beside the total.
 // 6: the host-memory tier (issue 9). Before it reserves, a pausing shim asks for host memory
 //    (TIER_ASK); the daemon answers TIER_GRANT with the bytes of its node budget this rank may use
-//    now and, when that is not 0, a sealed memfd of that size whose pages it has already allocated.
+//    now and, when that is not 0, a sealed memfd of that size whose pages it has already faulted in.
 //    The shim copies chunks into it by DMA and names them in RESERVE.host_runs: like zero chunks they
 //    take no disk space and are never written nor read. TIER_RELEASE gives the memory back; after a
 //    daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it against
@@ -497,7 +497,7 @@ struct TierAsk {
 
 struct TierGrant {
   static constexpr MsgType kType = MsgType::TierGrant;
-  uint64_t bytes = 0;  // 0: none (no fd); else the memfd's size, its pages allocated and sealed
+  uint64_t bytes = 0;  // 0: none (no fd); else the memfd's size, its pages faulted in and sealed
   std::string note;    // why less than asked (for the rank's log); empty when all of it
   template <class F>
   void fields(F&& f) {
