@@ -31,9 +31,10 @@ ChunkIo::SetCounts ChunkIo::sets_of_uid(uid_t uid, uint64_t except) {
 
 namespace {
 
-// Reserving (fallocate, punching holes) and committing (fdatasync, the manifest) run on the event
-// loop and cost file system time that no figure of the rank shows: a slow one is said in the log,
-// with what it did, so that a pause's wall time can be taken apart.
+// Reserving (fallocate, the manifest) and committing (fdatasync, the manifest) run on the event loop
+// and cost file system time that no figure of the rank shows: a slow one is said in the log, with
+// what it did, so that a pause's wall time can be taken apart. (The holes a reservation punches are
+// punched after it, off the loop; the store logs how long that took, background_punch.h.)
 constexpr double kSlowStorageSeconds = 0.1;
 
 class StorageTimer {

@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "background_punch.h"
 #include "checksum_journal.h"
 #include "extent_allocator.h"
 #include "manifest.h"
@@ -89,9 +90,10 @@ int fallocate_retry(int fd, int mode, uint64_t offset, uint64_t length) {
 }
 
 // Gives the blocks of a free range back to the filesystem. Best effort: where punching is not
-// supported the range just stays allocated, which costs space but never correctness.
-void punch(int fd, uint64_t offset, uint64_t length) {
-  if (length > 0) (void)fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+// supported the range just stays allocated, which costs space but never correctness. False when it
+// was refused.
+bool punch(int fd, uint64_t offset, uint64_t length) {
+  return length == 0 || fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) == 0;
 }
 
 // Calls fn(offset, length) for each part of [offset, offset+length) that `layout` has free or past
@@ -109,6 +111,18 @@ void for_each_free_part(const ExtentAllocator& layout, uint64_t offset, uint64_t
   }
   uint64_t tail = std::max(offset, layout.end());
   if (tail < stop) fn(tail, stop - tail);
+}
+
+// Calls fn(offset, length) for each part of [offset, offset+length) that `layout` has in use: the
+// complement of for_each_free_part.
+template <class Fn>
+void for_each_used_part(const ExtentAllocator& layout, uint64_t offset, uint64_t length, Fn&& fn) {
+  uint64_t at = offset;
+  for_each_free_part(layout, offset, length, [&](uint64_t a, uint64_t len) {
+    if (a > at) fn(at, a - at);
+    at = a + len;
+  });
+  if (at < offset + length) fn(at, offset + length - at);
 }
 
 // The refusal a user reads when a pause does not fit (issue 8: said once, in human units).
@@ -192,6 +206,11 @@ struct RankStore::Impl {
   // Ordinals of chunks of the pause in progress whose journal record is corrupt: each may have been
   // written and acknowledged, so its memory released; none can be verified.
   std::unordered_set<uint64_t> corrupt_records;
+  // Every range the layout has free or zero, and each file past its layout's end, is a hole (or will
+  // be once `punches` is done, which the next reservation waits for): a reservation then punches
+  // only what it frees or zeroes anew. False after adopt() (a daemon may have stopped before its
+  // punches) and after a punch that did not happen: the next reservation punches all of them again.
+  bool holes_punched = true;
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
@@ -222,6 +241,16 @@ struct RankStore::Impl {
                            uint64_t gen, uint64_t* hash);
   // Recounts missing chunks and each root's zero bytes from `blobs`.
   void recount();
+  // Waits for `punches` (reserve(), wait_for_punches()); false when they left something undone.
+  bool wait_punches(const char* who) noexcept {
+    holes_punched = punches.wait(who) && holes_punched;
+    return holes_punched;
+  }
+
+  // The space the last reservation gives back, being given back off the caller's thread. Declared
+  // last, so destroyed first: stopped and joined while everything else is still there (it touches
+  // nothing of the store's, only its own plan and descriptors, but that is one thing less to check).
+  BackgroundPunch punches;
 };
 
 namespace {
@@ -351,6 +380,11 @@ Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
 }
 
 Status RankStore::Impl::remove_locked() {
+  // The files go: what is still being punched in them is of no use, and the punches must stop
+  // before a file is closed and unlinked (they hold dups of its descriptor, which would keep its
+  // blocks until they end).
+  punches.stop();
+  holes_punched = false;
   Status first;
   for (auto& rf : roots) {
     if (rf.gone) continue;
@@ -408,6 +442,8 @@ Result<std::unique_ptr<RankStore>> RankStore::adopt(Roots& roots, const RankIden
       if (!impl->roots[i].direct_io) roots[i].direct_io = false;
     }
     if (auto s = impl->load_manifest(); !s) return std::move(s).error();
+    // The daemon before this one may have stopped before (or while) it gave space back.
+    impl->holes_punched = false;
     return std::unique_ptr<RankStore>(new RankStore(std::move(impl)));
   } catch (const std::bad_alloc&) {
     return out_of_memory("adopting a rank directory");
@@ -533,6 +569,11 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
   }
   std::vector<proto::ZeroRun> runs;
   if (auto st = check_zero_runs(set, zero_runs, chunk, runs); !st) return st;
+
+  // The space the previous reservation gives back must be back before this one counts free space
+  // and lays out, preallocates, truncates and punches ranges it may reuse: a punch that landed
+  // after this reservation could hit blocks its chunks are written to.
+  const bool holes_known = wait_punches("the next reservation");
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -676,6 +717,44 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
     if (needed[r] > avail) return no_space_error(ENOSPC, needed[r], roots[r].path, avail);
   }
 
+  // What only gives space back once this set is recorded: each file's tail past the new layout,
+  // its free extents and its zero chunks. Where the old layout's holes are known to be punched
+  // (holes_known), only the ranges that held something are punched again. Given back after this
+  // call returns, off the caller's thread (background_punch.h): nothing here waits for that space
+  // (the preallocation above counts none of it, as before it moved), and none of these ranges is
+  // written in this generation: locate() refuses a zero chunk and knows no free extent. Planned (the
+  // allocations made, the descriptors duplicated) before the set is recorded, so that nothing after
+  // that can fail.
+  PunchPlan give_back;
+  give_back.what = relative;
+  give_back.files.resize(n);
+  bool give_back_here = false;  // a descriptor could not be duplicated: given back on this thread
+  {
+    auto give = [&](std::size_t r, uint64_t off, uint64_t len) {
+      auto& list = give_back.files[r].punches;
+      auto add = [&](uint64_t a, uint64_t l) {
+        if (!list.empty() && list.back().first + list.back().second == a)
+          list.back().second += l;
+        else
+          list.emplace_back(a, l);
+      };
+      if (holes_known)
+        for_each_used_part(holes[r], off, len, add);
+      else
+        add(off, len);
+    };
+    for (std::size_t r = 0; r < n; ++r) {
+      auto& f = give_back.files[r];
+      f.owned.reset(::fcntl(roots[r].data.get(), F_DUPFD_CLOEXEC, 0));
+      f.fd = f.owned ? f.owned.get() : roots[r].data.get();
+      give_back_here = give_back_here || !f.owned;
+      f.size = old_size[r];
+      if (plan[r].end() < old_size[r]) f.truncate_to = plan[r].end();
+      for (const auto& [off, len] : plan[r].free_extents()) give(r, off, len);
+    }
+    for (const FileRange& z : zero) give(z.root, z.offset, z.length);
+  }
+
   std::vector<uint8_t> touched(n, 0);  // allocated up front: the rollback below must not throw
   // Frees what this call allocated in the first `done` ranges of `allocate` and cuts any growth off,
   // so the files are as before. Only the parts that were free or holes in the old layout are
@@ -683,8 +762,9 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
   auto roll_back = [&](std::size_t done) {
     for (std::size_t j = 0; j < done; ++j) {
       const FileRange& g = allocate[j];
-      for_each_free_part(holes[g.root], g.offset, g.length,
-                         [&](uint64_t off, uint64_t len) { punch(roots[g.root].data.get(), off, len); });
+      for_each_free_part(holes[g.root], g.offset, g.length, [&](uint64_t off, uint64_t len) {
+        if (!punch(roots[g.root].data.get(), off, len)) holes_punched = false;
+      });
       touched[g.root] = 1;
     }
     for (std::size_t r = 0; r < n; ++r) {
@@ -745,17 +825,15 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set,
   }
   journal.set_seed(seed);
 
-  // Committed from here on; what follows only gives unused space back (best effort).
-  for (std::size_t r = 0; r < n; ++r) {
-    RootFiles& rf = roots[r];
-    if (plan[r].end() < old_size[r]) {
-      while (::ftruncate(rf.data.get(), static_cast<off_t>(plan[r].end())) != 0 && errno == EINTR) {
-      }
-    }
-    for (const auto& [off, len] : plan[r].free_extents()) punch(rf.data.get(), off, len);
-    rf.alloc = std::move(plan[r]);
+  // Committed from here on; what follows only gives unused space back (best effort), and must not
+  // fail.
+  for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(plan[r]);
+  if (give_back_here) {
+    holes_punched = run_punch_plan(give_back, nullptr);
+  } else {
+    holes_punched = true;  // once `punches` is done; the next reservation learns whether it was
+    punches.start(std::move(give_back));
   }
-  for (const FileRange& z : zero) punch(roots[z.root].data.get(), z.offset, z.length);
   blobs = std::move(next);
   index = std::move(next_index);
   writing = true;
@@ -785,6 +863,10 @@ Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<cons
   }
 }
 
+void RankStore::wait_for_punches() noexcept {
+  (void)impl_->wait_punches("wait_for_punches()");
+}
+
 Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (!record_problem.empty()) return make_error(EUCLEAN, record_problem);
@@ -799,6 +881,8 @@ Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t off
     return make_error(EINVAL, fmt::format("offset {} is past the end of blob {} ({} bytes)", offset, blob, b.size));
   }
   *chunk_index = offset / chunk;
+  // Also what keeps every write of this generation off the ranges being punched after its
+  // reservation (background_punch.h): a zero chunk has no Location, nor has a free extent.
   if (b.records[*chunk_index].state == ChunkState::Zero) {
     return make_error(EINVAL,
                       fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "

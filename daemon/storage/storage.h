@@ -130,7 +130,12 @@ class RankStore {
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
   // The chunks `zero_runs` name are zero: recorded as such now, never written, and their ranges are
   // holes (punched, best effort, where they held data). Space is preallocated with fallocate(2) for
-  // the other chunks only, and only they count in the space check. All or nothing: on ENOSPC (or any
+  // the other chunks only, and only they count in the space check. What the new set gives back (its
+  // zero chunks that held data, extents it frees, a file's tail) is given back after this returns, on
+  // a thread of the store's (background_punch.h): a reservation that zeroes gigabytes no longer holds
+  // up the caller's thread for the filesystem's punching. The next reservation waits for it first,
+  // and removal and destruction stop it; the manifest records the set before anything is punched.
+  // All or nothing: on ENOSPC (or any
   // error) the previous set and files are unchanged and the error says how much was needed and
   // available. Clears every recorded checksum and the journal (a new generation is being written) and
   // records the new extents and zero chunks in the manifest (state "writing"), so a daemon restarted
@@ -139,6 +144,9 @@ class RankStore {
   // overlapping; and a new set while a committed pause has not been resumed (EBUSY): its data is
   // still the only copy.
   Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ZeroRun> zero_runs = {});
+  // Returns once the space the last reservation gives back is given back (at once if it is).
+  // reserve() does this itself; for tests, and whatever must see the files' blocks as they will be.
+  void wait_for_punches() noexcept;
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
   // of chunk_bytes, length == min(chunk_bytes, size - offset), the chunk not reserved as zero (EINVAL:
@@ -228,8 +236,9 @@ class RankStore {
   uint64_t disk_bytes_on(std::size_t root) const noexcept;
 
   // Removes the rank's directories on every root (session closed), then the job and uid
-  // directories where they became empty. Idempotent. The destructor never removes anything (a
-  // daemon restart must keep paused ranks' files).
+  // directories where they became empty, after stopping what is still being punched in them.
+  // Idempotent. The destructor never removes anything (a daemon restart must keep paused ranks'
+  // files); it stops the punching too, so no thread outlives the store.
   Status remove();
 
   struct Impl;
