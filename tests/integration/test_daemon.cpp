@@ -30,6 +30,7 @@
 #include "fd_passing.h"
 #include "in_process_daemon.h"
 #include "other_user.h"
+#include "punch_gate.h"
 #include "server.h"
 #include "small_filesystem.h"
 #include "test_support.h"
@@ -738,6 +739,59 @@ TEST_CASE("a client that leaves while its staging buffer is built gives its char
     return next.ok();
   }));
   CHECK(gate.holding());  // given back while the buffer it asked for was still being built
+}
+
+TEST_CASE("a reservation that zeroes a pause's data answers before the holes are punched, and no other rank waits") {
+  LocalDaemon d;
+  const std::vector<BlobSize> blobs = {{1, 16 * MiB}};
+  const std::vector<proto::ZeroRun> all_zero = {{1, 0, 4}};
+  auto a = ShimClient::connect(d.socket, {.job = "punch", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(a);
+  auto allocated = [&] { return dir_bytes(a->welcome().rank_dir); };
+  REQUIRE(a->reserve(blobs));
+  REQUIRE(a->write_all(blobs, fill_pattern));
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->read_all(blobs, check_pattern));
+  REQUIRE(a->commit(proto::CommitState::Resumed));
+  REQUIRE(allocated() >= 16 * MiB);
+
+  PunchGate gate;  // after the daemon: released before the daemon stops, however the test ends
+  // The memory is all zero now: the reservation is answered while its 16 MiB of punching is held.
+  REQUIRE(a->reserve(blobs, all_zero));
+  REQUIRE(gate.wait_entered(1));
+  CHECK(allocated() >= 16 * MiB);
+  // Meanwhile another rank is served: its HELLO and a whole pause and resume.
+  auto b = ShimClient::connect(d.socket, {.job = "other", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(b);
+  REQUIRE(b->reserve({{7, 8 * MiB}}));
+  REQUIRE(b->write_all({{7, 8 * MiB}}, fill_pattern));
+  REQUIRE(b->commit(proto::CommitState::Paused));
+  REQUIRE(b->read_all({{7, 8 * MiB}}, check_pattern));
+  REQUIRE(b->commit(proto::CommitState::Resumed));
+  // And the zeroing pause itself completes.
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->commit(proto::CommitState::Resumed));
+  CHECK(gate.entered() == 1);  // all that while the punch stayed held
+
+  // The next pause writes data over the ranges still to be punched: its reservation is answered only
+  // once that punch has landed, so that it cannot land on the new data.
+  std::atomic<bool> returned{false};
+  Status next;
+  std::thread other([&] {
+    next = a->reserve(blobs);
+    returned = true;
+    PunchGate::notify();
+  });
+  const bool waited = gate.store_waits_before(returned);
+  CHECK(waited);
+  CHECK_FALSE(returned.load());
+  gate.release();
+  other.join();
+  REQUIRE(next);
+  REQUIRE(a->write_all(blobs, fill_pattern));
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->read_all(blobs, check_pattern));
+  CHECK(allocated() >= 16 * MiB);
 }
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
