@@ -160,7 +160,12 @@ struct ChunkRecord {
   // its blob kept its extents. A WRITE of the same bytes then skips the disk (issue 9). Never set
   // from a journal record, a version-1 checksum or a "writing" manifest: they prove less.
   bool held = false;
+  // WRITEs of this chunk opened (RankStore::open_write): a hash that comes back after another WRITE
+  // of the chunk was opened is not taken for what the file holds.
+  uint32_t opened = 0;
 };
+// Each chunk costs the daemon about 24 bytes (max-chunks-per-uid's help and the README say so).
+static_assert(sizeof(ChunkRecord) <= 24);
 
 struct BlobState {
   uint64_t id = 0;
@@ -913,13 +918,22 @@ Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, 
   if (auto st = journal.record(b.first_chunk + ci, blob, ci, sum); !st) return st;
   ChunkRecord& rec = b.records[ci];
   if (rec.state == ChunkState::Missing) --missing;
-  rec = {.sum = sum, .state = sealed_state(), .held = held && sealed_state() == ChunkState::Data};
+  rec = {.sum = sum,
+         .state = sealed_state(),
+         .held = held && sealed_state() == ChunkState::Data,
+         .opened = rec.opened};  // a WRITE of the chunk may be open still (settle_write() checks it)
   corrupt_records.erase(b.first_chunk + ci);
   return {};
 }
 
 Checksum128 RankStore::Impl::hash(std::span<const uint8_t> bytes) const {
-  if (journal.version1_layout()) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
+  WriteTicket ticket;
+  ticket.xxh64 = journal.version1_layout();
+  return RankStore::hash_chunk(ticket, bytes);
+}
+
+Checksum128 RankStore::hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> bytes) noexcept {
+  if (ticket.xxh64) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
   return {h.low64, h.high64};
 }
@@ -943,26 +957,52 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
 }
 
 Result<RankStore::WritePlan> RankStore::begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+  const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
+  auto ticket = open_write(blob, offset, length);
+  if (!ticket) return std::move(ticket).error();
+  return settle_write(blob, offset, length, *ticket, hash_chunk(*ticket, bytes));
+}
+
+Result<RankStore::WriteTicket> RankStore::open_write(uint64_t blob, uint64_t offset, uint32_t length) {
   try {
     uint64_t ci = 0;
-    auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci);
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
     ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
-    const Checksum128 sum = impl_->hash(bytes);
-    if (rec.held && rec.sum == sum && impl_->sealed_state() == ChunkState::Data) {
-      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
-      return WritePlan{.sum = sum, .unchanged = true};
-    }
-    // Until the write completes, what the file holds there is unknown, and a seal of this
-    // generation no longer describes it.
+    const WriteTicket ticket{.held_sum = rec.sum,
+                             .held = rec.held && impl_->sealed_state() == ChunkState::Data,
+                             .xxh64 = impl_->journal.version1_layout(),
+                             .opened = ++rec.opened};
+    // Until the write completes (or settle_write() finds it unneeded), what the file holds there is
+    // unknown, and a seal of this generation no longer describes it.
     rec.held = false;
     if (is_data(rec.state)) {
       rec.state = ChunkState::Missing;
       ++impl_->missing;
     }
+    return ticket;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("opening a chunk's write");
+  }
+}
+
+Result<RankStore::WritePlan> RankStore::settle_write(uint64_t blob, uint64_t offset, uint32_t length,
+                                                     const WriteTicket& ticket, Checksum128 sum) {
+  try {
+    uint64_t ci = 0;
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
+    if (!found) return std::move(found).error();
+    const ChunkRecord& rec = (*found)->records[ci];
+    // Nothing wrote there since open_write(), which found the file holding bytes of held_sum: no write
+    // of this WRITE has started, and any other WRITE of the chunk was opened after it (`opened`).
+    if (ticket.held && rec.opened == ticket.opened && sum == ticket.held_sum &&
+        impl_->sealed_state() == ChunkState::Data) {
+      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
+      return WritePlan{.sum = sum, .unchanged = true};
+    }
     return WritePlan{.sum = sum, .unchanged = false};
   } catch (const std::bad_alloc&) {
-    return out_of_memory("hashing a chunk");
+    return out_of_memory("settling a chunk's write");
   }
 }
 

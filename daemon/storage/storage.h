@@ -174,6 +174,27 @@ class RankStore {
     bool unchanged = false;
   };
   Result<WritePlan> begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+
+  // begin_write() in three steps, for a caller that hashes elsewhere: the daemon hashes on worker
+  // threads (hash_workers.h), so that the WRITEs in flight are hashed side by side instead of one
+  // after another on its event loop. open_write() and settle_write() run on the store's thread,
+  // hash_chunk() on any. The decision is begin_write()'s, against what open_write() found recorded:
+  // from open_write() on, what the file holds there is unknown (as while a write is in flight), and
+  // settle_write() seals the chunk unchanged only if the file held those very bytes then and no other
+  // WRITE of the chunk was opened since; anything in doubt is written.
+  struct WriteTicket {
+    Checksum128 held_sum;  // what the data file holds there, when `held`
+    bool held = false;     // as ChunkRecord::held (rank_store.cpp), for a sealed XXH3-128
+    bool xxh64 = false;    // hash with XXH3-64: a pause under a version-1 record
+    uint32_t opened = 0;   // which WRITE of the chunk this is
+  };
+  // Validates as locate() does.
+  Result<WriteTicket> open_write(uint64_t blob, uint64_t offset, uint32_t length);
+  // The checksum the store seals `chunk`'s bytes with (one pass; any thread, no store state).
+  static Checksum128 hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> chunk) noexcept;
+  // begin_write()'s answer for the chunk open_write() gave `ticket` for, whose bytes hash to `sum`.
+  Result<WritePlan> settle_write(uint64_t blob, uint64_t offset, uint32_t length, const WriteTicket& ticket,
+                                 Checksum128 sum);
   // Seals the chunk written after begin_write() with its `sum` (in memory and in the journal) and
   // returns it. Fails without recording when the journal cannot be written, so the chunk is never
   // acknowledged without a record that outlives the daemon.

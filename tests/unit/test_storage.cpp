@@ -1643,6 +1643,74 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
   REQUIRE((*adopted)->remove());
 }
 
+TEST_CASE(
+    "a WRITE hashed elsewhere is unchanged only against what open_write found, and only if no other WRITE of the chunk "
+    "opened since") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity("settle", 1));
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  REQUIRE(store->reserve(set));
+  CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x11)));
+  CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x22)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->reserve(set));
+  // What a hash worker would do between open_write() and settle_write().
+  auto hash = [](const RankStore::WriteTicket& t, uint8_t fill) {
+    return RankStore::hash_chunk(t, filled(kChunk, fill));
+  };
+
+  // The same bytes, hashed elsewhere: unchanged, sealed at once.
+  auto a = store->open_write(1, 0, kChunk);
+  REQUIRE(a);
+  CHECK(a->held);
+  auto settled = store->settle_write(1, 0, kChunk, *a, hash(*a, 0x11));
+  REQUIRE(settled);
+  CHECK(settled->unchanged);
+  CHECK(store->expected_checksum(1, 0));
+
+  // Two WRITEs of one chunk in flight at once: neither is taken for unchanged (the second was opened
+  // while what the file holds was already in doubt; the first finds a WRITE opened after it).
+  auto b1 = store->open_write(1, kChunk, kChunk);
+  auto b2 = store->open_write(1, kChunk, kChunk);
+  REQUIRE((b1 && b2));
+  CHECK(b1->held);
+  CHECK_FALSE(b2->held);
+  CHECK_FALSE(store->expected_checksum(1, kChunk));  // unknown while they are in flight
+  auto s1 = store->settle_write(1, kChunk, kChunk, *b1, hash(*b1, 0x22));
+  auto s2 = store->settle_write(1, kChunk, kChunk, *b2, hash(*b2, 0x22));
+  REQUIRE((s1 && s2));
+  CHECK_FALSE(s1->unchanged);
+  CHECK_FALSE(s2->unchanged);
+  write_chunk(*store, 1, kChunk, kChunk, 0x22);
+  REQUIRE(store->end_write(1, kChunk, kChunk, s2->sum));
+
+  // A WRITE whose hash comes back after another WRITE of its chunk was opened and written (other
+  // bytes), and one more opened, is not taken for unchanged: the seal of the write in between does
+  // not reset the count of WRITEs opened (were it reset, the third would count as the first again).
+  auto c1 = store->open_write(1, 0, kChunk);
+  REQUIRE(c1);
+  CHECK(c1->held);
+  auto c2 = store->open_write(1, 0, kChunk);
+  REQUIRE(c2);
+  write_chunk(*store, 1, 0, kChunk, 0x33);
+  REQUIRE(store->end_write(1, 0, kChunk, hash(*c2, 0x33)));
+  auto c3 = store->open_write(1, 0, kChunk);
+  REQUIRE(c3);
+  auto late = store->settle_write(1, 0, kChunk, *c1, hash(*c1, 0x11));
+  REQUIRE(late);
+  CHECK_FALSE(late->unchanged);  // the file holds 0x33 there now
+  write_chunk(*store, 1, 0, kChunk, 0x11);
+  REQUIRE(store->end_write(1, 0, kChunk, late->sum));
+
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  CHECK(chunk_is(*store, 1, 0, kChunk, 0x11));
+  CHECK(store->verify(1, 0, filled(kChunk, 0x11)));
+  CHECK(store->verify(1, kChunk, filled(kChunk, 0x22)));
+  REQUIRE(store->remove());
+}
+
 TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next generation is written as version 2") {
   TempDir root;
   Roots roots = open_roots({root.path()});
