@@ -186,6 +186,13 @@ constexpr Setting kSettings[] = {
      .help = "io_uring submission queue entries",
      .min = 1,
      .max = 4096},
+    {.name = "hash-threads",
+     .value_name = "N",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.hash_threads; },
+     .help = "threads that hash the chunks of WRITEs (XXH3-128) to find those unchanged since the last pause, "
+             "side by side (0: one per two CPUs the daemon may run on, at most 8)",
+     .min = 0,
+     .max = 64},
     {.name = "metrics-file",
      .value_name = "PATH",
      .target = [](DaemonOptions& o) -> Target { return &o.config.metrics_file; },

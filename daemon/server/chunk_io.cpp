@@ -31,9 +31,10 @@ ChunkIo::SetCounts ChunkIo::sets_of_uid(uid_t uid, uint64_t except) {
 
 namespace {
 
-// Reserving (fallocate, punching holes) and committing (fdatasync, the manifest) run on the event
-// loop and cost file system time that no figure of the rank shows: a slow one is said in the log,
-// with what it did, so that a pause's wall time can be taken apart.
+// Reserving (fallocate, the manifest) and committing (fdatasync, the manifest) run on the event loop
+// and cost file system time that no figure of the rank shows: a slow one is said in the log, with
+// what it did, so that a pause's wall time can be taken apart. (The holes a reservation punches are
+// punched after it, off the loop; the store logs how long that took, background_punch.h.)
 constexpr double kSlowStorageSeconds = 0.1;
 
 class StorageTimer {
@@ -167,47 +168,76 @@ std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, con
   return start(s, request_id, m, io::Op::Read);
 }
 
-// Shared validation of WRITE and READ; on success the slot is marked busy and the I/O queued.
+// Shared validation of WRITE and READ; on success the slot is marked busy and the WRITE handed to a
+// hash worker, or the READ queued.
 std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op) {
   StagingBuffer& buf = *s.staging;
   if (m.slot >= buf.slot_count())
     return error_reply(ERANGE, fmt::format("slot {} out of range (session has {})", m.slot, buf.slot_count()));
   if (buf.busy(m.slot)) return error_reply(EBUSY, fmt::format("slot {} already has I/O in flight", m.slot));
   if (m.length > buf.chunk_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
-  auto loc = s.store->locate(m.blob, m.offset, m.length);
-  if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
-  storage::Checksum128 sum;
+  if (auto loc = s.store->locate(m.blob, m.offset, m.length); !loc)
+    return error_reply(loc.error().errnum(), loc.error().describe());
+  const uint64_t tag = next_tag_++;
+  Pending p{.session_id = s.id,
+            .request_id = request_id,
+            .op = op,
+            .slot = m.slot,
+            .blob = m.blob,
+            .offset = m.offset,
+            .length = m.length,
+            .hashing = op == io::Op::Write,
+            .ticket = {},
+            .sum = {}};
   if (op == io::Op::Write) {
-    // Hashed before it is written (on this thread, one pass): bytes the file already holds there are
-    // not written again, and the hash of the others is what end_write() seals.
-    auto plan = s.store->begin_write(m.blob, m.offset, buf.bytes_of(m.slot, m.length));
-    if (!plan) return error_reply(plan.error().errnum(), plan.error().describe());
-    if (plan->unchanged) {
-      if (on_skipped) on_skipped(SkipReason::unchanged, m.length);
-      return proto::Written{.unchanged = 1};
+    // Hashed before it is written, by a hash worker (the WRITEs in flight side by side): bytes the
+    // file already holds there are not written again (on_hashed()), and the hash of the others is
+    // what end_write() seals. What the store found recorded for the chunk is taken now.
+    auto ticket = s.store->open_write(m.blob, m.offset, m.length);
+    if (!ticket) return error_reply(ticket.error().errnum(), ticket.error().describe());
+    p.ticket = *ticket;
+    bool queued = false;
+    try {
+      pending_.emplace(tag, p);
+      queued = hashers_.submit({.tag = tag, .bytes = buf.slot(m.slot), .length = m.length, .ticket = p.ticket});
+    } catch (const std::bad_alloc&) {
+      pending_.erase(tag);
+      return error_reply(ENOMEM, "daemon out of memory queueing a chunk's hash");
     }
-    sum = plan->sum;
+    if (!queued) {
+      pending_.erase(tag);
+      return error_reply(ESHUTDOWN, "the daemon is stopping");
+    }
   } else {
     // A chunk never sealed is refused before any I/O; the store verifies the data once read.
     if (auto sealed = s.store->expected_checksum(m.blob, m.offset); !sealed)
       return error_reply(sealed.error().errnum(), sealed.error().describe());
+    if (auto refused = queue_io(s, tag, p)) return refused;
   }
-  io::Request req;
-  req.op = op;
-  req.fd = loc->fd;
-  req.buf = buf.slot(m.slot);
-  req.buf_index = buf.buf_index();
-  req.length = loc->io_length;
-  req.offset = loc->file_offset;
-  req.tag = next_tag_++;
-  try {
-    engine_.queue(req);
-  } catch (const std::bad_alloc&) {
-    return error_reply(ENOMEM, "daemon out of memory queueing I/O");
-  }
-  pending_.emplace(req.tag, Pending{s.id, request_id, op, m.slot, m.blob, m.offset, m.length, sum});
   buf.set_busy(m.slot, true);
   ++s.io_in_flight;
+  return std::nullopt;
+}
+
+std::optional<proto::Message> ChunkIo::queue_io(Session& s, uint64_t tag, Pending p) {
+  auto loc = s.store->locate(p.blob, p.offset, p.length);
+  if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
+  io::Request req;
+  req.op = p.op;
+  req.fd = loc->fd;
+  req.buf = s.staging->slot(p.slot);
+  req.buf_index = s.staging->buf_index();
+  req.length = loc->io_length;
+  req.offset = loc->file_offset;
+  req.tag = tag;
+  p.hashing = false;
+  try {
+    pending_.emplace(tag, p);
+    engine_.queue(req);
+  } catch (const std::bad_alloc&) {
+    pending_.erase(tag);
+    return error_reply(ENOMEM, "daemon out of memory queueing I/O");
+  }
   return std::nullopt;
 }
 
@@ -238,23 +268,56 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
   return proto::ReadDone{};
 }
 
+bool ChunkIo::release(Session& s, const Pending& p) {
+  s.staging->set_busy(p.slot, false);
+  --s.io_in_flight;
+  if (s.conn_id != 0) return true;
+  sessions_.maybe_destroy(s.id);
+  return false;
+}
+
 void ChunkIo::on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply) {
   completions_.clear();
   engine_.reap(completions_);
   for (const auto& done : completions_) {
     auto it = pending_.find(done.tag);
-    if (it == pending_.end()) continue;
+    if (it == pending_.end() || it->second.hashing) continue;
     const Pending p = it->second;
     pending_.erase(it);
     Session* s = sessions_.find(p.session_id);
     if (!s) continue;
-    s->staging->set_busy(p.slot, false);
-    --s->io_in_flight;
+    if (release(*s, p)) reply(*s, p.request_id, finish(*s, p, done.result));
+  }
+}
+
+void ChunkIo::on_hashed(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply) {
+  hashed_.clear();
+  hashers_.finished(hashed_);
+  for (const auto& done : hashed_) {
+    auto it = pending_.find(done.tag);
+    if (it == pending_.end() || !it->second.hashing) continue;
+    Pending p = it->second;
+    pending_.erase(it);
+    Session* s = sessions_.find(p.session_id);
+    if (!s) continue;
+    // A shim that has gone is answered nothing, and what its chunk holds stays unknown (open_write()).
     if (s->conn_id == 0) {
-      sessions_.maybe_destroy(s->id);
+      release(*s, p);
       continue;
     }
-    reply(*s, p.request_id, finish(*s, p, done.result));
+    auto plan = s->store->settle_write(p.blob, p.offset, p.length, p.ticket, done.sum);
+    std::optional<proto::Message> answer;
+    if (!plan) {
+      answer = error_reply(plan.error().errnum(), plan.error().describe());
+    } else if (plan->unchanged) {
+      if (on_skipped) on_skipped(SkipReason::unchanged, p.length);
+      answer = proto::Written{.unchanged = 1};
+    } else {
+      p.sum = plan->sum;
+      answer = queue_io(*s, done.tag, p);  // nullopt: queued, answered once written
+    }
+    if (!answer) continue;
+    if (release(*s, p)) reply(*s, p.request_id, *answer);
   }
 }
 

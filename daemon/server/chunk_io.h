@@ -2,8 +2,9 @@
 // Chunk I/O: a shim's RESERVE, WRITE, READ and COMMIT against its rank store and the I/O engine.
 // A WRITE or READ becomes one engine request on the session's staging slot; when it completes, the
 // store seals what was written or verifies what was read, and the reply goes back to the shim. A
-// WRITE whose bytes the rank's file already holds is answered at once, Written{.unchanged = 1},
-// with no I/O (issue 9).
+// WRITE is hashed first, by a hash worker (hash_workers.h), and one whose bytes the rank's file
+// already holds is answered then, Written{.unchanged = 1}, with no I/O (issue 9). From the WRITE to
+// its answer the slot is busy and counts as I/O in flight, hashing included.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "hash_workers.h"
 #include "io_engine.h"
 #include "session_table.h"
 #include "tmsdisk/protocol/messages.h"
@@ -39,11 +41,15 @@ class ChunkIo {
   // ... and its zero runs, while being sent (24 bytes each), at most this many.
   static constexpr std::size_t kMaxReserveZeroRuns = std::size_t{1} << 22;
 
-  ChunkIo(io::Engine& engine, SessionTable& sessions, uint32_t max_blobs_per_uid, uint32_t max_chunks_per_uid)
+  // `hash_threads`: the hash workers (at least one); `before_hash` (tests only) runs on one before
+  // each chunk it hashes.
+  ChunkIo(io::Engine& engine, SessionTable& sessions, uint32_t max_blobs_per_uid, uint32_t max_chunks_per_uid,
+          unsigned hash_threads, std::function<void()> before_hash = {})
       : engine_(engine),
         sessions_(sessions),
         max_blobs_per_uid_(max_blobs_per_uid),
-        max_chunks_per_uid_(max_chunks_per_uid) {}
+        max_chunks_per_uid_(max_chunks_per_uid),
+        hashers_(hash_threads, std::move(before_hash)) {}
 
   // Each returns the reply to send now.
   proto::Message reserve(Session& s, const proto::Reserve& m);
@@ -57,6 +63,15 @@ class ChunkIo {
   // Reaps the engine's completions and hands each reply to `reply` (session, request id, message).
   // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
   void on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
+  // The same for the WRITEs hashed: answered unchanged, or their write queued (its reply comes from
+  // on_completions()).
+  void on_hashed(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
+  // Readable while on_hashed() has something to do (the event loop polls it).
+  int hash_event_fd() const noexcept { return hashers_.event_fd(); }
+  unsigned hash_threads() const noexcept { return hashers_.threads(); }
+  // Waits for the chunks being hashed and stops the hash workers (the daemon stops: nothing reads a
+  // staging buffer after this). WRITEs still waiting for a worker are never answered.
+  void stop_hashing() noexcept { hashers_.stop(); }
 
   // Told each chunk written or read and checked, with its length (the metrics' moved bytes).
   std::function<void(io::Op, uint64_t)> on_moved;
@@ -72,11 +87,19 @@ class ChunkIo {
     uint64_t blob = 0;
     uint64_t offset = 0;
     uint32_t length = 0;
-    storage::Checksum128 sum;  // a write's, hashed before it started: sealed once it completes
+    bool hashing = false;                    // a WRITE with its hash worker; else with the engine
+    storage::RankStore::WriteTicket ticket;  // a WRITE's, from RankStore::open_write()
+    storage::Checksum128 sum;                // a write's, hashed before it started: sealed once it completes
   };
 
   std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op);
+  // Queues the engine request of `p` under engine tag `tag`, and records it in pending_. nullopt on
+  // success, else the error reply (nothing recorded).
+  std::optional<proto::Message> queue_io(Session& s, uint64_t tag, Pending p);
   proto::Message finish(Session& s, const Pending& p, int result);
+  // The slot of `p` is free again and the session has one request fewer in flight; false (and the
+  // session offered to SessionTable::maybe_destroy) when its shim has gone, so nobody is answered.
+  bool release(Session& s, const Pending& p);
 
   // Blobs and chunks the sessions of `uid` other than `except` have in reservations being sent, and
   // reserved.
@@ -92,9 +115,13 @@ class ChunkIo {
   SessionTable& sessions_;
   uint32_t max_blobs_per_uid_;
   uint32_t max_chunks_per_uid_;
-  std::map<uint64_t, Pending> pending_;  // by engine tag
+  std::map<uint64_t, Pending> pending_;  // by tag: the engine's, or the hash worker's for a WRITE being hashed
   uint64_t next_tag_ = 1;
   std::vector<io::Completion> completions_;
+  std::vector<HashWorkers::Done> hashed_;
+  // Its jobs read sessions' staging slots: the server stops it (stop_hashing(), or destroying this)
+  // before the sessions go.
+  HashWorkers hashers_;
 };
 
 }  // namespace tmsdisk::server

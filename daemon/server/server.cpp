@@ -29,6 +29,7 @@
 #include "chunk_io.h"
 #include "control_router.h"
 #include "fd_reaper.h"
+#include "hash_workers.h"
 #include "host_tier.h"
 #include "ipc_exports.h"
 #include "metrics.h"
@@ -55,7 +56,15 @@ constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 // epoll keys below kFirstConnection name the server's own descriptors; an orphan's pidfd is keyed
 // by its session id with SessionTable::kOrphanKeyBit set.
-enum : uint64_t { kKeyListen = 1, kKeyStop = 2, kKeyIo = 3, kKeySweep = 4, kKeyStaging = 5, kFirstConnection = 16 };
+enum : uint64_t {
+  kKeyListen = 1,
+  kKeyStop = 2,
+  kKeyIo = 3,
+  kKeySweep = 4,
+  kKeyStaging = 5,
+  kKeyHashed = 6,
+  kFirstConnection = 16
+};
 
 // A reply waiting in a connection's outbox, with the descriptor it passes (IPC_OPENED).
 struct Outgoing {
@@ -209,7 +218,11 @@ struct Server::Impl {
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
-    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid);
+    chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
+                                       config.hash_threads ? config.hash_threads : automatic_hash_threads(),
+                                       config.before_hash);
+    spdlog::info("hashing WRITEs' chunks on {} thread(s){}", chunks->hash_threads(),
+                 config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, at most 8)");
     router = std::make_unique<ControlRouter>(
         *sessions,
         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
@@ -234,6 +247,7 @@ struct Server::Impl {
                            {stop_fd.get(), uint64_t{kKeyStop}},
                            {engine->event_fd(), uint64_t{kKeyIo}},
                            {staging->event_fd(), uint64_t{kKeyStaging}},
+                           {chunks->hash_event_fd(), uint64_t{kKeyHashed}},
                            {sweep_fd.get(), uint64_t{kKeySweep}}}) {
       if (fd < 0) continue;
       epoll_event ev{};
@@ -906,6 +920,12 @@ struct Server::Impl {
     });
   }
 
+  void on_hashed() {
+    chunks->on_hashed([&](Session& s, uint64_t rid, const proto::Message& reply) {
+      if (Connection* c = conn(s.conn_id)) send(*c, rid, reply);
+    });
+  }
+
   // ----------------------------------------------------------------------------------------------
   // tmsctl requests
 
@@ -961,6 +981,7 @@ struct Server::Impl {
           case kKeyStop: stopping = true; break;
           case kKeyIo: on_io(); break;
           case kKeyStaging: on_staging_done(); break;
+          case kKeyHashed: on_hashed(); break;
           case kKeySweep: {
             uint64_t ticks;
             (void)!::read(sweep_fd.get(), &ticks, sizeof(ticks));
@@ -995,9 +1016,11 @@ struct Server::Impl {
     return drain();
   }
 
-  // Graceful stop: wait for I/O already submitted (its memory must stay mapped), then close every
-  // session. Files of live ranks stay on disk: they survive a daemon restart (invariant 6).
+  // Graceful stop: wait for I/O already submitted and for the chunks being hashed (their memory must
+  // stay mapped), then close every session. Files of live ranks stay on disk: they survive a daemon
+  // restart (invariant 6).
   Status drain() {
+    chunks->stop_hashing();
     spdlog::info("stopping: waiting for {} I/O request(s) in flight", engine->in_flight());
     std::vector<io::Completion> completions;
     while (engine->in_flight() > 0) {

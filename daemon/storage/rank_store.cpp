@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "background_punch.h"
 #include "checksum_journal.h"
 #include "extent_allocator.h"
 #include "manifest.h"
@@ -89,9 +90,10 @@ int fallocate_retry(int fd, int mode, uint64_t offset, uint64_t length) {
 }
 
 // Gives the blocks of a free range back to the filesystem. Best effort: where punching is not
-// supported the range just stays allocated, which costs space but never correctness.
-void punch(int fd, uint64_t offset, uint64_t length) {
-  if (length > 0) (void)fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+// supported the range just stays allocated, which costs space but never correctness. False when it
+// was refused.
+bool punch(int fd, uint64_t offset, uint64_t length) {
+  return length == 0 || fallocate_retry(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) == 0;
 }
 
 // Calls fn(offset, length) for each part of [offset, offset+length) that `layout` has free or past
@@ -109,6 +111,18 @@ void for_each_free_part(const ExtentAllocator& layout, uint64_t offset, uint64_t
   }
   uint64_t tail = std::max(offset, layout.end());
   if (tail < stop) fn(tail, stop - tail);
+}
+
+// Calls fn(offset, length) for each part of [offset, offset+length) that `layout` has in use: the
+// complement of for_each_free_part.
+template <class Fn>
+void for_each_used_part(const ExtentAllocator& layout, uint64_t offset, uint64_t length, Fn&& fn) {
+  uint64_t at = offset;
+  for_each_free_part(layout, offset, length, [&](uint64_t a, uint64_t len) {
+    if (a > at) fn(at, a - at);
+    at = a + len;
+  });
+  if (at < offset + length) fn(at, offset + length - at);
 }
 
 // The refusal a user reads when a pause does not fit (issue 8: said once, in human units).
@@ -146,7 +160,12 @@ struct ChunkRecord {
   // its blob kept its extents. A WRITE of the same bytes then skips the disk (issue 9). Never set
   // from a journal record, a version-1 checksum or a "writing" manifest: they prove less.
   bool held = false;
+  // WRITEs of this chunk opened (RankStore::open_write): a hash that comes back after another WRITE
+  // of the chunk was opened is not taken for what the file holds.
+  uint32_t opened = 0;
 };
+// Each chunk costs the daemon about 24 bytes (max-chunks-per-uid's help and the README say so).
+static_assert(sizeof(ChunkRecord) <= 24);
 
 struct BlobState {
   uint64_t id = 0;
@@ -192,6 +211,11 @@ struct RankStore::Impl {
   // Ordinals of chunks of the pause in progress whose journal record is corrupt: each may have been
   // written and acknowledged, so its memory released; none can be verified.
   std::unordered_set<uint64_t> corrupt_records;
+  // Every range the layout has free or zero, and each file past its layout's end, is a hole (or will
+  // be once `punches` is done, which the next reservation waits for): a reservation then punches
+  // only what it frees or zeroes anew. False after adopt() (a daemon may have stopped before its
+  // punches) and after a punch that did not happen: the next reservation punches all of them again.
+  bool holes_punched = true;
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
@@ -223,6 +247,16 @@ struct RankStore::Impl {
                            uint64_t gen, uint64_t* hash);
   // Recounts missing chunks and each root's zero bytes from `blobs`.
   void recount();
+  // Waits for `punches` (reserve(), wait_for_punches()); false when they left something undone.
+  bool wait_punches(const char* who) noexcept {
+    holes_punched = punches.wait(who) && holes_punched;
+    return holes_punched;
+  }
+
+  // The space the last reservation gives back, being given back off the caller's thread. Declared
+  // last, so destroyed first: stopped and joined while everything else is still there (it touches
+  // nothing of the store's, only its own plan and descriptors, but that is one thing less to check).
+  BackgroundPunch punches;
 };
 
 namespace {
@@ -352,6 +386,11 @@ Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
 }
 
 Status RankStore::Impl::remove_locked() {
+  // The files go: what is still being punched in them is of no use, and the punches must stop
+  // before a file is closed and unlinked (they hold dups of its descriptor, which would keep its
+  // blocks until they end).
+  punches.stop();
+  holes_punched = false;
   Status first;
   for (auto& rf : roots) {
     if (rf.gone) continue;
@@ -409,6 +448,8 @@ Result<std::unique_ptr<RankStore>> RankStore::adopt(Roots& roots, const RankIden
       if (!impl->roots[i].direct_io) roots[i].direct_io = false;
     }
     if (auto s = impl->load_manifest(); !s) return std::move(s).error();
+    // The daemon before this one may have stopped before (or while) it gave space back.
+    impl->holes_punched = false;
     return std::unique_ptr<RankStore>(new RankStore(std::move(impl)));
   } catch (const std::bad_alloc&) {
     return out_of_memory("adopting a rank directory");
@@ -535,6 +576,11 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   std::vector<proto::ChunkRun> runs(zero_runs.begin(), zero_runs.end());
   runs.insert(runs.end(), host_runs.begin(), host_runs.end());
   if (auto st = check_zero_runs(set, std::vector<proto::ChunkRun>(runs), chunk, runs); !st) return st;
+
+  // The space the previous reservation gives back must be back before this one counts free space
+  // and lays out, preallocates, truncates and punches ranges it may reuse: a punch that landed
+  // after this reservation could hit blocks its chunks are written to.
+  const bool holes_known = wait_punches("the next reservation");
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -680,6 +726,44 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
     if (needed[r] > avail) return no_space_error(ENOSPC, needed[r], roots[r].path, avail);
   }
 
+  // What only gives space back once this set is recorded: each file's tail past the new layout,
+  // its free extents and its zero chunks. Where the old layout's holes are known to be punched
+  // (holes_known), only the ranges that held something are punched again. Given back after this
+  // call returns, off the caller's thread (background_punch.h): nothing here waits for that space
+  // (the preallocation above counts none of it, as before it moved), and none of these ranges is
+  // written in this generation: locate() refuses a zero chunk and knows no free extent. Planned (the
+  // allocations made, the descriptors duplicated) before the set is recorded, so that nothing after
+  // that can fail.
+  PunchPlan give_back;
+  give_back.what = relative;
+  give_back.files.resize(n);
+  bool give_back_here = false;  // a descriptor could not be duplicated: given back on this thread
+  {
+    auto give = [&](std::size_t r, uint64_t off, uint64_t len) {
+      auto& list = give_back.files[r].punches;
+      auto add = [&](uint64_t a, uint64_t l) {
+        if (!list.empty() && list.back().first + list.back().second == a)
+          list.back().second += l;
+        else
+          list.emplace_back(a, l);
+      };
+      if (holes_known)
+        for_each_used_part(holes[r], off, len, add);
+      else
+        add(off, len);
+    };
+    for (std::size_t r = 0; r < n; ++r) {
+      auto& f = give_back.files[r];
+      f.owned.reset(::fcntl(roots[r].data.get(), F_DUPFD_CLOEXEC, 0));
+      f.fd = f.owned ? f.owned.get() : roots[r].data.get();
+      give_back_here = give_back_here || !f.owned;
+      f.size = old_size[r];
+      if (plan[r].end() < old_size[r]) f.truncate_to = plan[r].end();
+      for (const auto& [off, len] : plan[r].free_extents()) give(r, off, len);
+    }
+    for (const FileRange& z : zero) give(z.root, z.offset, z.length);
+  }
+
   std::vector<uint8_t> touched(n, 0);  // allocated up front: the rollback below must not throw
   // Frees what this call allocated in the first `done` ranges of `allocate` and cuts any growth off,
   // so the files are as before. Only the parts that were free or holes in the old layout are
@@ -687,8 +771,9 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   auto roll_back = [&](std::size_t done) {
     for (std::size_t j = 0; j < done; ++j) {
       const FileRange& g = allocate[j];
-      for_each_free_part(holes[g.root], g.offset, g.length,
-                         [&](uint64_t off, uint64_t len) { punch(roots[g.root].data.get(), off, len); });
+      for_each_free_part(holes[g.root], g.offset, g.length, [&](uint64_t off, uint64_t len) {
+        if (!punch(roots[g.root].data.get(), off, len)) holes_punched = false;
+      });
       touched[g.root] = 1;
     }
     for (std::size_t r = 0; r < n; ++r) {
@@ -749,17 +834,15 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   }
   journal.set_seed(seed);
 
-  // Committed from here on; what follows only gives unused space back (best effort).
-  for (std::size_t r = 0; r < n; ++r) {
-    RootFiles& rf = roots[r];
-    if (plan[r].end() < old_size[r]) {
-      while (::ftruncate(rf.data.get(), static_cast<off_t>(plan[r].end())) != 0 && errno == EINTR) {
-      }
-    }
-    for (const auto& [off, len] : plan[r].free_extents()) punch(rf.data.get(), off, len);
-    rf.alloc = std::move(plan[r]);
+  // Committed from here on; what follows only gives unused space back (best effort), and must not
+  // fail.
+  for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(plan[r]);
+  if (give_back_here) {
+    holes_punched = run_punch_plan(give_back, nullptr);
+  } else {
+    holes_punched = true;  // once `punches` is done; the next reservation learns whether it was
+    punches.start(std::move(give_back));
   }
-  for (const FileRange& z : zero) punch(roots[z.root].data.get(), z.offset, z.length);
   blobs = std::move(next);
   index = std::move(next_index);
   writing = true;
@@ -790,6 +873,10 @@ Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<cons
   }
 }
 
+void RankStore::wait_for_punches() noexcept {
+  (void)impl_->wait_punches("wait_for_punches()");
+}
+
 Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
   if (!record_problem.empty()) return make_error(EUCLEAN, record_problem);
@@ -804,6 +891,8 @@ Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t off
     return make_error(EINVAL, fmt::format("offset {} is past the end of blob {} ({} bytes)", offset, blob, b.size));
   }
   *chunk_index = offset / chunk;
+  // Also what keeps every write of this generation off the ranges being punched after its
+  // reservation (background_punch.h): a zero chunk has no Location, nor has a free extent.
   if (b.records[*chunk_index].state == ChunkState::Zero) {
     return make_error(EINVAL,
                       fmt::format("chunk at offset {} of blob {} was reserved as zero: nothing is stored for "
@@ -839,13 +928,22 @@ Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, 
   if (auto st = journal.record(b.first_chunk + ci, blob, ci, sum); !st) return st;
   ChunkRecord& rec = b.records[ci];
   if (rec.state == ChunkState::Missing) --missing;
-  rec = {.sum = sum, .state = sealed_state(), .held = held && sealed_state() == ChunkState::Data};
+  rec = {.sum = sum,
+         .state = sealed_state(),
+         .held = held && sealed_state() == ChunkState::Data,
+         .opened = rec.opened};  // a WRITE of the chunk may be open still (settle_write() checks it)
   corrupt_records.erase(b.first_chunk + ci);
   return {};
 }
 
 Checksum128 RankStore::Impl::hash(std::span<const uint8_t> bytes) const {
-  if (journal.version1_layout()) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
+  WriteTicket ticket;
+  ticket.xxh64 = journal.version1_layout();
+  return RankStore::hash_chunk(ticket, bytes);
+}
+
+Checksum128 RankStore::hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> bytes) noexcept {
+  if (ticket.xxh64) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
   return {h.low64, h.high64};
 }
@@ -869,26 +967,52 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
 }
 
 Result<RankStore::WritePlan> RankStore::begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+  const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
+  auto ticket = open_write(blob, offset, length);
+  if (!ticket) return std::move(ticket).error();
+  return settle_write(blob, offset, length, *ticket, hash_chunk(*ticket, bytes));
+}
+
+Result<RankStore::WriteTicket> RankStore::open_write(uint64_t blob, uint64_t offset, uint32_t length) {
   try {
     uint64_t ci = 0;
-    auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci);
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
     ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
-    const Checksum128 sum = impl_->hash(bytes);
-    if (rec.held && rec.sum == sum && impl_->sealed_state() == ChunkState::Data) {
-      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
-      return WritePlan{.sum = sum, .unchanged = true};
-    }
-    // Until the write completes, what the file holds there is unknown, and a seal of this
-    // generation no longer describes it.
+    const WriteTicket ticket{.held_sum = rec.sum,
+                             .held = rec.held && impl_->sealed_state() == ChunkState::Data,
+                             .xxh64 = impl_->journal.version1_layout(),
+                             .opened = ++rec.opened};
+    // Until the write completes (or settle_write() finds it unneeded), what the file holds there is
+    // unknown, and a seal of this generation no longer describes it.
     rec.held = false;
     if (is_data(rec.state)) {
       rec.state = ChunkState::Missing;
       ++impl_->missing;
     }
+    return ticket;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("opening a chunk's write");
+  }
+}
+
+Result<RankStore::WritePlan> RankStore::settle_write(uint64_t blob, uint64_t offset, uint32_t length,
+                                                     const WriteTicket& ticket, Checksum128 sum) {
+  try {
+    uint64_t ci = 0;
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
+    if (!found) return std::move(found).error();
+    const ChunkRecord& rec = (*found)->records[ci];
+    // Nothing wrote there since open_write(), which found the file holding bytes of held_sum: no write
+    // of this WRITE has started, and any other WRITE of the chunk was opened after it (`opened`).
+    if (ticket.held && rec.opened == ticket.opened && sum == ticket.held_sum &&
+        impl_->sealed_state() == ChunkState::Data) {
+      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
+      return WritePlan{.sum = sum, .unchanged = true};
+    }
     return WritePlan{.sum = sum, .unchanged = false};
   } catch (const std::bad_alloc&) {
-    return out_of_memory("hashing a chunk");
+    return out_of_memory("settling a chunk's write");
   }
 }
 

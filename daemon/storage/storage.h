@@ -130,7 +130,12 @@ class RankStore {
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
   // The chunks `zero_runs` name are zero: recorded as such now, never written, and their ranges are
   // holes (punched, best effort, where they held data). Space is preallocated with fallocate(2) for
-  // the other chunks only, and only they count in the space check. All or nothing: on ENOSPC (or any
+  // the other chunks only, and only they count in the space check. What the new set gives back (its
+  // zero chunks that held data, extents it frees, a file's tail) is given back after this returns, on
+  // a thread of the store's (background_punch.h): a reservation that zeroes gigabytes no longer holds
+  // up the caller's thread for the filesystem's punching. The next reservation waits for it first,
+  // and removal and destruction stop it; the manifest records the set before anything is punched.
+  // All or nothing: on ENOSPC (or any
   // error) the previous set and files are unchanged and the error says how much was needed and
   // available. Clears every recorded checksum and the journal (a new generation is being written) and
   // records the new extents and zero chunks in the manifest (state "writing"), so a daemon restarted
@@ -141,6 +146,9 @@ class RankStore {
   // like zero chunks, nothing of them is stored (no run of either list may overlap another).
   Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs = {},
                  std::span<const proto::ChunkRun> host_runs = {});
+  // Returns once the space the last reservation gives back is given back (at once if it is).
+  // reserve() does this itself; for tests, and whatever must see the files' blocks as they will be.
+  void wait_for_punches() noexcept;
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
   // of chunk_bytes, length == min(chunk_bytes, size - offset), the chunk not reserved as zero (EINVAL:
@@ -168,6 +176,27 @@ class RankStore {
     bool unchanged = false;
   };
   Result<WritePlan> begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+
+  // begin_write() in three steps, for a caller that hashes elsewhere: the daemon hashes on worker
+  // threads (hash_workers.h), so that the WRITEs in flight are hashed side by side instead of one
+  // after another on its event loop. open_write() and settle_write() run on the store's thread,
+  // hash_chunk() on any. The decision is begin_write()'s, against what open_write() found recorded:
+  // from open_write() on, what the file holds there is unknown (as while a write is in flight), and
+  // settle_write() seals the chunk unchanged only if the file held those very bytes then and no other
+  // WRITE of the chunk was opened since; anything in doubt is written.
+  struct WriteTicket {
+    Checksum128 held_sum;  // what the data file holds there, when `held`
+    bool held = false;     // as ChunkRecord::held (rank_store.cpp), for a sealed XXH3-128
+    bool xxh64 = false;    // hash with XXH3-64: a pause under a version-1 record
+    uint32_t opened = 0;   // which WRITE of the chunk this is
+  };
+  // Validates as locate() does.
+  Result<WriteTicket> open_write(uint64_t blob, uint64_t offset, uint32_t length);
+  // The checksum the store seals `chunk`'s bytes with (one pass; any thread, no store state).
+  static Checksum128 hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> chunk) noexcept;
+  // begin_write()'s answer for the chunk open_write() gave `ticket` for, whose bytes hash to `sum`.
+  Result<WritePlan> settle_write(uint64_t blob, uint64_t offset, uint32_t length, const WriteTicket& ticket,
+                                 Checksum128 sum);
   // Seals the chunk written after begin_write() with its `sum` (in memory and in the journal) and
   // returns it. Fails without recording when the journal cannot be written, so the chunk is never
   // acknowledged without a record that outlives the daemon.
@@ -230,8 +259,9 @@ class RankStore {
   uint64_t disk_bytes_on(std::size_t root) const noexcept;
 
   // Removes the rank's directories on every root (session closed), then the job and uid
-  // directories where they became empty. Idempotent. The destructor never removes anything (a
-  // daemon restart must keep paused ranks' files).
+  // directories where they became empty, after stopping what is still being punched in them.
+  // Idempotent. The destructor never removes anything (a daemon restart must keep paused ranks'
+  // files); it stops the punching too, so no thread outlives the store.
   Status remove();
 
   struct Impl;

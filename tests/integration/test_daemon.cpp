@@ -30,6 +30,7 @@
 #include "fd_passing.h"
 #include "in_process_daemon.h"
 #include "other_user.h"
+#include "punch_gate.h"
 #include "server.h"
 #include "small_filesystem.h"
 #include "test_support.h"
@@ -738,6 +739,249 @@ TEST_CASE("a client that leaves while its staging buffer is built gives its char
     return next.ok();
   }));
   CHECK(gate.holding());  // given back while the buffer it asked for was still being built
+}
+
+TEST_CASE("a reservation that zeroes a pause's data answers before the holes are punched, and no other rank waits") {
+  LocalDaemon d;
+  const std::vector<BlobSize> blobs = {{1, 16 * MiB}};
+  const std::vector<proto::ChunkRun> all_zero = {{1, 0, 4}};
+  auto a = ShimClient::connect(d.socket, {.job = "punch", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(a);
+  auto allocated = [&] { return dir_bytes(a->welcome().rank_dir); };
+  REQUIRE(a->reserve(blobs));
+  REQUIRE(a->write_all(blobs, fill_pattern));
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->read_all(blobs, check_pattern));
+  REQUIRE(a->commit(proto::CommitState::Resumed));
+  REQUIRE(allocated() >= 16 * MiB);
+
+  PunchGate gate;  // after the daemon: released before the daemon stops, however the test ends
+  // The memory is all zero now: the reservation is answered while its 16 MiB of punching is held.
+  REQUIRE(a->reserve(blobs, all_zero));
+  REQUIRE(gate.wait_entered(1));
+  CHECK(allocated() >= 16 * MiB);
+  // Meanwhile another rank is served: its HELLO and a whole pause and resume.
+  auto b = ShimClient::connect(d.socket, {.job = "other", .staging_budget_bytes = 8 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(b);
+  REQUIRE(b->reserve({{7, 8 * MiB}}));
+  REQUIRE(b->write_all({{7, 8 * MiB}}, fill_pattern));
+  REQUIRE(b->commit(proto::CommitState::Paused));
+  REQUIRE(b->read_all({{7, 8 * MiB}}, check_pattern));
+  REQUIRE(b->commit(proto::CommitState::Resumed));
+  // And the zeroing pause itself completes.
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->commit(proto::CommitState::Resumed));
+  CHECK(gate.entered() == 1);  // all that while the punch stayed held
+
+  // The next pause writes data over the ranges still to be punched: its reservation is answered only
+  // once that punch has landed, so that it cannot land on the new data.
+  std::atomic<bool> returned{false};
+  Status next;
+  std::thread other([&] {
+    next = a->reserve(blobs);
+    returned = true;
+    PunchGate::notify();
+  });
+  const bool waited = gate.store_waits_before(returned);
+  CHECK(waited);
+  CHECK_FALSE(returned.load());
+  gate.release();
+  other.join();
+  REQUIRE(next);
+  REQUIRE(a->write_all(blobs, fill_pattern));
+  REQUIRE(a->commit(proto::CommitState::Paused));
+  REQUIRE(a->read_all(blobs, check_pattern));
+  CHECK(allocated() >= 16 * MiB);
+}
+
+namespace {
+
+// Holds the daemon's hash workers (Config::before_hash) until released, and counts how many it held
+// at once. Shared with the hook, which the workers may call until the daemon is gone.
+class HashGate {
+ public:
+  std::function<void()> hook() const {
+    return [st = state_] {
+      std::unique_lock lock(st->mu);
+      ++st->entered;
+      st->most = std::max(st->most, ++st->inside);
+      st->cv.notify_all();
+      st->cv.wait(lock, [&] { return st->released; });
+      --st->inside;
+    };
+  }
+  // Whether `n` hashes reached the hook (within a bound that only shows that nothing hung).
+  bool wait_entered(int n) {
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->entered >= n; });
+  }
+  int most_at_once() {
+    std::lock_guard lock(state_->mu);
+    return state_->most;
+  }
+  void release() {
+    std::lock_guard lock(state_->mu);
+    state_->released = true;
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    int entered = 0, inside = 0, most = 0;
+    bool released = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+struct ReleaseHashesAtEnd {
+  HashGate& gate;
+  ~ReleaseHashesAtEnd() { gate.release(); }
+};
+
+constexpr uint32_t kSmallChunk = 64 << 10;
+
+// Sends a WRITE of every chunk of blob 1 (chunk i from slot i) without waiting for any answer.
+// Returns the chunk of each request id.
+std::map<uint64_t, uint32_t> send_writes(ShimClient& c, uint32_t chunks) {
+  std::map<uint64_t, uint32_t> chunk_of;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    auto id = c.send(proto::Write{{.slot = i, .length = kSmallChunk, .blob = 1, .offset = uint64_t{i} * kSmallChunk}});
+    REQUIRE(id);
+    chunk_of[*id] = i;
+  }
+  return chunk_of;
+}
+
+// Takes an answer to each of those WRITEs: whether each chunk was unchanged. Each must be answered
+// exactly once, by WRITTEN.
+std::vector<int> take_answers(ShimClient& c, const std::map<uint64_t, uint32_t>& chunk_of) {
+  std::vector<int> unchanged(chunk_of.size(), -1);
+  for (std::size_t n = 0; n < chunk_of.size(); ++n) {
+    auto env = c.receive();
+    REQUIRE(env);
+    const auto* e = std::get_if<proto::ErrorReply>(&env->body);
+    INFO((e ? e->message : std::string()));
+    const auto* w = std::get_if<proto::Written>(&env->body);
+    REQUIRE(w);
+    auto it = chunk_of.find(env->request_id);
+    REQUIRE(it != chunk_of.end());
+    REQUIRE(unchanged[it->second] == -1);
+    unchanged[it->second] = w->unchanged;
+  }
+  return unchanged;
+}
+
+std::vector<int> write_all_at_once(ShimClient& c, uint32_t chunks) {
+  return take_answers(c, send_writes(c, chunks));
+}
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+}  // namespace
+
+TEST_CASE("WRITEs in flight are hashed side by side off the event loop, and answered unchanged exactly when they are") {
+  HashGate gate;
+  LocalDaemon d([&](server::Config& c) {
+    c.hash_threads = 4;
+    c.before_hash = gate.hook();
+  });
+  ReleaseHashesAtEnd release_at_end{gate};  // before the daemon stops, which waits for its workers
+  constexpr uint32_t kChunks = 64;
+  auto c = ShimClient::connect(
+      d.socket, {.job = "hashes", .staging_budget_bytes = kChunks * kSmallChunk, .chunk_bytes = kSmallChunk});
+  REQUIRE(c);
+  REQUIRE(c->welcome().slot_count == kChunks);
+  const std::vector<BlobSize> blobs = {{1, uint64_t{kChunks} * kSmallChunk}};
+  // Chunk i holds the pattern of version[i] at its offset.
+  std::vector<uint64_t> version(kChunks, 0);
+  auto fill = [&] {
+    for (uint32_t i = 0; i < kChunks; ++i) fill_pattern(version[i], uint64_t{i} * kSmallChunk, c->slot(i), kSmallChunk);
+  };
+  auto resume = [&] {
+    REQUIRE(c->commit(proto::CommitState::Paused));
+    CHECK(c->read_all(blobs, [&](uint64_t, uint64_t off, const uint8_t* src, uint32_t len) {
+      return check_pattern(version[off / kSmallChunk], off, src, len);
+    }));
+    REQUIRE(c->commit(proto::CommitState::Resumed));
+  };
+
+  // The first pause: all 64 WRITEs go out at once and four are hashed at the same time, one per
+  // worker, while the event loop serves others.
+  REQUIRE(c->reserve(blobs));
+  fill();
+  const auto first = send_writes(*c, kChunks);
+  REQUIRE(gate.wait_entered(4));
+  CHECK(gate.most_at_once() == 4);
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  auto listed = ctl->list_sessions();
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);
+  CHECK_FALSE(readable(c->fd()));  // no WRITE answered while all are held
+  gate.release();
+  CHECK(take_answers(*c, first) == std::vector<int>(kChunks, 0));  // nothing known: all written
+  CHECK(gate.most_at_once() == 4);
+  resume();
+
+  // Some chunks change: exactly the others are unchanged.
+  std::vector<int> expected(kChunks, 1);
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    if (i % 3 == 0 || i == 31 || i == 63) {
+      version[i] = 1;
+      expected[i] = 0;
+    }
+  }
+  REQUIRE(c->reserve(blobs));
+  fill();
+  CHECK(write_all_at_once(*c, kChunks) == expected);
+  resume();
+
+  // Nothing changes: all unchanged. Then everything changes: none.
+  REQUIRE(c->reserve(blobs));
+  fill();
+  CHECK(write_all_at_once(*c, kChunks) == std::vector<int>(kChunks, 1));
+  resume();
+  for (auto& v : version) v += 2;
+  REQUIRE(c->reserve(blobs));
+  fill();
+  CHECK(write_all_at_once(*c, kChunks) == std::vector<int>(kChunks, 0));
+  resume();
+}
+
+TEST_CASE("a shim that goes away while its WRITEs are being hashed leaves nothing behind, and the daemon serves on") {
+  HashGate gate;
+  LocalDaemon d([&](server::Config& c) {
+    c.hash_threads = 2;
+    c.before_hash = gate.hook();
+  });
+  ReleaseHashesAtEnd release_at_end{gate};
+  constexpr uint32_t kChunks = 8;
+  std::string dir;
+  {
+    auto c = ShimClient::connect(
+        d.socket, {.job = "gone", .staging_budget_bytes = kChunks * kSmallChunk, .chunk_bytes = kSmallChunk});
+    REQUIRE(c);
+    dir = c->welcome().rank_dir;
+    REQUIRE(c->reserve({{1, uint64_t{kChunks} * kSmallChunk}}));
+    for (uint32_t i = 0; i < kChunks; ++i)
+      REQUIRE(
+          c->send(proto::Write{{.slot = i, .length = kSmallChunk, .blob = 1, .offset = uint64_t{i} * kSmallChunk}}));
+    REQUIRE(gate.wait_entered(2));
+  }                        // gone, with its WRITEs being hashed (two) and waiting for a worker (six)
+  CHECK(fs::exists(dir));  // its staging pages are still being read: the session waits for them
+  gate.release();
+  CHECK(eventually([&] { return !fs::exists(dir); }));
+  auto next = ShimClient::connect(d.socket, small_session("next"));
+  REQUIRE(next);
+  REQUIRE(next->reserve({{1, 2 * kSmallChunk}}));
+  CHECK(next->write_all({{1, 2 * kSmallChunk}}, fill_pattern));
+  REQUIRE(next->commit(proto::CommitState::Paused));
+  CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
 }
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {

@@ -173,3 +173,20 @@ TEST_CASE("metrics-file may be empty, meaning none, where another path may not; 
   REQUIRE(p.size() == 1);
   CHECK_THAT(p[0], Contains("metrics-interval-s = 0: expected an integer from 1 to 3600 (s)"));
 }
+
+TEST_CASE("hash-threads is 0 (automatic) by default and takes 0 to 64 from the file and the command line") {
+  CHECK(DaemonOptions{}.config.hash_threads == 0);
+  DaemonOptions o;
+  REQUIRE(apply_config_text("hash-threads = 6\n", "a.conf", o).empty());
+  CHECK(o.config.hash_threads == 6);
+  const Problems p = apply_config_text("hash-threads = 65\n", "a.conf", o);
+  REQUIRE(p.size() == 1);
+  CHECK_THAT(p[0], Contains("hash-threads = 65: expected an integer from 0 to 64"));
+  CHECK(o.config.hash_threads == 6);
+  auto given = invoke({"--root", "/r", "--hash-threads", "3"});
+  CHECK_FALSE(given.invocation.exit_now);
+  CHECK(given.invocation.options.config.hash_threads == 3);
+  auto refused = invoke({"--root", "/r", "--hash-threads", "-1"});
+  CHECK(refused.invocation.exit_now == kExitUsage);
+  CHECK_THAT(refused.err, Contains("--hash-threads -1: expected an integer from 0 to 64"));
+}

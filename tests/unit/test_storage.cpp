@@ -15,11 +15,14 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "background_punch.h"
 #include "checksum_journal.h"
 #include "extent_allocator.h"
 #include "manifest.h"
+#include "punch_gate.h"
 #include "storage.h"
 #include "storage_fixtures.h"
 #include "storage_testing.h"
@@ -510,10 +513,13 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
     CHECK(offset_of(*store, 2, 0, 4 * kChunk) == off1 + 3 * kChunk + 4096);  // off2 + its old extent freed, merged
     CHECK(store->disk_bytes() == 3 * kChunk + 4096 + 4 * kChunk);
     CHECK(usage_of(data).size == store->disk_bytes());
+    // The file is cut once the space a reservation gives back is given back, off the caller's thread.
     REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, b1}}));
+    store->wait_for_punches();
     CHECK(usage_of(data).size == 3 * kChunk + 4096);
     REQUIRE(store->reserve(std::vector<proto::BlobSize>{}));
     CHECK(store->disk_bytes() == 0);
+    store->wait_for_punches();
     CHECK(usage_of(data).size == 0);
   }
   SECTION("invalid sets are refused and change nothing") {
@@ -1394,6 +1400,7 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
 
   REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, 6}}));
   CHECK(store->disk_bytes() == 2 * kChunk);
+  store->wait_for_punches();
   CHECK(allocated_bytes(data) <= full - 6 * kChunk);
   CHECK(store->missing_chunks() == 2);
   // The kept data chunks still hold their bytes; the zero ones read back as zeros from the file.
@@ -1410,6 +1417,147 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
   CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 1)));
   CHECK(chunk_is(*store, 1, 0, kChunk, 1));
   REQUIRE(store->remove());
+}
+
+// The space a reservation gives back is punched off the caller's thread (background_punch.h). A
+// store of 8 chunks that all held data, about to be reserved with every chunk zero; `full` gets the
+// bytes its file then has allocated.
+std::unique_ptr<RankStore> store_of_data(Roots& roots, const std::string& job, uint64_t& full) {
+  auto store = make_store(roots, my_identity(job, 1));
+  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  REQUIRE(store->reserve(set));
+  for (uint64_t c = 0; c < 8; ++c) write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(c + 1)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+  full = allocated_bytes(store->dir_path() + "/data");
+  REQUIRE(full >= 8 * kChunk);
+  return store;
+}
+
+TEST_CASE("a reservation returns before the space it gives back is punched, and its blocks come back after") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  uint64_t full = 0;
+  auto store = store_of_data(roots, "punchlater", full);
+  const std::string data = store->dir_path() + "/data";
+  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  const std::vector<proto::ChunkRun> all_zero{{1, 0, 8}};
+  {
+    tmsdisk::testing::PunchGate gate;
+    REQUIRE(store->reserve(set, all_zero));
+    // Returned, while the punch is held at the gate: nothing was given back on this thread.
+    REQUIRE(gate.wait_entered(1));
+    CHECK(allocated_bytes(data) >= full);
+    CHECK(store->disk_bytes() == 0);  // what the layout counts, at once
+    // The pause goes on meanwhile: nothing to write, committed, resumed.
+    CHECK(store->missing_chunks() == 0);
+    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(proto::CommitState::Resumed));
+    CHECK(allocated_bytes(data) >= full);
+    gate.release();
+    store->wait_for_punches();
+    CHECK(allocated_bytes(data) + 8 * kChunk <= full);
+
+    // The same zero set again: its ranges are holes already, nothing is punched (nor waited for).
+    const int punched = gate.entered();
+    const int waits = gate.waits();
+    REQUIRE(store->reserve(set, all_zero));
+    store->wait_for_punches();
+    CHECK(gate.entered() == punched);
+    CHECK(gate.waits() == waits);
+  }
+  // A daemon restarted may have stopped before its punches: an adopting store punches them again.
+  store.reset();
+  auto adopted = RankStore::adopt(roots, my_identity("punchlater", 1), kChunk);
+  REQUIRE(adopted);
+  tmsdisk::testing::PunchGate gate;
+  gate.release();
+  REQUIRE((*adopted)->reserve(set, all_zero));
+  (*adopted)->wait_for_punches();
+  CHECK(gate.entered() >= 1);
+  CHECK(allocated_bytes(data) + 8 * kChunk <= full);
+  REQUIRE((*adopted)->remove());
+}
+
+TEST_CASE("the next reservation waits for the punches of the one before, and its data over their ranges reads back") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  uint64_t full = 0;
+  auto store = store_of_data(roots, "punchwait", full);
+  const std::string data = store->dir_path() + "/data";
+  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  tmsdisk::testing::PunchGate gate;
+  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, 8}}));
+  REQUIRE(gate.wait_entered(1));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+
+  // The next pause makes every chunk data again, over the very ranges still to be punched: its
+  // reservation must not return before that punch has landed, or the punch would land on its writes.
+  std::atomic<bool> returned{false};
+  Status next;
+  std::thread other([&] {
+    next = store->reserve(set);
+    returned = true;
+    tmsdisk::testing::PunchGate::notify();
+  });
+  const bool waited = gate.store_waits_before(returned);
+  CHECK(waited);
+  CHECK_FALSE(returned.load());
+  gate.release();
+  other.join();
+  REQUIRE(next);
+  CHECK(allocated_bytes(data) >= 8 * kChunk);  // preallocated again after the punch
+  for (uint64_t c = 0; c < 8; ++c)
+    CHECK_FALSE(write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  store->wait_for_punches();
+  for (uint64_t c = 0; c < 8; ++c) {
+    CHECK(chunk_is(*store, 1, c * kChunk, kChunk, static_cast<uint8_t>(0x40 + c)));
+    CHECK(store->verify(1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
+  }
+  REQUIRE(store->remove());
+}
+
+TEST_CASE("removing or destroying a store stops its punches at the next piece and waits for them") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  // Three pieces to punch (BackgroundPunch::kPunchPiece each at most); no need to write them, only to
+  // have them allocated.
+  const uint64_t size = 2 * storage::detail::BackgroundPunch::kPunchPiece + 4 * kChunk;
+  const std::vector<proto::BlobSize> set{{1, size}};
+  auto store = make_store(roots, my_identity("punchstop", 1));
+  const std::string dir = store->dir_path();
+  REQUIRE(store->reserve(set));
+  tmsdisk::testing::PunchGate gate;
+  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, size / kChunk}}));
+  REQUIRE(gate.wait_entered(1));
+
+  const bool remove = GENERATE(true, false);
+  std::atomic<bool> returned{false};
+  Status removed;
+  std::thread other([&] {
+    if (remove)
+      removed = store->remove();
+    else
+      store.reset();
+    returned = true;
+    tmsdisk::testing::PunchGate::notify();
+  });
+  const bool waited = gate.store_waits_before(returned);
+  CHECK(waited);
+  CHECK_FALSE(returned.load());
+  gate.release();
+  other.join();
+  CHECK(removed);
+  CHECK(gate.entered() == 1);  // stopped after the piece it was punching: the other two never began
+  CHECK(exists(dir) != remove);
+  if (!remove) {
+    // A daemon that stopped mid-punch: its successor adopts the set, and punches the zero chunks again.
+    auto adopted = RankStore::adopt(roots, my_identity("punchstop", 1), kChunk);
+    REQUIRE(adopted);
+    REQUIRE((*adopted)->remove());
+  }
 }
 
 TEST_CASE("a set larger than the free space is reserved when its data chunks fit") {
@@ -1493,6 +1641,74 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
   REQUIRE((*adopted)->reserve(set));
   CHECK(pause_all(**adopted, 0x31) == 0);  // a restart mid-pause: nothing is provably held
   REQUIRE((*adopted)->remove());
+}
+
+TEST_CASE(
+    "a WRITE hashed elsewhere is unchanged only against what open_write found, and only if no other WRITE of the chunk "
+    "opened since") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity("settle", 1));
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  REQUIRE(store->reserve(set));
+  CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x11)));
+  CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x22)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->reserve(set));
+  // What a hash worker would do between open_write() and settle_write().
+  auto hash = [](const RankStore::WriteTicket& t, uint8_t fill) {
+    return RankStore::hash_chunk(t, filled(kChunk, fill));
+  };
+
+  // The same bytes, hashed elsewhere: unchanged, sealed at once.
+  auto a = store->open_write(1, 0, kChunk);
+  REQUIRE(a);
+  CHECK(a->held);
+  auto settled = store->settle_write(1, 0, kChunk, *a, hash(*a, 0x11));
+  REQUIRE(settled);
+  CHECK(settled->unchanged);
+  CHECK(store->expected_checksum(1, 0));
+
+  // Two WRITEs of one chunk in flight at once: neither is taken for unchanged (the second was opened
+  // while what the file holds was already in doubt; the first finds a WRITE opened after it).
+  auto b1 = store->open_write(1, kChunk, kChunk);
+  auto b2 = store->open_write(1, kChunk, kChunk);
+  REQUIRE((b1 && b2));
+  CHECK(b1->held);
+  CHECK_FALSE(b2->held);
+  CHECK_FALSE(store->expected_checksum(1, kChunk));  // unknown while they are in flight
+  auto s1 = store->settle_write(1, kChunk, kChunk, *b1, hash(*b1, 0x22));
+  auto s2 = store->settle_write(1, kChunk, kChunk, *b2, hash(*b2, 0x22));
+  REQUIRE((s1 && s2));
+  CHECK_FALSE(s1->unchanged);
+  CHECK_FALSE(s2->unchanged);
+  write_chunk(*store, 1, kChunk, kChunk, 0x22);
+  REQUIRE(store->end_write(1, kChunk, kChunk, s2->sum));
+
+  // A WRITE whose hash comes back after another WRITE of its chunk was opened and written (other
+  // bytes), and one more opened, is not taken for unchanged: the seal of the write in between does
+  // not reset the count of WRITEs opened (were it reset, the third would count as the first again).
+  auto c1 = store->open_write(1, 0, kChunk);
+  REQUIRE(c1);
+  CHECK(c1->held);
+  auto c2 = store->open_write(1, 0, kChunk);
+  REQUIRE(c2);
+  write_chunk(*store, 1, 0, kChunk, 0x33);
+  REQUIRE(store->end_write(1, 0, kChunk, hash(*c2, 0x33)));
+  auto c3 = store->open_write(1, 0, kChunk);
+  REQUIRE(c3);
+  auto late = store->settle_write(1, 0, kChunk, *c1, hash(*c1, 0x11));
+  REQUIRE(late);
+  CHECK_FALSE(late->unchanged);  // the file holds 0x33 there now
+  write_chunk(*store, 1, 0, kChunk, 0x11);
+  REQUIRE(store->end_write(1, 0, kChunk, late->sum));
+
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  CHECK(chunk_is(*store, 1, 0, kChunk, 0x11));
+  CHECK(store->verify(1, 0, filled(kChunk, 0x11)));
+  CHECK(store->verify(1, kChunk, filled(kChunk, 0x22)));
+  REQUIRE(store->remove());
 }
 
 TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next generation is written as version 2") {

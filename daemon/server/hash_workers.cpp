@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// The hash workers (hash_workers.h).
+#include "hash_workers.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <system_error>
+
+namespace tmsdisk::server {
+
+unsigned automatic_hash_threads() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cpus <= 0) cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<unsigned>(std::clamp((cpus + 1) / 2, 1, 8));
+}
+
+HashWorkers::HashWorkers(unsigned threads, std::function<void()> before_hash) : before_hash_(std::move(before_hash)) {
+  efd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!efd_) throw std::system_error(errno, std::generic_category(), "eventfd for the hash workers");
+  // Signals stay with the main thread (SIGTERM handling).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    for (unsigned i = 0; i < std::max(threads, 1u); ++i) threads_.emplace_back([this] { work(); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    stop();
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+HashWorkers::~HashWorkers() {
+  stop();
+}
+
+bool HashWorkers::submit(const Job& job) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return false;
+    queue_.push_back(job);
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void HashWorkers::finished(std::vector<Done>& out) {
+  uint64_t ignored;
+  (void)!::read(efd_.get(), &ignored, sizeof(ignored));
+  std::lock_guard lock(mu_);
+  if (out.empty()) {
+    out.swap(done_);
+  } else {
+    out.insert(out.end(), done_.begin(), done_.end());
+    done_.clear();
+  }
+}
+
+void HashWorkers::stop() noexcept {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+void HashWorkers::work() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    const Job job = queue_.front();
+    queue_.pop_front();
+    lock.unlock();
+    if (before_hash_) before_hash_();
+    const Done done{job.tag, storage::RankStore::hash_chunk(job.ticket, {job.bytes, job.length})};
+    lock.lock();
+    try {
+      done_.push_back(done);
+    } catch (...) {
+      // No memory to hand it back: its WRITE is never answered, its slot never freed, and its session
+      // stays until the daemon stops. Not reached in practice (done_ holds at most the jobs in flight,
+      // bounded by the sessions' slots); nothing better is possible without memory.
+      continue;
+    }
+    // The loop is woken once per batch: it takes all that is done when it wakes.
+    if (done_.size() == 1) {
+      const uint64_t one = 1;
+      (void)!::write(efd_.get(), &one, sizeof(one));
+    }
+  }
+}
+
+}  // namespace tmsdisk::server
