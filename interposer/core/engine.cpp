@@ -618,6 +618,8 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
   uint64_t wanted = 0;
   for (const TransferJob& j : jobs) wanted += j.chunks * uint64_t{chunk};
   if (!config().host_tier || wanted == 0 || chunk == 0) return;
+  // Memory of an earlier pause that this one resumed first: given back, then asked for anew.
+  if (host_tier_.held() && !host_tier_in_use()) give_back_host_tier();
   proto::Envelope reply;
   UniqueFd memory;
   if (Status st = exchange(proto::TierAsk{.bytes = wanted}, -1, reply, &memory); !st) {
@@ -642,13 +644,16 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
     if (slots == 0) break;
     const uint64_t all = (j.a->size + chunk - 1) / chunk;
     if (j.place.size() < all) j.place.resize(all, ChunkPlace::Disk);
-    j.host = host_tier_.base() + next * chunk;
-    j.a->host_offset = next * chunk;
+    const uint64_t first = next;
     for (uint64_t i = 0; i < all && slots > 0; ++i) {
       if (j.place[i] != ChunkPlace::Disk) continue;
       j.place[i] = ChunkPlace::Host;
       --slots;
       ++next;
+    }
+    if (next != first) {
+      j.host = host_tier_.base() + first * chunk;
+      j.a->host_offset = first * chunk;
     }
     count_disk_chunks(j, chunk);
   }
@@ -659,11 +664,15 @@ void Engine::release_host_tier_if_unused() {
   // After the operation's answer (unpinning and freeing a GiB takes a good part of a second, which
   // nobody needs to wait for), under the op lock: paused allocations' placement is read.
   std::unique_lock lock(op_lock_);
+  if (!host_tier_in_use()) give_back_host_tier();
+}
+
+bool Engine::host_tier_in_use() {
   for (const auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused &&
         std::find(a->placement.begin(), a->placement.end(), ChunkPlace::Host) != a->placement.end())
-      return;
-  give_back_host_tier();
+      return true;
+  return false;
 }
 
 void Engine::give_back_host_tier() {

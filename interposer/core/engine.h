@@ -176,6 +176,8 @@ class Engine {
   // Gives the host-tier memory back once no paused allocation keeps a chunk there. Takes the op lock:
   // called after an operation, once its answer is out.
   void release_host_tier_if_unused();
+  // Whether a paused allocation keeps chunks in the host-tier memory (op lock held).
+  bool host_tier_in_use();
   // Unmaps the host-tier memory and tells the daemon.
   void give_back_host_tier();
   // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
