@@ -775,18 +775,8 @@ TEST_CASE("a reservation that zeroes a pause's data answers before the holes are
 
   // The next pause writes data over the ranges still to be punched: its reservation is answered only
   // once that punch has landed, so that it cannot land on the new data.
-  std::atomic<bool> returned{false};
   Status next;
-  std::thread other([&] {
-    next = a->reserve(blobs);
-    returned = true;
-    PunchGate::notify();
-  });
-  const bool waited = gate.store_waits_before(returned);
-  CHECK(waited);
-  CHECK_FALSE(returned.load());
-  gate.release();
-  other.join();
+  CHECK(gate.waits_for_punches([&] { next = a->reserve(blobs); }));
   REQUIRE(next);
   REQUIRE(a->write_all(blobs, fill_pattern));
   REQUIRE(a->commit(proto::CommitState::Paused));

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 #include "storage_testing.h"
 
@@ -69,6 +71,21 @@ class PunchGate {
     std::unique_lock lock(mu());
     cv().wait_for(lock, kHang, [&] { return state().waits > 0 || done.load(); });
     return state().waits > 0 && !done.load();
+  }
+  // Runs `action` on another thread while punches are held and tells whether it waited for them (it
+  // began to wait, and had not finished, before they were let through); then lets them through and
+  // joins the thread.
+  bool waits_for_punches(const std::function<void()>& action) {
+    std::atomic<bool> done{false};
+    std::thread other([&] {
+      action();
+      done = true;
+      notify();
+    });
+    const bool waited = store_waits_before(done) && !done.load();
+    release();
+    other.join();
+    return waited;
   }
   // Wakes store_waits_before() (call after setting its flag).
   static void notify() {

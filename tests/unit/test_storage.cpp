@@ -1494,18 +1494,8 @@ TEST_CASE("the next reservation waits for the punches of the one before, and its
 
   // The next pause makes every chunk data again, over the very ranges still to be punched: its
   // reservation must not return before that punch has landed, or the punch would land on its writes.
-  std::atomic<bool> returned{false};
   Status next;
-  std::thread other([&] {
-    next = store->reserve(set);
-    returned = true;
-    tmsdisk::testing::PunchGate::notify();
-  });
-  const bool waited = gate.store_waits_before(returned);
-  CHECK(waited);
-  CHECK_FALSE(returned.load());
-  gate.release();
-  other.join();
+  CHECK(gate.waits_for_punches([&] { next = store->reserve(set); }));
   REQUIRE(next);
   CHECK(allocated_bytes(data) >= 8 * kChunk);  // preallocated again after the punch
   for (uint64_t c = 0; c < 8; ++c)
@@ -1534,21 +1524,13 @@ TEST_CASE("removing or destroying a store stops its punches at the next piece an
   REQUIRE(gate.wait_entered(1));
 
   const bool remove = GENERATE(true, false);
-  std::atomic<bool> returned{false};
   Status removed;
-  std::thread other([&] {
+  CHECK(gate.waits_for_punches([&] {
     if (remove)
       removed = store->remove();
     else
       store.reset();
-    returned = true;
-    tmsdisk::testing::PunchGate::notify();
-  });
-  const bool waited = gate.store_waits_before(returned);
-  CHECK(waited);
-  CHECK_FALSE(returned.load());
-  gate.release();
-  other.join();
+  }));
   CHECK(removed);
   CHECK(gate.entered() == 1);  // stopped after the piece it was punching: the other two never began
   CHECK(exists(dir) != remove);
