@@ -601,21 +601,22 @@ struct LocalDaemon {
   server::Server& server() { return *daemon->srv; }
 };
 
-// Holds the staging buffers of HELLOs of one job in the slow path (Config::before_staging) until
-// released. Shared with the hook, which the daemon's workers may call until the daemon is gone.
-class StagingGate {
+// Holds the daemon's workers that reach a test hook (Config::before_staging, Config::before_hash)
+// until released, and counts them: how many came, and how many it held at once. Shared with the
+// hooks, which the workers may call until the daemon is gone.
+class HoldGate {
  public:
-  explicit StagingGate(std::string job) { state_->job = std::move(job); }
-  std::function<void(const std::string&)> hook() const {
-    return [st = state_](const std::string& job) {
-      if (job != st->job) return;
-      std::unique_lock lock(st->mu);
-      ++st->entered;
-      st->cv.notify_all();
-      st->cv.wait(lock, [&] { return st->released; });
+  // A before_hash hook: holds every caller.
+  std::function<void()> hook() const {
+    return [st = state_] { hold(*st); };
+  }
+  // A before_staging hook: holds the staging buffers of the HELLOs of `job` only, in the slow path.
+  std::function<void(const std::string&)> staging_hook(std::string job) const {
+    return [st = state_, job = std::move(job)](const std::string& of) {
+      if (of == job) hold(*st);
     };
   }
-  // Whether `n` builds reached the hook (within a bound that only shows that nothing hung).
+  // Whether `n` callers reached the hook (within a bound that only shows that nothing hung).
   bool wait_entered(int n) {
     std::unique_lock lock(state_->mu);
     return state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->entered >= n; });
@@ -623,6 +624,10 @@ class StagingGate {
   bool holding() {
     std::lock_guard lock(state_->mu);
     return state_->entered > 0 && !state_->released;
+  }
+  int most_at_once() {
+    std::lock_guard lock(state_->mu);
+    return state_->most;
   }
   void release() {
     std::lock_guard lock(state_->mu);
@@ -634,16 +639,23 @@ class StagingGate {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    std::string job;
-    int entered = 0;
+    int entered = 0, inside = 0, most = 0;
     bool released = false;
   };
+  static void hold(State& st) {
+    std::unique_lock lock(st.mu);
+    ++st.entered;
+    st.most = std::max(st.most, ++st.inside);
+    st.cv.notify_all();
+    st.cv.wait(lock, [&] { return st.released; });
+    --st.inside;
+  }
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // Releases the gate when a test ends, however it ends: the daemon waits for its workers when it stops.
 struct ReleaseAtEnd {
-  StagingGate& gate;
+  HoldGate& gate;
   ~ReleaseAtEnd() { gate.release(); }
 };
 
@@ -669,9 +681,9 @@ bool hung_up(int sock) {
 }  // namespace
 
 TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile (issue 11)") {
-  StagingGate gate("held");
+  HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
-    c.before_staging = gate.hook();
+    c.before_staging = gate.staging_hook("held");
     c.max_total_staging_mb = 48;  // the held HELLO's 32 MiB and another's 8, with no room for 32 more
   });
   std::future<Result<ShimClient>> held;
@@ -712,9 +724,9 @@ TEST_CASE("a HELLO whose staging buffer is being built holds up no other client 
 }
 
 TEST_CASE("a client that leaves while its staging buffer is built gives its charge back at once (issue 11)") {
-  StagingGate gate("gone");
+  HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
-    c.before_staging = gate.hook();
+    c.before_staging = gate.staging_hook("gone");
     c.max_total_staging_mb = 48;  // room for one 32 MiB session
   });
   ReleaseAtEnd release_at_end{gate};
@@ -786,50 +798,6 @@ TEST_CASE("a reservation that zeroes a pause's data answers before the holes are
 
 namespace {
 
-// Holds the daemon's hash workers (Config::before_hash) until released, and counts how many it held
-// at once. Shared with the hook, which the workers may call until the daemon is gone.
-class HashGate {
- public:
-  std::function<void()> hook() const {
-    return [st = state_] {
-      std::unique_lock lock(st->mu);
-      ++st->entered;
-      st->most = std::max(st->most, ++st->inside);
-      st->cv.notify_all();
-      st->cv.wait(lock, [&] { return st->released; });
-      --st->inside;
-    };
-  }
-  // Whether `n` hashes reached the hook (within a bound that only shows that nothing hung).
-  bool wait_entered(int n) {
-    std::unique_lock lock(state_->mu);
-    return state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->entered >= n; });
-  }
-  int most_at_once() {
-    std::lock_guard lock(state_->mu);
-    return state_->most;
-  }
-  void release() {
-    std::lock_guard lock(state_->mu);
-    state_->released = true;
-    state_->cv.notify_all();
-  }
-
- private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    int entered = 0, inside = 0, most = 0;
-    bool released = false;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
-
-struct ReleaseHashesAtEnd {
-  HashGate& gate;
-  ~ReleaseHashesAtEnd() { gate.release(); }
-};
-
 constexpr uint32_t kSmallChunk = 64 << 10;
 
 // Sends a WRITE of every chunk of blob 1 (chunk i from slot i) without waiting for any answer.
@@ -875,12 +843,12 @@ bool readable(int fd) {
 }  // namespace
 
 TEST_CASE("WRITEs in flight are hashed side by side off the event loop, and answered unchanged exactly when they are") {
-  HashGate gate;
+  HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
     c.hash_threads = 4;
     c.before_hash = gate.hook();
   });
-  ReleaseHashesAtEnd release_at_end{gate};  // before the daemon stops, which waits for its workers
+  ReleaseAtEnd release_at_end{gate};  // before the daemon stops, which waits for its workers
   constexpr uint32_t kChunks = 64;
   auto c = ShimClient::connect(
       d.socket, {.job = "hashes", .staging_budget_bytes = kChunks * kSmallChunk, .chunk_bytes = kSmallChunk});
@@ -944,12 +912,12 @@ TEST_CASE("WRITEs in flight are hashed side by side off the event loop, and answ
 }
 
 TEST_CASE("a shim that goes away while its WRITEs are being hashed leaves nothing behind, and the daemon serves on") {
-  HashGate gate;
+  HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
     c.hash_threads = 2;
     c.before_hash = gate.hook();
   });
-  ReleaseHashesAtEnd release_at_end{gate};
+  ReleaseAtEnd release_at_end{gate};
   constexpr uint32_t kChunks = 8;
   std::string dir;
   {
@@ -1289,8 +1257,8 @@ TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent ran
 }
 
 TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it and asks that rank too (issue 11)") {
-  StagingGate gate("late");
-  LocalDaemon d([&](server::Config& c) { c.before_staging = gate.hook(); });
+  HoldGate gate;
+  LocalDaemon d([&](server::Config& c) { c.before_staging = gate.staging_hook("late"); });
   std::future<Result<ShimClient>> late;
   ReleaseAtEnd release_at_end{gate};
   late = std::async(std::launch::async, [&] {
