@@ -2,13 +2,16 @@
 // tmsdisk-session-bench: the daemon's write/read path through a session, beside the raw O_DIRECT
 // ceiling of the same directory measured in the same run, and the host memory it took.
 //
-//   tmsdisk-session-bench DIR [--gib 8] [--staging-budget-mb 256] [--chunk-mb 8] [--json]
+//   tmsdisk-session-bench DIR [--gib 8] [--staging-budget-mb 256] [--chunk-mb 8] [--unchanged 2] [--json]
 //
 // Raw and session passes alternate (--repeat); each direction compares best with best.
 // The client plays the shim: it fills its staging slots once (the benchmark measures the disk path,
 // not pattern generation), reserves one blob, and streams it through every slot to the daemon, then
 // reads it back (the daemon verifies every chunk's checksum). Write time includes the commit's
-// fdatasync, as the raw ceiling's includes one.
+// fdatasync, as the raw ceiling's includes one. Each pass changes every chunk (it stamps its number
+// into every slot), so that its chunks are written: the daemon writes no chunk whose bytes its file
+// already holds (issue 9). Then --unchanged pauses of the same bytes measure that path: every chunk
+// hashed by the daemon, none written.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   uint32_t chunk_mb = 8;
   bool as_json = false;
   unsigned repeat = 3;
+  unsigned unchanged_passes = 2;
   CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
   app.add_option("dir", dir, "directory on the disk to measure (becomes the daemon's root)")
       ->required()
@@ -60,6 +64,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", repeat, "session passes, each preceded by a raw pass (plus one raw pass at the end)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
+  app.add_option("--unchanged", unchanged_passes,
+                 "pauses of the same bytes after the last pass, each chunk unchanged (hashed, not written)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
   const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{chunk_mb} << 20) - 1);
@@ -97,34 +105,54 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "session: %s\n", client.error().describe().c_str());
     return 1;
   }
+  // Every slot holds the same bytes, so that a chunk's bytes do not depend on the slot it went
+  // through: whether the daemon finds it unchanged does not depend on the order of its answers.
   for (uint32_t s = 0; s < client->welcome().slot_count; ++s)
-    testing::fill_pattern(s, 0, client->slot(s), client->welcome().chunk_bytes);
+    testing::fill_pattern(0, 0, client->slot(s), client->welcome().chunk_bytes);
   const std::vector<proto::BlobSize> blobs = {{1, bytes}};
+  // One pause of the blob: reserve, every chunk through the slots, commit. Its bytes per second, or 0
+  // (said on stderr).
+  auto pause = [&]() -> double {
+    if (auto st = client->reserve(blobs); !st) {
+      std::fprintf(stderr, "reserve: %s\n", st.error().describe().c_str());
+      return 0;
+    }
+    const auto t0 = Clock::now();
+    auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
+    auto c = w ? client->commit(proto::CommitState::Paused) : Status(w.error());
+    const double rate = static_cast<double>(bytes) / seconds_since(t0);
+    if (c) return rate;
+    std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
+    return 0;
+  };
 
   // Raw and session passes alternate (raw, session, raw, ..., raw) so that a drifting disk affects
   // both alike; each direction compares the best session pass with the best raw pass.
   std::vector<double> session_w, session_r;
   for (unsigned i = 0; i < repeat; ++i) {
     if (!raw_pass()) return 1;
-    if (auto st = client->reserve(blobs); !st) {
-      std::fprintf(stderr, "reserve: %s\n", st.error().describe().c_str());
-      return 1;
-    }
+    const uint64_t stamp = i + 1;
+    for (uint32_t s = 0; s < client->welcome().slot_count; ++s) std::memcpy(client->slot(s), &stamp, sizeof stamp);
+    session_w.push_back(pause());
+    if (session_w.back() == 0) return 1;
     auto t0 = Clock::now();
-    auto w = client->write_all(blobs, [](uint64_t, uint64_t, uint8_t*, uint32_t) {});
-    auto c = w ? client->commit(proto::CommitState::Paused) : Status(w.error());
-    session_w.push_back(static_cast<double>(bytes) / seconds_since(t0));
-    if (!c) {
-      std::fprintf(stderr, "session write: %s\n", c.error().describe().c_str());
-      return 1;
-    }
-    t0 = Clock::now();
     auto r = client->read_all(blobs, [](uint64_t, uint64_t, const uint8_t*, uint32_t) { return true; });
     session_r.push_back(static_cast<double>(bytes) / seconds_since(t0));
     if (!r) {
       std::fprintf(stderr, "session read: %s\n", r.error().describe().c_str());
       return 1;
     }
+    if (auto st = client->commit(proto::CommitState::Resumed); !st) {
+      std::fprintf(stderr, "commit: %s\n", st.error().describe().c_str());
+      return 1;
+    }
+  }
+  // The same bytes again: what a pause of memory that did not change costs (the daemon hashes every
+  // chunk and writes none). No raw pass between them: they do not touch the disk's data.
+  std::vector<double> session_u;
+  for (unsigned i = 0; i < unchanged_passes; ++i) {
+    session_u.push_back(pause());
+    if (session_u.back() == 0) return 1;
     if (auto st = client->commit(proto::CommitState::Resumed); !st) {
       std::fprintf(stderr, "commit: %s\n", st.error().describe().c_str());
       return 1;
@@ -149,6 +177,10 @@ int main(int argc, char** argv) {
   nlohmann::json session_passes = nlohmann::json::array();
   for (unsigned i = 0; i < repeat; ++i)
     session_passes.push_back({{"write_gb_s", session_w[i] / 1e9}, {"read_gb_s", session_r[i] / 1e9}});
+  // The unchanged pauses beside the best written one: what not writing saves, in wall time.
+  const double su = session_u.empty() ? 0 : *std::max_element(session_u.begin(), session_u.end());
+  nlohmann::json unchanged_passes_json = nlohmann::json::array();
+  for (double u : session_u) unchanged_passes_json.push_back(u / 1e9);
   const auto& raw = raws.front();
   nlohmann::json out = {{"dir", dir},
                         {"bytes", bytes},
@@ -162,7 +194,8 @@ int main(int argc, char** argv) {
                           {"io_uring", raw.io_uring},
                           {"notes", raw.notes}}},
                         {"session", {{"write_gb_s", sw / 1e9}, {"read_gb_s", sr / 1e9}, {"passes", session_passes}}},
-                        {"ratio", {{"write", sw / raw_w}, {"read", sr / raw_r}}},
+                        {"unchanged", {{"pause_gb_s", su / 1e9}, {"passes", unchanged_passes_json}}},
+                        {"ratio", {{"write", sw / raw_w}, {"read", sr / raw_r}, {"unchanged_over_write", su / sw}}},
                         {"memory",
                          {{"daemon_peak_rss", daemon_rss},
                           {"client_peak_rss", client_rss},
@@ -182,6 +215,12 @@ int main(int argc, char** argv) {
   std::printf("\n                     %10s %10s %8s   (best pass of each)\n", "raw GB/s", "session", "ratio");
   std::printf("write                %10.3f %10.3f %8.3f\n", raw_w / 1e9, sw / 1e9, sw / raw_w);
   std::printf("read                 %10.3f %10.3f %8.3f\n", raw_r / 1e9, sr / 1e9, sr / raw_r);
+  if (!session_u.empty()) {
+    std::printf("unchanged pauses    ");
+    for (double u : session_u) std::printf(" %.3f |", u / 1e9);
+    std::printf("\nunchanged pause      %10s %10.3f %8.3f   (best; ratio: over the best written pause)\n", "", su / 1e9,
+                su / sw);
+  }
   std::printf("daemon peak RSS      %.1f MiB = %.2f x the staging budget\n",
               static_cast<double>(daemon_rss) / (1 << 20),
               static_cast<double>(daemon_rss) / static_cast<double>(budget));

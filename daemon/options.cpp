@@ -190,7 +190,7 @@ constexpr Setting kSettings[] = {
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.hash_threads; },
      .help = "threads that hash the chunks of WRITEs (XXH3-128) to find those unchanged since the last pause, "
-             "side by side (0: one per two CPUs the daemon may run on, at most 8)",
+             "side by side (0: one per two CPUs the daemon may run on, at least 2, at most 8)",
      .min = 0,
      .max = 64},
     {.name = "metrics-file",

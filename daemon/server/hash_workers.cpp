@@ -18,7 +18,7 @@ unsigned automatic_hash_threads() noexcept {
   CPU_ZERO(&set);
   int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cpus <= 0) cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return static_cast<unsigned>(std::clamp((cpus + 1) / 2, 1, 8));
+  return static_cast<unsigned>(std::clamp(cpus / 2, 2, 8));
 }
 
 HashWorkers::HashWorkers(unsigned threads, std::function<void()> before_hash) : before_hash_(std::move(before_hash)) {

@@ -222,7 +222,7 @@ struct Server::Impl {
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
                                        config.before_hash);
     spdlog::info("hashing WRITEs' chunks on {} thread(s){}", chunks->hash_threads(),
-                 config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, at most 8)");
+                 config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
     router = std::make_unique<ControlRouter>(
         *sessions,
         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
