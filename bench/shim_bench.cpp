@@ -81,15 +81,20 @@ CUresult fill_pattern(std::vector<CUdeviceptr>& mem, int pass = 0) {
   return cuCtxSynchronize();
 }
 
-CUresult verify_pattern(const std::vector<CUdeviceptr>& mem, bool* intact, int pass = 0) {
+// `passes[i]`: the pass whose value piece i holds.
+CUresult verify_pieces(const std::vector<CUdeviceptr>& mem, bool* intact, const std::vector<int>& passes) {
   std::vector<uint32_t> check(kPiece / 4 / 16);
   for (size_t i = 0; i < mem.size() && *intact; ++i) {
     for (size_t off = 0; off < kPiece && *intact; off += check.size() * 4) {
       if (CUresult r = cuMemcpyDtoH(check.data(), mem[i] + off, check.size() * 4); r != CUDA_SUCCESS) return r;
-      for (uint32_t w : check) *intact &= w == word(i, pass);
+      for (uint32_t w : check) *intact &= w == word(i, passes[i]);
     }
   }
   return CUDA_SUCCESS;
+}
+
+CUresult verify_pattern(const std::vector<CUdeviceptr>& mem, bool* intact, int pass = 0) {
+  return verify_pieces(mem, intact, std::vector<int>(mem.size(), pass));
 }
 
 // The naive engine: what moving device memory to disk and back looks like without tmsdisk.
@@ -253,6 +258,26 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     out["unchanged_pause_gb_s"] = bytes / seconds_since(t) / 1e9;
     if (resume() != 0) return json{{"error", "tmsdisk_resume (unchanged) failed"}};
     CHECK_CU(verify_pattern(mem, &intact, repeat - 1));
+    // Part of it changed since the last pause (a LoRA run's adapters and optimizer state over a frozen
+    // base): half of the pieces, then one piece (with 16 of them, 15/16 unchanged).
+    std::vector<int> holds(count, repeat - 1);
+    int pass = repeat;
+    for (const auto& [key, changed] :
+         {std::pair{"half_changed", count / 2}, std::pair{"one_piece_changed", size_t{1}}}) {
+      if (changed == 0 || !intact) continue;
+      for (size_t i = 0; i < changed; ++i) {
+        CHECK_CU(cuMemsetD32(mem[i], word(i, pass), kPiece / 4));
+        holds[i] = pass;
+      }
+      CHECK_CU(cuCtxSynchronize());
+      t = Clock::now();
+      if (pause() != 0) return json{{"error", std::string("tmsdisk_pause (") + key + ") failed"}};
+      out[std::string(key) + "_pause_gb_s"] = bytes / seconds_since(t) / 1e9;
+      out[std::string(key) + "_fraction"] = static_cast<double>(changed) / static_cast<double>(count);
+      if (resume() != 0) return json{{"error", std::string("tmsdisk_resume (") + key + ") failed"}};
+      CHECK_CU(verify_pieces(mem, &intact, holds));
+      ++pass;
+    }
     for (CUdeviceptr p : mem) {
       CHECK_CU(cuMemsetD32(p, 0, kPiece / 4));
       CHECK_CU(cuMemsetD32(p, 0xC0DEu, 4096 / 4));
@@ -425,6 +450,10 @@ int main(int argc, char** argv) {
   // zero, over the pause of memory that all changed.
   if (shimmed.contains("unchanged_pause_gb_s")) {
     out["ratios"]["unchanged_pause_over_pause"] = shimmed["unchanged_pause_gb_s"].get<double>() / pw;
+    for (const char* key : {"half_changed", "one_piece_changed"})
+      if (shimmed.contains(std::string(key) + "_pause_gb_s"))
+        out["ratios"][std::string(key) + "_pause_over_pause"] =
+            shimmed[std::string(key) + "_pause_gb_s"].get<double>() / pw;
     out["ratios"]["mostly_zero_pause_over_pause"] = shimmed["mostly_zero_pause_gb_s"].get<double>() / pw;
     out["ratios"]["mostly_zero_resume_over_resume"] = shimmed["mostly_zero_resume_gb_s"].get<double>() / rr;
   }
@@ -452,6 +481,17 @@ int main(int argc, char** argv) {
                 plain["naive_intact"].get<bool>() ? "intact" : "CORRUPTED",
                 out["ratios"]["pause_over_naive_save"].get<double>(),
                 out["ratios"]["resume_over_naive_restore"].get<double>());
+  if (shimmed.contains("unchanged_pause_gb_s")) {
+    std::printf("unchanged pause      %.3f GB/s: x%.2f the pause above\n",
+                shimmed["unchanged_pause_gb_s"].get<double>(),
+                out["ratios"]["unchanged_pause_over_pause"].get<double>());
+    for (const char* key : {"half_changed", "one_piece_changed"})
+      if (shimmed.contains(std::string(key) + "_pause_gb_s"))
+        std::printf("  %.0f%% changed       %.3f GB/s: x%.2f the pause above\n",
+                    shimmed[std::string(key) + "_fraction"].get<double>() * 100,
+                    shimmed[std::string(key) + "_pause_gb_s"].get<double>(),
+                    out["ratios"][std::string(key) + "_pause_over_pause"].get<double>());
+  }
   std::printf("pinned copies        D2H %.1f GB/s, H2D %.1f GB/s (without shim)\n", plain["d2h_gb_s"].get<double>(),
               plain["h2d_gb_s"].get<double>());
   std::printf("freed by the pause   %.2f GiB of %.2f GiB paused; data %s\n",

@@ -151,6 +151,12 @@ constexpr Setting kSettings[] = {
      .min = 0,
      .max = kMaxLimitMiB,
      .unit = "MiB"},
+    {.name = "host-tier-keep",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.host_tier_keep; },
+     .help = "a rank that resumed keeps its host-tier memory, mapped and pinned, for its next pause, which then "
+             "only copies (default on; making and pinning memory takes seconds per few GiB). It still counts "
+             "against host-tier-mb and is taken back when another rank's pause needs it or the node runs short "
+             "of memory (--host-tier-keep=false: every resume gives it back)"},
     {.name = "chunk-mb",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.chunk_mb; },

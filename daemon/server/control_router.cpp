@@ -33,8 +33,8 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
   // Orphans too: they hold files and count against max-sessions-per-uid, so the user must see them.
   // Only a session whose shim just went, waiting for its I/O before it closes or turns orphan, is left out.
   out.host_tier_budget_bytes = host_tier_budget_;
+  out.host_tier_used_bytes = sessions_.host_tier_used();
   for (auto& [id, s] : sessions_.all()) {
-    out.host_tier_used_bytes += s.host_tier_bytes + s.host_tier_pending;
     if (may_act_on(uid, s) && (s.conn_id != 0 || s.orphan)) visible.push_back(&s);
   }
   out.total = static_cast<uint32_t>(visible.size());
@@ -53,6 +53,7 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.orphaned = s.orphan ? 1 : 0;
     info.orphaned_unix_ms = s.orphan ? s.orphaned_unix_ms : 0;
     info.host_tier_bytes = s.host_tier_bytes;
+    info.host_tier_kept = s.host_tier_kept && s.host_tier_bytes ? 1 : 0;
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;

@@ -149,12 +149,13 @@ std::string_view name_of(FailureCause cause) noexcept {
 MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget) {
   MetricsSnapshot now;
   now.host_tier_budget_bytes = host_tier_budget;
+  now.host_tier_used_bytes = sessions.host_tier_used();
   std::vector<uint64_t> disk(roots.size(), 0);
   for (const auto& [id, s] : sessions.all()) {
     if (s.conn_id != 0) ++now.sessions_connected;
     if (s.orphan) ++now.sessions_orphaned;
     if (s.staging) now.staging_bytes += s.staging->bytes();
-    now.host_tier_used_bytes += s.host_tier_bytes + s.host_tier_pending;
+    if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier_bytes;
     if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
   }
@@ -295,9 +296,11 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
     out.sample("tmsdisk_disk_bytes", std::vector<Label>{{"root", root}}, bytes);
 
   out.family("tmsdisk_host_tier_bytes", "gauge",
-             "The node's host-memory tier: its budget (host-tier-mb) and what ranks hold of it now.");
+             "The node's host-memory tier: its budget (host-tier-mb), what ranks hold of it now, and the part of "
+             "that ranks kept after resuming, for their next pause.");
   out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "budget"}}, now.host_tier_budget_bytes);
   out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "used"}}, now.host_tier_used_bytes);
+  out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "kept"}}, now.host_tier_kept_bytes);
   return out.text();
 }
 

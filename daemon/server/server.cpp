@@ -36,6 +36,7 @@
 #include "session_table.h"
 #include "staging_workers.h"
 #include "storage.h"
+#include "tier_broker.h"
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
@@ -122,6 +123,7 @@ struct Server::Impl {
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<ChunkIo> chunks;
   std::unique_ptr<ControlRouter> router;
+  std::unique_ptr<TierBroker> tier;
   std::unique_ptr<MetricsExporter> metrics;
 
   explicit Impl(Config c) : config(std::move(c)) {}
@@ -229,6 +231,10 @@ struct Server::Impl {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
         },
         config.host_tier_mb * kMiB);
+    tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_mb * kMiB, config.host_tier_keep,
+                                        [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
+                                          if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
+                                        });
 
     if (auto s = take_lock(); !s) return s;
     // After the lock: a second daemon refused here must not overwrite (or remove) the first one's file.
@@ -598,7 +604,8 @@ struct Server::Impl {
                         std::is_same_v<T, proto::Read> || std::is_same_v<T, proto::Commit> ||
                         std::is_same_v<T, proto::PauseState> || std::is_same_v<T, proto::Report> ||
                         std::is_same_v<T, proto::CommandDone> || std::is_same_v<T, proto::Progress> ||
-                        std::is_same_v<T, proto::TierAsk> || std::is_same_v<T, proto::TierRelease>) {
+                        std::is_same_v<T, proto::TierAsk> || std::is_same_v<T, proto::TierRelease> ||
+                        std::is_same_v<T, proto::TierKeep>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::TierAdopt>) {
@@ -699,7 +706,7 @@ struct Server::Impl {
   void on_staging_done() {
     auto done = staging->finished();
     for (int slot : done.emptied_slots) engine->release_buffer_slot(slot);
-    for (auto& t : done.tiers) on_tier_built(t);
+    for (auto& t : done.tiers) tier->built(t);
     for (auto& b : done.built) {
       Connection* c = conn(b.conn_id);
       const bool awaited = c && c->hello_pending;
@@ -783,71 +790,19 @@ struct Server::Impl {
   // ----------------------------------------------------------------------------------------------
   // Host-memory tier (host_tier.h)
 
-  uint64_t host_tier_used() {
-    uint64_t used = 0;
-    for (const auto& [id, s] : sessions->all()) used += s.host_tier_bytes + s.host_tier_pending;
-    return used;
-  }
-
-  void on_shim(Connection& c, uint64_t rid, proto::TierAsk& m) {
-    Session& s = session_of(c);
-    if (s.host_tier_bytes || s.host_tier_pending)
-      return send_error(c, rid, EBUSY, "this rank already holds host-tier memory: release it (TIER_RELEASE) first");
-    const uint64_t budget = config.host_tier_mb * kMiB;
-    const uint64_t used = host_tier_used();
-    const SpareMemory spare = budget ? spare_memory() : SpareMemory{};
-    TierPlan plan = plan_grant(m.bytes, s.staging->chunk_bytes(), budget, used, sessions->all().size(), spare);
-    if (budget && !plan.note.empty())
-      spdlog::info("session {}: host tier: {} of the {} asked for: {}", s.id, human_bytes(plan.bytes),
-                   human_bytes(m.bytes), plan.note);
-    if (plan.bytes == 0) return send(c, rid, proto::TierGrant{.bytes = 0, .note = proto::wire_text(plan.note)});
-    try {
-      staging->build_tier(s.id, c.id, rid, plan.bytes, std::move(plan.note));
-      s.host_tier_pending = plan.bytes;
-    } catch (const std::bad_alloc&) {
-      send(c, rid, proto::TierGrant{.bytes = 0, .note = "tmsdiskd is out of memory"});
-    }
-  }
-
-  // A grant's memory is made: handed to the rank, or dropped (freed) when the rank went meanwhile.
-  void on_tier_built(StagingWorkers::TierBuilt& t) {
-    Session* s = sessions->find(t.session_id);
-    if (s) s->host_tier_pending = 0;
-    Connection* c = conn(t.conn_id);
-    if (!s || !c || s->conn_id != t.conn_id) return;
-    if (!t.memory) {
-      spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
-                   human_bytes(t.bytes), t.error.describe());
-      return send(
-          *c, t.request_id,
-          proto::TierGrant{.bytes = 0,
-                           .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())});
-    }
-    s->host_tier_bytes = t.bytes;
-    spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
-                 human_bytes(t.bytes), t.seconds, human_bytes(host_tier_used()),
-                 human_bytes(config.host_tier_mb * kMiB));
-    send(*c, t.request_id, proto::TierGrant{.bytes = t.bytes, .note = proto::wire_text(t.note)}, t.memory.get());
-  }
-
+  void on_shim(Connection& c, uint64_t rid, proto::TierAsk& m) { tier->ask(session_of(c), rid, m.bytes); }
   void on_shim(Connection& c, uint64_t rid, proto::TierRelease&) {
-    Session& s = session_of(c);
-    if (s.host_tier_bytes)
-      spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier_bytes));
-    s.host_tier_bytes = 0;
+    tier->release(session_of(c));
     send(c, rid, proto::OkReply{});
   }
+  void on_shim(Connection& c, uint64_t, proto::TierKeep&) { tier->keep(session_of(c)); }
 
-  // A rank kept host-tier memory across a daemon restart: it counts against the budget again, even
-  // past it (the bytes are the rank's either way; new grants wait until it is released).
+  // A rank kept host-tier memory holding paused chunks across a daemon restart: it counts against the
+  // budget again, even past it (the bytes are the rank's either way; new grants wait until it is released).
   void on_tier_adopt(Connection& c, uint64_t rid, UniqueFd& fd) {
-    Session& s = session_of(c);
     if (!fd) return send_error(c, rid, EINVAL, "TIER_ADOPT without the host-tier memory's descriptor");
-    auto bytes = tier_memory_bytes(fd.get());
-    if (!bytes) return send_error(c, rid, bytes.error().errnum(), bytes.error().describe());
-    s.host_tier_bytes = *bytes;
-    spdlog::info("session {}: pid {} holds {} of host-tier memory from before; counted against the budget", s.id,
-                 s.cred.pid, human_bytes(*bytes));
+    if (Status st = tier->adopt(session_of(c), fd.get()); !st)
+      return send_error(c, rid, st.error().errnum(), st.error().describe());
     send(c, rid, proto::OkReply{});
   }
   void on_shim(Connection& c, uint64_t rid, proto::Progress& m) { router->progress(session_of(c), rid, m); }
@@ -963,6 +918,7 @@ struct Server::Impl {
     while (!stopping) {
       engine->submit();
       int timeout = router->expire();
+      if (const int t = tier->expire(); t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
       const int hello = expire_silent_connections();
       if (hello >= 0 && (timeout < 0 || hello < timeout)) timeout = hello;
       const int idle = idle_exit_timeout();
@@ -986,6 +942,7 @@ struct Server::Impl {
             uint64_t ticks;
             (void)!::read(sweep_fd.get(), &ticks, sizeof(ticks));
             sweep();
+            tier->check_memory();
             break;
           }
           default: {

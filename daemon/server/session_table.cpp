@@ -23,6 +23,12 @@ constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 }  // namespace
 
+uint64_t SessionTable::host_tier_used() const noexcept {
+  uint64_t used = 0;
+  for (const auto& [id, s] : sessions_) used += s.host_tier_bytes + s.host_tier_pending;
+  return used;
+}
+
 uint64_t random_token() {
   uint64_t t = 0;
   while (t == 0)

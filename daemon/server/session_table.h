@@ -56,6 +56,10 @@ struct Session {
   // being made for it (host_tier.h): both count against the node's budget until the session ends.
   uint64_t host_tier_bytes = 0;
   uint64_t host_tier_pending = 0;
+  // That memory holds nothing now: the rank resumed and keeps it for its next pause (TIER_KEEP); and
+  // the daemon asked for it back (TIER_RECLAIM) for another rank's pause (tier_broker.h).
+  bool host_tier_kept = false;
+  bool host_tier_reclaimed = false;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };
@@ -101,6 +105,10 @@ class SessionTable {
 
   Session* find(uint64_t id);
   std::map<uint64_t, Session>& all() noexcept { return sessions_; }
+  const std::map<uint64_t, Session>& all() const noexcept { return sessions_; }
+  // Host-tier memory the sessions hold (in use or kept) and that is being made for them: what counts
+  // against the node's budget (tier_broker.h).
+  uint64_t host_tier_used() const noexcept;
   // No session, and none being opened.
   bool empty() const noexcept { return sessions_.empty() && openings_.empty(); }
   bool had_session() const noexcept { return had_session_; }

@@ -267,6 +267,7 @@ void Engine::control_loop() {
       serve_requests();
     }
     if (n > 0 && session_.connected() && fds[1].revents) serve_socket();
+    if (host_tier_reclaimed_) settle_host_tier();  // another rank's pause waits for the memory this one kept
     if (session_.connected() && registry().version() != reported_version_ &&
         now_ms() - last_report_ms_ >= kReportIntervalMs)
       send_report();
@@ -319,7 +320,7 @@ void Engine::serve_requests() {
       busy_ = false;
     }
     cv_.notify_all();
-    release_host_tier_if_unused();
+    settle_host_tier();
   }
 }
 
@@ -362,7 +363,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.outcome = static_cast<uint8_t>(r.outcome);
   done.skipped = r.skipped;
   if (session_.connected()) (void)session_.send(env.request_id, done);
-  release_host_tier_if_unused();
+  settle_host_tier();
 }
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request) {
@@ -618,28 +619,52 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
   uint64_t wanted = 0;
   for (const TransferJob& j : jobs) wanted += j.chunks * uint64_t{chunk};
   if (!config().host_tier || wanted == 0 || chunk == 0) return;
-  // Memory of an earlier pause that this one resumed first: given back, then asked for anew.
-  if (host_tier_.held() && !host_tier_in_use()) give_back_host_tier();
-  proto::Envelope reply;
-  UniqueFd memory;
-  if (Status st = exchange(proto::TierAsk{.bytes = wanted}, -1, reply, &memory); !st) {
-    TMS_WARN("no host tier for this pause (%s); every chunk goes to disk", st.error().message.c_str());
+  if (host_tier_.held() && host_tier_in_use()) {
+    TMS_DEBUG("the host-tier memory holds chunks of an earlier pause; this one goes to disk");
     return;
   }
-  const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
-  if (!grant) {
-    TMS_WARN("unexpected answer to TIER_ASK; every chunk goes to disk");
-    return;
-  }
-  if (!grant->note.empty()) TMS_INFO("host tier: %s", grant->note.c_str());
-  if (grant->bytes == 0) return;
-  if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
-    TMS_WARN("cannot use the host tier (%s); every chunk goes to disk", st.error().message.c_str());
-    give_back_host_tier();
-    return;
+  uint64_t usable = 0;
+  // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
+  for (int attempt = 0; attempt < 2 && usable == 0; ++attempt) {
+    proto::Envelope reply;
+    UniqueFd memory;
+    if (Status st = exchange(proto::TierAsk{.bytes = wanted}, -1, reply, &memory); !st) {
+      TMS_WARN("no host tier for this pause (%s); every chunk goes to disk", st.error().message.c_str());
+      return;
+    }
+    // Any TIER_RECLAIM of the memory kept until now came before this answer: the ask ended that.
+    host_tier_reclaimed_ = false;
+    host_tier_kept_told_ = false;
+    const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
+    if (!grant) {
+      TMS_WARN("unexpected answer to TIER_ASK; every chunk goes to disk");
+      return;
+    }
+    if (!grant->note.empty()) TMS_INFO("host tier: %s", grant->note.c_str());
+    host_tier_keep_ = grant->flags & proto::kTierKeep;
+    if (grant->flags & proto::kTierReleaseFirst) {
+      give_back_host_tier();
+      continue;
+    }
+    if (grant->flags & proto::kTierReuse) {
+      if (!host_tier_.held()) {
+        TMS_WARN("tmsdiskd says to reuse host-tier memory this rank does not hold; every chunk goes to disk");
+        return;
+      }
+      usable = std::min(grant->bytes, host_tier_.bytes());
+      break;
+    }
+    if (grant->bytes == 0) return;
+    host_tier_.release();  // nothing held unless the daemon forgot it (it counts only the new grant)
+    if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
+      TMS_WARN("cannot use the host tier (%s); every chunk goes to disk", st.error().message.c_str());
+      give_back_host_tier();
+      return;
+    }
+    usable = grant->bytes;
   }
   // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
-  uint64_t slots = grant->bytes / chunk, next = 0;
+  uint64_t slots = usable / chunk, next = 0;
   for (TransferJob& j : jobs) {
     if (slots == 0) break;
     const uint64_t all = (j.a->size + chunk - 1) / chunk;
@@ -659,12 +684,20 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
   }
 }
 
-void Engine::release_host_tier_if_unused() {
+void Engine::settle_host_tier() {
   if (!host_tier_.held()) return;
   // After the operation's answer (unpinning and freeing a GiB takes a good part of a second, which
   // nobody needs to wait for), under the op lock: paused allocations' placement is read.
   std::unique_lock lock(op_lock_);
-  if (!host_tier_in_use()) give_back_host_tier();
+  if (host_tier_in_use()) return;
+  if (host_tier_keep_ && !host_tier_reclaimed_) {
+    if (!host_tier_kept_told_ && session_.connected()) {
+      // No answer: the daemon marks the memory as kept (another rank's pause may reclaim it).
+      if (session_.send(session_.next_id(), proto::TierKeep{}) >= 0) host_tier_kept_told_ = true;
+    }
+    return;
+  }
+  give_back_host_tier();
 }
 
 bool Engine::host_tier_in_use() {
@@ -677,6 +710,8 @@ bool Engine::host_tier_in_use() {
 
 void Engine::give_back_host_tier() {
   host_tier_.release();
+  host_tier_kept_told_ = false;
+  host_tier_reclaimed_ = false;
   if (!session_.connected()) return;  // the daemon counts it no more once the session is gone
   proto::Envelope reply;
   if (Status st = exchange(proto::TierRelease{}, -1, reply, nullptr); !st)
@@ -1125,8 +1160,14 @@ Status Engine::connect_session() {
     session_id_ = welcome.session_id;
   }
   ipc_session_started(welcome.adopted != 0);
+  if (host_tier_.held() && !welcome.adopted && !host_tier_in_use()) {
+    // Kept for a pause to come, by a daemon that is gone: the new one never counted it.
+    host_tier_.release();
+    host_tier_kept_told_ = false;
+  }
   if (host_tier_.held() && !welcome.adopted) {
-    // A new daemon (or one that dropped our session): it counts our host-tier memory again.
+    // A new daemon (or one that dropped our session): it counts our host-tier memory, which holds
+    // paused chunks, again.
     const uint64_t id = session_.next_id();
     proto::Envelope reply;
     Status st = session_.send(id, proto::TierAdopt{}, host_tier_.fd()) < 0 ? make_error(EPIPE, "cannot send TIER_ADOPT")
@@ -1180,6 +1221,10 @@ void Engine::handle_other(const proto::Envelope& env) {
     return;
   }
   if (staging_.answer_lost(env.request_id)) return;  // the late answer frees the slot
+  if (std::holds_alternative<proto::TierReclaim>(env.body)) {
+    host_tier_reclaimed_ = true;  // given back by settle_host_tier() once no operation runs
+    return;
+  }
   if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return on_ipc_users(*users);
   if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
     TMS_WARN("tmsdiskd: %s (%s)", err->message.c_str(), std::strerror(err->code));

@@ -171,11 +171,13 @@ class Engine {
   // Jobs for the pipeline, one per allocation, each with its context's stream.
   Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
   // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
-  // there (as many as the grant holds, in order). Without a grant, every chunk stays on disk.
+  // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
+  // says to reuse it, else new memory. Without a grant, every chunk stays on disk.
   void place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx);
-  // Gives the host-tier memory back once no paused allocation keeps a chunk there. Takes the op lock:
-  // called after an operation, once its answer is out.
-  void release_host_tier_if_unused();
+  // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
+  // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
+  // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.
+  void settle_host_tier();
   // Whether a paused allocation keeps chunks in the host-tier memory (op lock held).
   bool host_tier_in_use();
   // Unmaps the host-tier memory and tells the daemon.
@@ -219,6 +221,9 @@ class Engine {
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
   HostTier host_tier_;
+  bool host_tier_keep_ = false;       // the grant allows keeping it after the resume (kTierKeep)
+  bool host_tier_kept_told_ = false;  // TIER_KEEP sent since the last ask
+  bool host_tier_reclaimed_ = false;  // TIER_RECLAIM came since the last ask
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.

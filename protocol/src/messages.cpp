@@ -454,6 +454,18 @@ bool TierGrant::check(std::string& why) const {
     why = "TIER_GRANT.note has control characters";
     return false;
   }
+  if (flags & ~(kTierKeep | kTierReuse | kTierReleaseFirst)) {
+    why = "TIER_GRANT.flags has unknown bits";
+    return false;
+  }
+  if ((flags & kTierReuse) && (flags & kTierReleaseFirst)) {
+    why = "TIER_GRANT says both reuse and release first";
+    return false;
+  }
+  if ((flags & kTierReleaseFirst) && bytes != 0) {
+    why = "TIER_GRANT says release first with bytes";
+    return false;
+  }
   return true;
 }
 
@@ -544,6 +556,10 @@ bool SessionInfo::check(std::string& why) const {
   if ((orphaned == 1) != (orphaned_unix_ms != 0)) {
     why = orphaned ? "an orphaned session without the time it lost its connection"
                    : "a connected session with an orphaned time";
+    return false;
+  }
+  if (host_tier_kept > 1 || (host_tier_kept && host_tier_bytes == 0)) {
+    why = "host_tier_kept must be 0, or 1 with host-tier bytes";
     return false;
   }
   return true;
@@ -695,6 +711,8 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::TierGrant: return "TIER_GRANT";
     case MsgType::TierRelease: return "TIER_RELEASE";
     case MsgType::TierAdopt: return "TIER_ADOPT";
+    case MsgType::TierKeep: return "TIER_KEEP";
+    case MsgType::TierReclaim: return "TIER_RECLAIM";
     case MsgType::Report: return "REPORT";
     case MsgType::Command: return "COMMAND";
     case MsgType::CommandDone: return "COMMAND_DONE";

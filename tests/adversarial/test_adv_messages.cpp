@@ -246,6 +246,7 @@ bool daemon_sends_only(MsgType t) {
     case MsgType::ReadDone:
     case MsgType::PauseStateReply:
     case MsgType::TierGrant:
+    case MsgType::TierReclaim:
     case MsgType::Command:
     case MsgType::Sessions:
     case MsgType::ControlResult:
@@ -268,6 +269,7 @@ bool shim_sends_only(MsgType t) {
     case MsgType::TierAsk:
     case MsgType::TierRelease:
     case MsgType::TierAdopt:
+    case MsgType::TierKeep:
     case MsgType::Report:
     case MsgType::CommandDone:
     case MsgType::Progress:

@@ -2,7 +2,9 @@
 // Issue 9, end to end on simcuda: the node's host-memory tier. With host-tier-mb set, a pause keeps
 // what the rank's fair share allows in host memory the daemon grants and writes only the rest; ranks
 // share the budget; the memory is the rank's, so a daemon killed and restarted while it is paused
-// loses nothing, and a rank killed while paused frees its share. Each TEST_CASE is its own CTest test.
+// loses nothing, and a rank killed while paused frees its share. A rank that resumed keeps its memory
+// for its next pause, which reuses it, until another rank's pause needs it (host-tier-keep). Each
+// TEST_CASE is its own CTest test.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -20,6 +22,16 @@ RankStatus rank_of(const Node& node, pid_t pid = 0) {
   for (const auto& r : node.status())
     if (pid == 0 || r.pid == pid) return r;
   return {};
+}
+
+// Host-tier memory the daemon made (each grant of new memory logs it once; a reuse does not).
+int grants_made(const Node& node) {
+  const std::string log = node.daemon.log();
+  int n = 0;
+  for (auto at = log.find("of host-tier memory, made in"); at != std::string::npos;
+       at = log.find("of host-tier memory, made in", at + 1))
+    ++n;
+  return n;
 }
 
 }  // namespace
@@ -56,8 +68,108 @@ TEST_CASE("with a budget larger than the pause, its data goes to host memory, no
   CHECK(r[0].moved_bytes == 0);
   CHECK(prog.cmd("check") == "ok 2");
   CHECK(prog.cmd("addr 1") == "ok " + addr);
-  // Given back after the resume answered (nobody waits for the unpinning).
-  CHECK(eventually([&] { return rank_of(node).host_tier_bytes == 0; }));
+  // Kept for the next pause (host-tier-keep is on by default), still counted against the budget.
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_kept; }));
+  CHECK(rank_of(node).host_tier_bytes == 68 * MiB);
+  std::tie(rc, text) = run({TMSCTL_PATH, "--socket", node.socket, "status"}, node.sim_env());
+  CHECK(text.find("host tier: holds 68.0 MiB (empty, kept for its next pause)") != std::string::npos);
+  CHECK(text.find("host tier: 68.0 MiB of 256.0 MiB in use on this node") != std::string::npos);
+
+  // The next pause reuses it: no new memory made, the same bytes in the tier, whole again.
+  CHECK(prog.cmd("edit 1 4096") == "ok");
+  p = node.pause("tier");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 68 * MiB);
+  CHECK(p[0].moved_bytes == 0);
+  CHECK(grants_made(node) == 1);
+  CHECK_FALSE(rank_of(node).host_tier_kept);
+  REQUIRE(node.resume("tier").ok());
+  CHECK(prog.cmd("check") == "ok 2");
+}
+
+TEST_CASE("with host-tier-keep=false a resume gives the memory back and the next pause gets new memory") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "256", "--host-tier-keep=false"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("nokeep", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+  for (int round = 1; round <= 2; ++round) {
+    auto p = node.pause("nokeep");
+    INFO(p.text);
+    REQUIRE(p.ok());
+    CHECK(p[0].host_bytes == 32 * MiB);
+    REQUIRE(node.resume("nokeep").ok());
+    CHECK(prog.cmd("check") == "ok 1");
+    // Given back after the resume answered (nobody waits for the unpinning).
+    CHECK(eventually([&] { return rank_of(node).host_tier_bytes == 0; }));
+    CHECK(grants_made(node) == round);
+  }
+}
+
+TEST_CASE("memory a rank kept goes to another rank's pause that needs it, and the sum stays within the budget") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  Proc a({CUDA_PATTERN_PATH}, node.shim_env("keeper", 0));
+  REQUIRE(a.line() == "ready");
+  REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
+  // Alone on the node, the rank gets the whole budget and keeps it after its resume.
+  REQUIRE(node.pause("keeper").ok());
+  REQUIRE(node.resume("keeper").ok());
+  REQUIRE(eventually([&] { return rank_of(node, a.pid()).host_tier_kept; }));
+  CHECK(rank_of(node, a.pid()).host_tier_bytes == 64 * MiB);
+
+  // A second rank pauses: its fair share (half) is held by the first, which is asked to give it back.
+  Proc b({CUDA_PATTERN_PATH}, node.shim_env("taker", 0));
+  REQUIRE(b.line() == "ready");
+  REQUIRE_FALSE(ok_addr(b.cmd("alloc 1 67108864 direct")).empty());
+  REQUIRE(eventually([&] { return node.status().size() == 2; }));
+  auto p = node.pause("taker");
+  INFO(p.text);
+  INFO(node.daemon.log());
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 32 * MiB);
+  CHECK(rank_of(node, a.pid()).host_tier_bytes == 0);
+  CHECK(rank_of(node, b.pid()).host_tier_bytes == 32 * MiB);
+
+  // The first rank pauses again: what is left is its fair share; the sum is the budget.
+  p = node.pause("keeper");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 32 * MiB);
+  uint64_t held = 0;
+  for (const auto& r : node.status()) held += r.host_tier_bytes;
+  CHECK(held == 64 * MiB);
+  REQUIRE(node.resume("taker").ok());
+  REQUIRE(node.resume("keeper").ok());
+  CHECK(a.cmd("check") == "ok 1");
+  CHECK(b.cmd("check") == "ok 1");
+}
+
+TEST_CASE("a rank that kept more than its fair share now gives it back and gets its share anew") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  Proc a({CUDA_PATTERN_PATH}, node.shim_env("big", 0));
+  REQUIRE(a.line() == "ready");
+  REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
+  REQUIRE(node.pause("big").ok());
+  REQUIRE(node.resume("big").ok());
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_kept; }));
+  // Another rank arrives (it does not pause): the first one's share is now half the budget.
+  Proc b({CUDA_PATTERN_PATH}, node.shim_env("idle", 0));
+  REQUIRE(b.line() == "ready");
+  REQUIRE_FALSE(ok_addr(b.cmd("alloc 1 4194304 direct")).empty());
+  REQUIRE(eventually([&] { return node.status().size() == 2; }));
+  CHECK(a.cmd("edit 1 100") == "ok");
+  auto p = node.pause("big");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 32 * MiB);
+  CHECK(p[0].moved_bytes == 32 * MiB);
+  CHECK(rank_of(node, a.pid()).host_tier_bytes == 32 * MiB);
+  CHECK(grants_made(node) == 2);
+  REQUIRE(node.resume("big").ok());
+  CHECK(a.cmd("check") == "ok 1");
 }
 
 TEST_CASE("past the budget the pause spills to disk, and a second pause uses the tier again") {
@@ -136,7 +248,9 @@ TEST_CASE(
   CHECK(r[0].host_bytes == 32 * MiB);
   CHECK(r[0].moved_bytes == 32 * MiB);
   CHECK(prog.cmd("check") == "ok 1");
-  CHECK(eventually([&] { return rank_of(node).host_tier_bytes == 0; }));
+  // Resumed, the rank keeps the memory for its next pause; the new daemon counts it as kept.
+  CHECK(eventually([&] { return rank_of(node).host_tier_kept; }));
+  CHECK(rank_of(node).host_tier_bytes == 32 * MiB);
 }
 
 TEST_CASE("a rank killed while paused frees its share of the tier at once: the next rank gets all of it") {

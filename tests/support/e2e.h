@@ -211,6 +211,7 @@ struct RankStatus {
   Totals totals;
   uint64_t disk_bytes = 0;       // reserved in its files
   uint64_t host_tier_bytes = 0;  // of the node's host tier, held now
+  bool host_tier_kept = false;   // ... empty, kept for the rank's next pause
 };
 
 // One rank's part in a `tmsctl pause` or `resume`.
@@ -327,6 +328,7 @@ inline std::vector<RankStatus> Node::status() const {
     r.totals.state = s.value("state", "");
     r.disk_bytes = s.value("disk_bytes", uint64_t{0});
     r.host_tier_bytes = s.value("host_tier_bytes", uint64_t{0});
+    r.host_tier_kept = s.value("host_tier_kept", false);
     for (auto& [k, v] : s["unmanaged_bytes"].items()) r.totals.unmanaged[k] = v.get<uint64_t>();
     ranks.push_back(std::move(r));
   }

@@ -146,12 +146,14 @@ TEST_CASE("every message type round-trips with its fields") {
   info.job = "j";
   info.rank = 3;
   info.host_tier_bytes = 64 << 20;
+  info.host_tier_kept = 1;
   ss.sessions.push_back(info);
   ss.host_tier_budget_bytes = 1 << 30;
   ss.host_tier_used_bytes = 64 << 20;
   auto ss2 = round_trip(ss);
   CHECK(ss2.sessions.at(0).rank == 3);
   CHECK(ss2.sessions.at(0).host_tier_bytes == (64u << 20));
+  CHECK(ss2.sessions.at(0).host_tier_kept == 1);
   CHECK(ss2.host_tier_budget_bytes == (1u << 30));
   CHECK(ss2.host_tier_used_bytes == (64u << 20));
 
@@ -163,6 +165,15 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(decode_code(encode(9, TierGrant{.bytes = 0, .note = "bad\nnote"})) == EBADMSG);
   CHECK(std::holds_alternative<TierRelease>(decode(encode(9, TierRelease{})).envelope->body));
   CHECK(std::holds_alternative<TierAdopt>(decode(encode(9, TierAdopt{})).envelope->body));
+  // Kept memory (protocol 7): a grant's flags, and the messages of keeping and taking it back.
+  auto reuse = round_trip(TierGrant{.bytes = 8 << 20, .flags = kTierReuse | kTierKeep});
+  CHECK(reuse.flags == (kTierReuse | kTierKeep));
+  CHECK(decode_code(encode(9, TierGrant{.flags = 8})) == EBADMSG);                               // unknown bit
+  CHECK(decode_code(encode(9, TierGrant{.flags = kTierReuse | kTierReleaseFirst})) == EBADMSG);  // both
+  CHECK(decode_code(encode(9, TierGrant{.bytes = 1, .flags = kTierReleaseFirst})) == EBADMSG);   // with bytes
+  CHECK(round_trip(TierGrant{.flags = kTierReleaseFirst}).flags == kTierReleaseFirst);
+  CHECK(std::holds_alternative<TierKeep>(decode(encode(9, TierKeep{})).envelope->body));
+  CHECK(std::holds_alternative<TierReclaim>(decode(encode(9, TierReclaim{})).envelope->body));
   Reserve with_host;
   with_host.blobs = {{.id = 1, .size = 10 << 20}};
   with_host.host_runs = {{.blob = 1, .first_chunk = 0, .count = 2}};

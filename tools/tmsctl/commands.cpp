@@ -256,6 +256,7 @@ int cmd_status(const Common& common) {
            {"managed_allocations", s.stats.managed_allocations},
            {"disk_bytes", s.disk_bytes},
            {"host_tier_bytes", s.host_tier_bytes},
+           {"host_tier_kept", s.host_tier_kept != 0},
            {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
            {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
            {"last_change_unix_ms", s.stats.last_change_unix_ms},
@@ -301,7 +302,8 @@ int cmd_status(const Common& common) {
       std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
     if (s.orphaned) std::printf("%-16s %5s %8s   orphaned: %s\n", "", "", "", orphan_text(s).c_str());
     if (s.host_tier_bytes)
-      std::printf("%-16s %5s %8s   host tier: holds %s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str());
+      std::printf("%-16s %5s %8s   host tier: holds %s%s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str(),
+                  s.host_tier_kept ? " (empty, kept for its next pause)" : "");
     // What the last pause and resume did not have to move (zero and unchanged chunks).
     const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
     const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);

@@ -56,7 +56,7 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it against
 //    the budget again. The bytes kept in the tier are reported beside the zero and unchanged ones
 //    (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
-inline constexpr uint16_t kVersion = 6;
+inline constexpr uint16_t kVersion = 7;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
@@ -108,6 +108,8 @@ enum class MsgType : uint16_t {
   TierGrant = 25,        // daemon: how much of it the rank may use; its memfd rides along when not 0
   TierRelease = 26,      // shim: gives its host-tier memory back (answered with OK)
   TierAdopt = 27,        // shim, on a new session: the host-tier memfd it still holds rides along (OK)
+  TierKeep = 28,         // shim: resumed, it keeps its host-tier memory for the next pause (no reply)
+  TierReclaim = 29,      // daemon -> shim: give kept host-tier memory back (TIER_RELEASE) for another rank
   // Control: tmsctl <-> daemon.
   ListSessions = 30,
   Sessions = 31,
@@ -285,10 +287,11 @@ struct SessionInfo {
   uint8_t orphaned = 0;
   uint64_t orphaned_unix_ms = 0;  // when it lost its connection; set exactly when orphaned
   uint64_t host_tier_bytes = 0;   // host-tier memory the rank holds (granted or adopted)
+  uint8_t host_tier_kept = 0;     // 1: that memory holds nothing now, kept for the rank's next pause
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats), f(orphaned),
-        f(orphaned_unix_ms), f(host_tier_bytes);
+        f(orphaned_unix_ms), f(host_tier_bytes), f(host_tier_kept);
   }
   bool check(std::string& why) const;
 };
@@ -495,13 +498,27 @@ struct TierAsk {
   }
 };
 
+//
+// Kept memory: a grant with kTierKeep lets the rank keep its memory, mapped and registered with CUDA,
+// after the resume that emptied it (TIER_KEEP), so that its next pause has only the copy on its path
+// (making and pinning a few GiB takes seconds; copying them, a fraction of one). The daemon takes it
+// back when another rank's pause needs it (TIER_RECLAIM) or when the session ends. A rank that asks
+// while it holds kept memory is told to reuse it (kTierReuse, no fd), or to release it first and ask
+// again (kTierReleaseFirst) when it holds less than it could get or more than its fair share.
+inline constexpr uint8_t kTierKeep = 1;
+inline constexpr uint8_t kTierReuse = 2;
+inline constexpr uint8_t kTierReleaseFirst = 4;
+
 struct TierGrant {
   static constexpr MsgType kType = MsgType::TierGrant;
-  uint64_t bytes = 0;  // 0: none (no fd); else the memfd's size, its pages faulted in and sealed
-  std::string note;    // why less than asked (for the rank's log); empty when all of it
+  // 0: none (no fd); else what the rank may use: the memfd's size (its pages faulted in and sealed),
+  // or with kTierReuse, as much of the memory it holds.
+  uint64_t bytes = 0;
+  std::string note;   // why less than asked (for the rank's log); empty when all of it
+  uint8_t flags = 0;  // kTier*
   template <class F>
   void fields(F&& f) {
-    f(bytes), f(note, kMaxTextLength);
+    f(bytes), f(note, kMaxTextLength), f(flags);
   }
   bool check(std::string& why) const;
 };
@@ -516,6 +533,18 @@ struct TierRelease {
 // its pages against the budget (the rank keeps them either way).
 struct TierAdopt {
   static constexpr MsgType kType = MsgType::TierAdopt;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct TierKeep {
+  static constexpr MsgType kType = MsgType::TierKeep;
+  template <class F>
+  void fields(F&&) {}
+};
+
+struct TierReclaim {
+  static constexpr MsgType kType = MsgType::TierReclaim;
   template <class F>
   void fields(F&&) {}
 };
@@ -739,10 +768,11 @@ struct IpcUsers {
   bool check(std::string& why) const;
 };
 
-using Message = std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit,
-                             PauseState, PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, Report, Command,
-                             CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc, GcResult,
-                             ControlTargets, IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
+using Message =
+    std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
+                 PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, TierKeep, TierReclaim, Report, Command,
+                 CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc, GcResult, ControlTargets,
+                 IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
 
 struct Envelope {
   uint64_t request_id = 0;

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+// The node's host-memory tier at run time (tier_broker.h).
+#include "tier_broker.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "chunk_io.h"
+#include "tmsdisk/common/human.h"
+
+namespace tmsdisk::server {
+
+namespace {
+
+uint64_t whole_chunks(uint64_t bytes, uint32_t chunk) {
+  return chunk ? (bytes + chunk - 1) / chunk * chunk : 0;
+}
+
+}  // namespace
+
+TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
+  const SpareMemory spare = budget_ ? spare_memory() : SpareMemory{};
+  // What `s` holds itself is not another rank's: it is what the rank would give up for this grant.
+  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier_bytes, sessions_.all().size(),
+                    spare);
+}
+
+uint64_t TierBroker::fair_ask(const Session& s, uint64_t bytes) const {
+  const uint32_t chunk = s.staging->chunk_bytes();
+  const uint64_t fair = budget_ / std::max<std::size_t>(sessions_.all().size(), 1) / chunk * chunk;
+  return std::min(whole_chunks(bytes, chunk), fair);
+}
+
+bool TierBroker::waits(uint64_t session_id) const {
+  return std::any_of(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.session_id == session_id; });
+}
+
+void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
+  if (s.host_tier_pending || waits(s.id))
+    return send_(s.conn_id, request_id, error_reply(EBUSY, "a host-tier ask of this rank is already being served"),
+                 -1);
+  if (s.host_tier_bytes && !s.host_tier_kept)
+    return send_(s.conn_id, request_id,
+                 error_reply(EBUSY, "this rank's host-tier memory holds paused chunks: resume them first"), -1);
+  // Pausing: what the rank kept is in use again, and no longer anyone else's to reclaim.
+  s.host_tier_kept = false;
+  s.host_tier_reclaimed = false;
+  TierPlan plan = plan_for(s, bytes);
+  if (const uint64_t held = s.host_tier_bytes) {
+    // Reused while it is no less than the rank could get now and no more than its fair share: making
+    // and pinning it again is what keeping it saves.
+    if (held >= plan.bytes && held <= budget_ / std::max<std::size_t>(sessions_.all().size(), 1)) {
+      spdlog::debug("session {}: reuses the {} of host-tier memory it kept", s.id, human_bytes(held));
+      return send_(s.conn_id, request_id,
+                   proto::TierGrant{.bytes = held,
+                                    .note = {},
+                                    .flags = static_cast<uint8_t>(proto::kTierReuse | (keep_ ? proto::kTierKeep : 0))},
+                   -1);
+    }
+    spdlog::info("session {}: holds {} of host-tier memory, its share is now {}: release it and ask again", s.id,
+                 human_bytes(held), human_bytes(plan.bytes));
+    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst}, -1);
+  }
+  const uint64_t fair = fair_ask(s, bytes);
+  if (plan.bytes < fair && reclaim(s, fair - plan.bytes)) {
+    waiting_.push_back({.session_id = s.id,
+                        .conn_id = s.conn_id,
+                        .request_id = request_id,
+                        .bytes = bytes,
+                        .deadline = std::chrono::steady_clock::now() + kReclaimWait});
+    return;
+  }
+  grant(s, request_id, std::move(plan), bytes);
+}
+
+bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
+  std::vector<Session*> kept;
+  bool outstanding = false;
+  uint64_t coming = 0;
+  for (auto& [id, s] : sessions_.all()) {
+    if (&s == &asker || !s.host_tier_kept || !s.host_tier_bytes) continue;
+    if (s.host_tier_reclaimed) {
+      outstanding = true;
+      coming += s.host_tier_bytes;
+    } else if (s.conn_id) {
+      kept.push_back(&s);
+    }
+  }
+  std::sort(kept.begin(), kept.end(), [](const Session* a, const Session* b) { return a->host_tier_bytes > b->host_tier_bytes; });
+  for (Session* s : kept) {
+    if (coming >= short_by) break;
+    spdlog::info("session {}: asking pid {} for the {} of host-tier memory it kept, for session {}'s pause", s->id,
+                 s->cred.pid, human_bytes(s->host_tier_bytes), asker.id);
+    send_(s->conn_id, 0, proto::TierReclaim{}, -1);
+    s->host_tier_reclaimed = true;
+    coming += s->host_tier_bytes;
+    outstanding = true;
+  }
+  return outstanding;
+}
+
+void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked) {
+  if (budget_ && !plan.note.empty())
+    spdlog::info("session {}: host tier: {} of the {} asked for: {}", s.id, human_bytes(plan.bytes), human_bytes(asked),
+                 plan.note);
+  if (plan.bytes == 0)
+    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = proto::wire_text(plan.note)}, -1);
+  try {
+    workers_.build_tier(s.id, s.conn_id, request_id, plan.bytes, std::move(plan.note));
+    s.host_tier_pending = plan.bytes;
+  } catch (const std::bad_alloc&) {
+    send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = "tmsdiskd is out of memory"}, -1);
+  }
+}
+
+void TierBroker::built(StagingWorkers::TierBuilt& t) {
+  Session* s = sessions_.find(t.session_id);
+  if (s) s->host_tier_pending = 0;
+  if (!s || s->conn_id != t.conn_id || !t.conn_id) return;  // the rank went meanwhile: the memory is freed
+  if (!t.memory) {
+    spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
+                 human_bytes(t.bytes), t.error.describe());
+    return send_(
+        s->conn_id, t.request_id,
+        proto::TierGrant{.bytes = 0,
+                         .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())},
+        -1);
+  }
+  s->host_tier_bytes = t.bytes;
+  spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
+               human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_));
+  send_(s->conn_id, t.request_id,
+        proto::TierGrant{.bytes = t.bytes,
+                         .note = proto::wire_text(t.note),
+                         .flags = static_cast<uint8_t>(keep_ ? proto::kTierKeep : 0)},
+        t.memory.get());
+}
+
+void TierBroker::release(Session& s) {
+  if (s.host_tier_bytes)
+    spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier_bytes));
+  s.host_tier_bytes = 0;
+  s.host_tier_kept = false;
+  s.host_tier_reclaimed = false;
+}
+
+void TierBroker::keep(Session& s) {
+  if (!s.host_tier_bytes) return;  // released meanwhile (a reclaim crossed the rank's resume)
+  s.host_tier_kept = true;
+  spdlog::debug("session {}: keeps {} of host-tier memory for its next pause", s.id, human_bytes(s.host_tier_bytes));
+}
+
+Status TierBroker::adopt(Session& s, int fd) {
+  auto bytes = tier_memory_bytes(fd);
+  if (!bytes) return std::move(bytes).error();
+  s.host_tier_bytes = *bytes;
+  s.host_tier_kept = false;
+  spdlog::info("session {}: pid {} holds {} of host-tier memory from before; counted against the budget", s.id,
+               s.cred.pid, human_bytes(*bytes));
+  return {};
+}
+
+int TierBroker::expire() {
+  if (waiting_.empty()) return -1;
+  const auto now = std::chrono::steady_clock::now();
+  auto next = std::chrono::steady_clock::time_point::max();
+  for (std::size_t i = 0; i < waiting_.size();) {
+    const Waiting w = waiting_[i];
+    Session* s = sessions_.find(w.session_id);
+    if (!s || s->conn_id != w.conn_id || !w.conn_id) {
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));  // the rank went: nobody to answer
+      continue;
+    }
+    TierPlan plan = plan_for(*s, w.bytes);
+    const uint64_t fair = fair_ask(*s, w.bytes);
+    if (plan.bytes < fair && now < w.deadline && reclaim(*s, fair - plan.bytes)) {
+      next = std::min(next, w.deadline);
+      ++i;
+      continue;
+    }
+    if (plan.bytes < fair && now >= w.deadline)
+      spdlog::warn("session {}: kept host-tier memory did not come back within {} s; granting what is free",
+                   s->id, kReclaimWait.count() / 1000);
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    grant(*s, w.request_id, std::move(plan), w.bytes);
+  }
+  if (next == std::chrono::steady_clock::time_point::max()) return -1;
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1;
+}
+
+void TierBroker::check_memory() {
+  bool any_kept = false;
+  for (const auto& [id, s] : sessions_.all()) any_kept |= s.host_tier_kept && !s.host_tier_reclaimed;
+  if (!any_kept || spare_memory().bytes > 0) return;
+  for (auto& [id, s] : sessions_.all()) {
+    if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id) continue;
+    spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept",
+                 s.id, s.cred.pid, human_bytes(s.host_tier_bytes));
+    send_(s.conn_id, 0, proto::TierReclaim{}, -1);
+    s.host_tier_reclaimed = true;
+  }
+}
+
+}  // namespace tmsdisk::server

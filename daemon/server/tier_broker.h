@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// The node's host-memory tier at run time (host_tier.h has its arithmetic and its memory): answers a
+// pausing rank's TIER_ASK, hands over the memory the staging workers made for it, and takes memory
+// that ranks kept after resuming back when a pausing rank needs it.
+//
+// Kept memory (host-tier-keep, on by default): making and pinning the tier's memory costs seconds for
+// a few GiB (the kernel zeroes every page, CUDA walks every page), copying into it a fraction of one.
+// A rank that resumed keeps its memory, mapped and registered, for its next pause (TIER_KEEP), and
+// reuses it then (a TIER_GRANT with kTierReuse). Kept memory stays counted against the budget; when
+// another rank's pause needs it, the daemon sends its holders TIER_RECLAIM and the ask waits (at most
+// kReclaimWait) for their TIER_RELEASE. A rank that holds less than it could get now, or more than
+// its fair share, is told to release first and ask again (kTierReleaseFirst), so that the sum never
+// exceeds the budget, not even for a moment. When the node runs short of memory (the sweep timer's
+// check), kept memory is taken back too.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "host_tier.h"
+#include "session_table.h"
+#include "staging_workers.h"
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::server {
+
+class TierBroker {
+ public:
+  using Send = std::function<void(uint64_t conn_id, uint64_t request_id, const proto::Message&, int fd)>;
+  // How long a pausing rank's ask waits for kept memory to come back before it takes what is free.
+  static constexpr std::chrono::milliseconds kReclaimWait{5000};
+
+  TierBroker(SessionTable& sessions, StagingWorkers& workers, uint64_t budget, bool keep, Send send)
+      : sessions_(sessions), workers_(workers), budget_(budget), keep_(keep), send_(std::move(send)) {}
+
+  // TIER_ASK from `s` on its connection: answered now, once its memory is made (built()), or once kept
+  // memory came back (expire()).
+  void ask(Session& s, uint64_t request_id, uint64_t bytes);
+  void built(StagingWorkers::TierBuilt& t);
+  void release(Session& s);  // TIER_RELEASE (the caller answers OK)
+  void keep(Session& s);     // TIER_KEEP
+  // TIER_ADOPT: `fd` is memory a daemon granted before this one started; it holds paused chunks.
+  Status adopt(Session& s, int fd);
+  // Answers the asks waiting for kept memory once it is back or their wait is over. Returns ms until
+  // the next such deadline, or -1 when none waits.
+  int expire();
+  // The sweep timer: when the node can spare nothing more, kept memory goes back.
+  void check_memory();
+
+ private:
+  struct Waiting {
+    uint64_t session_id = 0;
+    uint64_t conn_id = 0;
+    uint64_t request_id = 0;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  TierPlan plan_for(const Session& s, uint64_t bytes) const;
+  // The grant a fully free budget would give `s` now.
+  uint64_t fair_ask(const Session& s, uint64_t bytes) const;
+  // TIER_RECLAIM to ranks keeping memory (largest first) until `short_by` is covered; true while any
+  // reclaim is outstanding.
+  bool reclaim(const Session& asker, uint64_t short_by);
+  void grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked);
+  bool waits(uint64_t session_id) const;
+
+  SessionTable& sessions_;
+  StagingWorkers& workers_;
+  const uint64_t budget_;
+  const bool keep_;
+  Send send_;
+  std::vector<Waiting> waiting_;
+};
+
+}  // namespace tmsdisk::server
