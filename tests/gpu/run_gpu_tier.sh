@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9 on a GPU: the node's host-memory tier. The shim bench pauses and resumes 8 GiB against a
-# daemon whose tier holds all of it, then against one whose tier holds half, each run measuring in
-# the same process the pinned copy bandwidth and the raw O_DIRECT disk bandwidth to compare with.
+# Issue 9 on a GPU: the node's host-memory tier. The shim bench pauses and resumes 8 GiB three times
+# against a daemon whose tier holds all of it, then against one whose tier holds half, each run
+# measuring in the same process the pinned copy bandwidth and the raw O_DIRECT disk bandwidth to
+# compare with. The first pause makes and pins the tier's memory; the later ones reuse what the rank
+# kept (host-tier-keep): both are reported.
 # Then four ranks of 4 GiB pause together under a budget for two: the tier never holds more than the
 # budget, and every rank's memory is checked after the resume.
 #   tests/gpu/run_gpu_tier.sh BUNDLE_DIR OUT_DIR
@@ -18,7 +20,7 @@ report=$out/tier.txt
 bench() {  # BUDGET_MIB NAME
   NODE_DAEMON_ARGS="--host-tier-mb $1" start_node "$bundle_dir" "$out" "tier-$2" || return 1
   echo "== shim bench, $gib GiB, host tier of $1 MiB" | tee -a "$report"
-  TMSDISK_LOG=info "$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib $gib --shim "$bundle/libtmsdisk.so" --repeat 1 --json \
+  TMSDISK_LOG=info "$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib $gib --shim "$bundle/libtmsdisk.so" --repeat 3 --json \
     >"$out/bench-$2.json" 2>"$out/bench-$2.err" || echo "FAIL: shim bench failed (bench-$2.err)" >>"$report"
   grep -h "host tier\|pause:\|resume:" "$out/bench-$2.err" | tail -8 >>"$report"
   stop_node
@@ -33,8 +35,15 @@ full = json.load(open(f"{out}/bench-full.json"))
 half = json.load(open(f"{out}/bench-half.json"))
 f, h = full["with_shim"], half["with_shim"]
 d2h, h2d = full["without_shim"]["d2h_gb_s"], full["without_shim"]["h2d_gb_s"]
-print(f"full tier: pause {f['pause_gb_s']:.2f} GB/s = {f['pause_gb_s'] / d2h:.2f} x pinned D2H ({d2h:.1f}); "
-      f"resume {f['resume_gb_s']:.2f} GB/s = {f['resume_gb_s'] / h2d:.2f} x pinned H2D ({h2d:.1f}); goal >= 0.7; "
+first = f["passes"][0]
+print(f"full tier, first pause (memory made and pinned): pause {first['pause_gb_s']:.2f} GB/s = "
+      f"{first['pause_gb_s'] / d2h:.2f} x pinned D2H; resume {first['resume_gb_s']:.2f} GB/s = "
+      f"{first['resume_gb_s'] / h2d:.2f} x pinned H2D")
+for i, p in enumerate(f["passes"][1:], 2):
+    print(f"full tier, pause {i} (kept memory reused): pause {p['pause_gb_s']:.2f} GB/s = {p['pause_gb_s'] / d2h:.2f} x "
+          f"pinned D2H ({d2h:.1f}); resume {p['resume_gb_s']:.2f} GB/s = {p['resume_gb_s'] / h2d:.2f} x pinned H2D "
+          f"({h2d:.1f}); goal >= 0.7")
+print(f"full tier best: pause {f['pause_gb_s'] / d2h:.2f} x pinned D2H, resume {f['resume_gb_s'] / h2d:.2f} x pinned H2D; "
       f"intact {f['intact']}")
 size = f["paused_bytes"]
 for op, raw in (("pause", "raw_write_gb_s"), ("resume", "raw_read_gb_s")):

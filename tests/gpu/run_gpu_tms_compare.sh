@@ -17,7 +17,8 @@
 # Environment: TMS_COMPARE_GIB (16), TMS_COMPARE_CACHE_CYCLES (3), TMS_COMPARE_RANDOM_CYCLES (3),
 # TMS_COMPARE_DEADLINE_S (no limit: seconds from the start after which no run starts, and each run is
 # stopped), TMS_COMPARE_TMS_HOOK (preload, or torch), TMS_COMPARE_HOST_TIER_MB (0: the cache case's
-# tmsdisk daemon gets a host tier of this many MiB, --host-tier-mb; the random case stays on disk).
+# tmsdisk daemon gets a host tier of this many MiB, --host-tier-mb; the random case stays on disk),
+# TMS_COMPARE_CASES ("cache random": the cases to run).
 set -uo pipefail  # not -e: every run happens and reports
 bundle_dir=$1
 out=$2
@@ -28,6 +29,7 @@ cache_cycles=${TMS_COMPARE_CACHE_CYCLES:-3}
 random_cycles=${TMS_COMPARE_RANDOM_CYCLES:-3}
 tms_hook=${TMS_COMPARE_TMS_HOOK:-preload}
 host_tier_mb=${TMS_COMPARE_HOST_TIER_MB:-0}
+cases=${TMS_COMPARE_CASES:-cache random}
 deadline=$((SECONDS + ${TMS_COMPARE_DEADLINE_S:-100000}))
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -129,10 +131,12 @@ run_tms() {  # CASE CYCLES
 }
 
 : >"$out/runs.txt"
-run_tmsdisk cache "$cache_cycles"
-run_tms cache "$cache_cycles"
-run_tmsdisk random "$random_cycles"
-run_tms random "$random_cycles"
+for c in $cases; do
+  cycles=$cache_cycles
+  [ "$c" = random ] && cycles=$random_cycles
+  run_tmsdisk "$c" "$cycles"
+  run_tms "$c" "$cycles"
+done
 
 python3 - "$out" "$(cat "$tms_src/COMMIT" 2>/dev/null || echo unknown)" >"$out/tms_compare.txt" 2>&1 <<'PY'
 import json, os, sys
