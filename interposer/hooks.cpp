@@ -38,6 +38,21 @@ TMSDISK_EXPORT int tmsdisk_status(struct tmsdisk_status* status, size_t size) no
 TMSDISK_EXPORT int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) noexcept {
   return tmsdisk::shim::api_on_pause(callback, arg);
 }
+TMSDISK_EXPORT int tmsdisk_tag_push(const char* tag, int policy) noexcept {
+  return tmsdisk::shim::api_tag_push(tag, policy);
+}
+TMSDISK_EXPORT int tmsdisk_tag_pop(void) noexcept {
+  return tmsdisk::shim::api_tag_pop();
+}
+TMSDISK_EXPORT int tmsdisk_pause_tag(const char* tag) noexcept {
+  return tmsdisk::shim::api_pause_tag(tag);
+}
+TMSDISK_EXPORT int tmsdisk_resume_tag(const char* tag) noexcept {
+  return tmsdisk::shim::api_resume_tag(tag);
+}
+TMSDISK_EXPORT int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) noexcept {
+  return tmsdisk::shim::api_tags(out, count, size);
+}
 TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept {
   return tmsdisk::shim::api_version();
 }

@@ -24,8 +24,8 @@ uint64_t whole_chunks(uint64_t bytes, uint32_t chunk) {
 TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
   const SpareMemory spare = budget_ ? spare_memory() : SpareMemory{};
   // What `s` holds itself is not another rank's: it is what the rank would give up for this grant.
-  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier_bytes, sessions_.all().size(),
-                    spare);
+  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier_bytes,
+                    sessions_.all().size(), spare);
 }
 
 uint64_t TierBroker::fair_ask(const Session& s, uint64_t bytes) const {
@@ -40,8 +40,7 @@ bool TierBroker::waits(uint64_t session_id) const {
 
 void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
   if (s.host_tier_pending || waits(s.id))
-    return send_(s.conn_id, request_id, error_reply(EBUSY, "a host-tier ask of this rank is already being served"),
-                 -1);
+    return send_(s.conn_id, request_id, error_reply(EBUSY, "a host-tier ask of this rank is already being served"), -1);
   if (s.host_tier_bytes && !s.host_tier_kept)
     return send_(s.conn_id, request_id,
                  error_reply(EBUSY, "this rank's host-tier memory holds paused chunks: resume them first"), -1);
@@ -62,7 +61,8 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
     }
     spdlog::info("session {}: holds {} of host-tier memory, its share is now {}: release it and ask again", s.id,
                  human_bytes(held), human_bytes(plan.bytes));
-    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst}, -1);
+    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
+                 -1);
   }
   const uint64_t fair = fair_ask(s, bytes);
   if (plan.bytes < fair && reclaim(s, fair - plan.bytes)) {
@@ -89,7 +89,8 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
       kept.push_back(&s);
     }
   }
-  std::sort(kept.begin(), kept.end(), [](const Session* a, const Session* b) { return a->host_tier_bytes > b->host_tier_bytes; });
+  std::sort(kept.begin(), kept.end(),
+            [](const Session* a, const Session* b) { return a->host_tier_bytes > b->host_tier_bytes; });
   for (Session* s : kept) {
     if (coming >= short_by) break;
     spdlog::info("session {}: asking pid {} for the {} of host-tier memory it kept, for session {}'s pause", s->id,
@@ -123,11 +124,10 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
   if (!t.memory) {
     spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
                  human_bytes(t.bytes), t.error.describe());
-    return send_(
-        s->conn_id, t.request_id,
-        proto::TierGrant{.bytes = 0,
-                         .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())},
-        -1);
+    return send_(s->conn_id, t.request_id,
+                 proto::TierGrant{.bytes = 0,
+                                  .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())},
+                 -1);
   }
   s->host_tier_bytes = t.bytes;
   spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
@@ -182,8 +182,8 @@ int TierBroker::expire() {
       continue;
     }
     if (plan.bytes < fair && now >= w.deadline)
-      spdlog::warn("session {}: kept host-tier memory did not come back within {} s; granting what is free",
-                   s->id, kReclaimWait.count() / 1000);
+      spdlog::warn("session {}: kept host-tier memory did not come back within {} s; granting what is free", s->id,
+                   kReclaimWait.count() / 1000);
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     grant(*s, w.request_id, std::move(plan), w.bytes);
   }
@@ -197,8 +197,8 @@ void TierBroker::check_memory() {
   if (!any_kept || spare_memory().bytes > 0) return;
   for (auto& [id, s] : sessions_.all()) {
     if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id) continue;
-    spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept",
-                 s.id, s.cred.pid, human_bytes(s.host_tier_bytes));
+    spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept", s.id,
+                 s.cred.pid, human_bytes(s.host_tier_bytes));
     send_(s.conn_id, 0, proto::TierReclaim{}, -1);
     s.host_tier_reclaimed = true;
   }

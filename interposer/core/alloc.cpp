@@ -89,6 +89,9 @@ bool try_managed(CUdeviceptr* dptr, std::size_t size, CUresult* result) {
   const std::size_t mapped = (size + gran - 1) / gran * gran;
 
   auto a = std::make_unique<Allocation>();
+  const CurrentTag tag = current_tag();
+  a->tag = tag.tag;
+  a->policy = tag.policy;
   a->size = size;
   a->mapped = mapped;
   a->ctx = ctx;
@@ -196,6 +199,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
   if (guard.nested() || !d.usable || !dptr) return d.api.cuMemAlloc_v2(dptr, bytesize);
   ensure_init();
   try {
+    if (current_tag().policy == Policy::Resident) {
+      const CUresult r = d.api.cuMemAlloc_v2(dptr, bytesize);
+      if (r == CUDA_SUCCESS) registry().add_unmanaged(*dptr, bytesize, proto::Unmanaged::Resident);
+      return r;
+    }
     if (bytesize >= config().min_bytes) {
       CUresult r;
       if (try_managed(dptr, bytesize, &r)) return r;
@@ -227,7 +235,9 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size
   const std::size_t bytes = p * height;
   proto::Unmanaged reason = proto::Unmanaged::Small;
   try {
-    if (bytes >= config().min_bytes) {
+    if (current_tag().policy == Policy::Resident) {
+      reason = proto::Unmanaged::Resident;
+    } else if (bytes >= config().min_bytes) {
       CUresult r;
       if (try_managed(dptr, bytes, &r)) {
         if (r == CUDA_SUCCESS) *pitch = p;

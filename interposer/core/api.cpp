@@ -12,7 +12,9 @@
 #include "engine.h"
 #include "log.h"
 #include "pause_callbacks.h"
+#include "registry.h"
 #include "shim.h"
+#include "tags.h"
 #include "vmm.h"
 
 #ifndef TMSDISK_VERSION
@@ -45,12 +47,16 @@ void ensure_init() noexcept {
 
 namespace {
 
-int run(proto::CommandOp op, uint8_t flags = 0) noexcept {
+int run(proto::CommandOp op, uint8_t flags = 0, const char* tag = nullptr) noexcept {
   ensure_init();
   Engine* e = Engine::instance();
   if (!e) return -ENOMEM;
-  const Status done = e->run(op, flags);
-  return done ? 0 : -done.error().errnum();
+  try {
+    const Status done = e->run(op, flags, tag ? std::string(tag) : std::string());
+    return done ? 0 : -done.error().errnum();
+  } catch (...) {
+    return -ENOMEM;
+  }
 }
 
 }  // namespace
@@ -104,6 +110,57 @@ int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
 int api_on_pause(void (*callback)(void* arg), void* arg) noexcept {
   // Registration only: no thread, no session. The first pause (which starts the engine) runs it.
   return add_pause_callback(callback, arg);
+}
+
+int api_tag_push(const char* tag, int policy) noexcept {
+  return push_tag(tag, policy);
+}
+int api_tag_pop() noexcept {
+  return pop_tag();
+}
+int api_pause_tag(const char* tag) noexcept {
+  if (tag && !valid_tag_name(tag)) return -EINVAL;
+  return run(proto::CommandOp::Pause, 0, tag);
+}
+int api_resume_tag(const char* tag) noexcept {
+  if (tag && !valid_tag_name(tag)) return -EINVAL;
+  return run(proto::CommandOp::Resume, 0, tag);
+}
+
+int api_tags(struct tmsdisk_tag_info* out, std::size_t count, std::size_t size) noexcept {
+  if ((count && !out) || (count && size == 0)) return -EINVAL;
+  try {
+    std::vector<struct tmsdisk_tag_info> found;
+    for (const auto& a : registry().snapshot()) {
+      if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // counted as unmanaged
+      auto it = std::find_if(found.begin(), found.end(), [&](const tmsdisk_tag_info& t) {
+        return t.reserved == a->tag && t.policy == static_cast<uint32_t>(a->policy);
+      });
+      if (it == found.end()) {
+        tmsdisk_tag_info t{};
+        t.reserved = a->tag;  // the id, while sorting out; cleared below
+        t.policy = static_cast<uint32_t>(a->policy);
+        const std::string name = tag_name(a->tag);
+        std::memcpy(t.tag, name.data(), std::min(name.size(), sizeof(t.tag) - 1));
+        found.push_back(t);
+        it = found.end() - 1;
+      }
+      ++it->allocations;
+      if (a->state.load() == AllocState::Paused) {
+        ++it->paused_allocations;
+        it->paused_bytes += a->size;
+      } else {
+        it->resident_bytes += a->size;
+      }
+    }
+    for (std::size_t i = 0; i < found.size() && i < count; ++i) {
+      found[i].reserved = 0;
+      std::memcpy(reinterpret_cast<char*>(out) + i * size, &found[i], std::min(size, sizeof(found[i])));
+    }
+    return static_cast<int>(std::min<std::size_t>(found.size(), INT32_MAX));
+  } catch (...) {
+    return -ENOMEM;
+  }
 }
 
 const char* api_version() noexcept {

@@ -177,12 +177,13 @@ int Engine::post(std::function<void()> task, bool wait) noexcept {
   }
 }
 
-Status Engine::run(proto::CommandOp op, uint8_t flags) noexcept {
+Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept {
   try {
     ensure_started();
     Request req;
     req.op = op;
     req.flags = flags;
+    req.tag = std::move(tag);
     {
       std::unique_lock lock(mu_);
       if (!thread_started_) return make_error(EAGAIN, "the tmsdisk control thread could not be started");
@@ -309,7 +310,7 @@ void Engine::serve_requests() {
     }
     OpResult result;
     try {
-      result = execute(req->op, req->flags, 0);
+      result = execute(req->op, req->flags, 0, req->tag);
     } catch (...) {
       result = OpResult{make_error(ENOMEM, "out of memory")};
     }
@@ -347,7 +348,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   }
   OpResult r;
   try {
-    r = execute(static_cast<proto::CommandOp>(cmd->op), cmd->flags, env.request_id);
+    r = execute(static_cast<proto::CommandOp>(cmd->op), cmd->flags, env.request_id, cmd->tag);
   } catch (...) {
     r = OpResult{make_error(ENOMEM, "out of memory")};
   }
@@ -366,13 +367,25 @@ void Engine::serve_command(const proto::Envelope& env) {
   settle_host_tier();
 }
 
-OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request) {
+OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag) {
   const uint64_t t0 = now_ns();
   const bool pausing = op == proto::CommandOp::Pause;
   bool gated = false;
   OpResult r;
+  Selection which;
+  std::optional<TagId> tag_id;
+  if (!tag.empty()) {
+    which.all = false;
+    which.name = tag;
+    tag_id = find_tag(tag);
+    which.tag = tag_id.value_or(kUntagged);
+  }
   if (op != proto::CommandOp::Pause && op != proto::CommandOp::Resume) {
     r = OpResult{make_error(EINVAL, "unknown operation")};
+  } else if (!tag.empty() && !valid_tag_name(tag)) {
+    r = OpResult{make_error(EINVAL, "a tag is 1 to 63 of A-Z a-z 0-9 _ . -")};
+  } else if (!tag.empty() && !tag_id) {
+    r = OpResult::no_op(fmt::format("no allocation carries tag {}", tag));
   } else if (!driver().usable) {
     r = OpResult{make_error(ENOTSUP, "libcuda.so.1 is missing or lacks required entry points; tmsdisk is disabled")};
   } else {
@@ -409,7 +422,8 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
-        r = pausing ? pause(progress) : resume(progress, (flags & proto::kAcceptLoss) != 0);
+        r = pausing ? pause(progress, which) : resume(progress, (flags & proto::kAcceptLoss) != 0, which);
+        if (pausing && which.all && r.outcome == proto::Outcome::Done) whole_process_paused_ = true;
       }
       gated = true;
     }
@@ -523,12 +537,25 @@ constexpr const char* kDamageAdvice =
 
 }  // namespace
 
-OpResult Engine::pause(ProgressReporter& progress) {
-  std::vector<std::shared_ptr<Allocation>> resident, paused, damaged;
+OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
+  std::vector<std::shared_ptr<Allocation>> resident, paused, damaged, discarding;
+  std::vector<std::string> holding;  // tags outside the selection whose backed-up allocations are paused
   for (auto& a : registry().snapshot()) {
     if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
-    if (a->state.load() == AllocState::Paused && a->damage.load() != 0) damaged.push_back(a);
-    (a->state.load() == AllocState::Paused ? paused : resident).push_back(std::move(a));
+    const bool is_paused = a->state.load() == AllocState::Paused;
+    if (!which.covers(*a)) {
+      if (is_paused && a->policy != Policy::Discard) {
+        std::string name = tag_name(a->tag);
+        if (std::find(holding.begin(), holding.end(), name) == holding.end()) holding.push_back(std::move(name));
+      }
+      continue;
+    }
+    if (a->policy == Policy::Discard) {
+      if (!is_paused) discarding.push_back(std::move(a));
+      continue;
+    }
+    if (is_paused && a->damage.load() != 0) damaged.push_back(a);
+    (is_paused ? paused : resident).push_back(std::move(a));
   }
   if (!damaged.empty()) {
     // The committed pause still holds what can be saved of them (every chunk but the damaged one):
@@ -537,21 +564,44 @@ OpResult Engine::pause(ProgressReporter& progress) {
                                                   "resume because their backup is damaged: {}. First {}; then pause",
                                                   damaged.size(), damage_list(damaged), kDamageAdvice))};
   }
-  if (resident.empty()) return OpResult::no_op(paused.empty() ? "no managed allocations to pause" : "already paused");
+  if (resident.empty() && discarding.empty()) {
+    if (!which.all) return OpResult::no_op(fmt::format("every allocation with tag {} is paused already", which.name));
+    return OpResult::no_op(paused.empty() ? "no managed allocations to pause" : "already paused");
+  }
+  if (!resident.empty() && !holding.empty()) {
+    // The rank's backed-up pause (one reservation, one manifest) holds another tag's data: a new
+    // reservation would drop it. Discarded memory needs no reservation, so it is not refused.
+    std::string tags;
+    for (const auto& t : holding) tags += (tags.empty() ? "" : ", ") + t;
+    return OpResult{make_error(
+        EBUSY, fmt::format("tag {} cannot be paused with a backup while tag(s) {} hold this rank's backed-up pause "
+                           "(one per rank): resume {} first, or pause them together (without a tag: every allocation)",
+                           which.name, tags, tags))};
+  }
+  OpResult dropped;
+  if (!discarding.empty()) {
+    dropped = discard(std::move(discarding));
+    if (dropped.code() || resident.empty()) return dropped;
+  }
+  auto with_dropped = [&](OpResult r) {
+    r.bytes += dropped.bytes;
+    r.skipped.discarded_bytes += dropped.skipped.discarded_bytes;
+    return r;
+  };
   Result<bool> committed = committed_pause();
-  if (!committed) return failed(committed.error());
+  if (!committed) return with_dropped(failed(committed.error()));
   if (*committed && !paused.empty()) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
-    return OpResult{make_error(
+    return with_dropped(OpResult{make_error(
         EBUSY,
-        fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))};
+        fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))});
   }
   if (*committed) {
     // Every allocation is resident (a resume brought the data back but its commit failed, or what was
     // paused has been freed): the committed pause holds nothing the process still needs. Close it.
     TMS_INFO("tmsdiskd still records a committed pause though every allocation is resident; recording the resume");
     if (OpResult closed = commit(proto::CommitState::Resumed, 0, "every allocation is resident"); closed.code())
-      return closed;
+      return with_dropped(std::move(closed));
   }
   if (!paused.empty()) {
     // An earlier pause stopped half-way. A new reservation would drop the checksums of what it
@@ -561,25 +611,41 @@ OpResult Engine::pause(ProgressReporter& progress) {
     if (back.code()) {
       back.status = make_error(back.code(),
                                "cannot restore allocations left paused by an earlier failed pause: " + back.message());
-      return back;
+      return with_dropped(std::move(back));
     }
     resident.insert(resident.end(), paused.begin(), paused.end());
   }
-  return pause_all(std::move(resident), progress);
+  return with_dropped(pause_all(std::move(resident), progress));
 }
 
-OpResult Engine::resume(ProgressReporter& progress, bool accept_loss) {
-  std::vector<std::shared_ptr<Allocation>> paused;
-  for (auto& a : registry().snapshot())
-    if (a->state.load() == AllocState::Paused) paused.push_back(std::move(a));
-  if (paused.empty()) {
+OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Selection& which) {
+  std::vector<std::shared_ptr<Allocation>> paused, refilling;
+  bool others = false;  // backed-up allocations outside the selection stay paused
+  for (auto& a : registry().snapshot()) {
+    if (a->state.load() != AllocState::Paused) continue;
+    if (!which.covers(*a)) {
+      others |= a->policy != Policy::Discard;
+      continue;
+    }
+    (a->policy == Policy::Discard ? refilling : paused).push_back(std::move(a));
+  }
+  if (paused.empty() && refilling.empty()) {
+    if (!which.all) return OpResult::no_op(fmt::format("nothing with tag {} is paused", which.name));
     // Nothing to bring back; a committed pause the daemon still records (its allocations were freed,
     // or an earlier resume's commit failed) is closed here.
     Result<bool> committed = committed_pause();
     if (!committed) return failed(committed.error());
     if (!*committed) return OpResult::no_op("nothing is paused");
   }
-  return resume_all(std::move(paused), progress, accept_loss);
+  OpResult r;
+  if (!paused.empty() || refilling.empty()) r = resume_all(std::move(paused), progress, accept_loss, !others);
+  if (!refilling.empty()) {
+    OpResult z = refill(std::move(refilling));
+    r.bytes += z.bytes;
+    r.skipped.discarded_bytes += z.skipped.discarded_bytes;
+    if (z.code() && !r.code()) r.status = std::move(z.status);
+  }
+  return r;
 }
 
 namespace {
@@ -754,20 +820,16 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
   return send(true);
 }
 
-OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress) {
+Status Engine::synchronize_users(const std::vector<std::shared_ptr<Allocation>>& list) {
   const DriverApi& api = driver().api;
-  set_state(proto::RankState::Pausing);
-
-  // 1. Let every context finish what it was doing with this memory.
   std::vector<CUcontext> contexts;
-  for (const auto& a : resident)
+  for (const auto& a : list)
     if (std::find(contexts.begin(), contexts.end(), a->ctx) == contexts.end()) contexts.push_back(a->ctx);
   for (CUcontext ctx : contexts) {
     CtxScope scope(api, ctx);
-    if (!scope.ok())
-      return OpResult{make_error(EIO, "cannot make an allocation's context current (was it destroyed?)")};
+    if (!scope.ok()) return make_error(EIO, "cannot make an allocation's context current (was it destroyed?)");
     if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
-      return OpResult{make_error(EIO, cuda_failure("cuCtxSynchronize", r))};
+      return make_error(EIO, cuda_failure("cuCtxSynchronize", r));
   }
   // Peer devices granted access (cuCtxEnablePeerAccess, application access lists) may have kernels
   // still writing this memory from their own contexts: synchronize their primary contexts too, those
@@ -775,7 +837,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   if (api.cuDevicePrimaryCtxGetState && api.cuDevicePrimaryCtxRetain && api.cuDevicePrimaryCtxRelease_v2 &&
       api.cuDeviceGet) {
     std::vector<int> peers;
-    for (const auto& a : resident)
+    for (const auto& a : list)
       for (const CUmemAccessDesc& d : a->access)
         if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
             std::find(peers.begin(), peers.end(), d.location.id) == peers.end())
@@ -795,9 +857,18 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
         r = scope.ok() ? api.cuCtxSynchronize() : CUDA_ERROR_INVALID_CONTEXT;
       }
       api.cuDevicePrimaryCtxRelease_v2(dev);
-      if (r != CUDA_SUCCESS) return OpResult{make_error(EIO, cuda_failure("cuCtxSynchronize (peer device)", r))};
+      if (r != CUDA_SUCCESS) return make_error(EIO, cuda_failure("cuCtxSynchronize (peer device)", r));
     }
   }
+  return {};
+}
+
+OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress) {
+  const DriverApi& api = driver().api;
+  set_state(proto::RankState::Pausing);
+
+  // 1. Let every context finish what it was doing with this memory.
+  if (Status st = synchronize_users(resident); !st) return OpResult{std::move(st)};
   vmm_trim_pools();  // pool memory stays resident; what the pools keep unused goes back now
 
   // Exported through legacy IPC: the daemon must not keep the old physical memory alive, and what
@@ -966,7 +1037,7 @@ Status zero_fill(TransferJob& j) {
 }  // namespace
 
 OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
-                            bool accept_loss) {
+                            bool accept_loss, bool last) {
   set_state(proto::RankState::Resuming);
   uint64_t total = 0;
   auto made = make_jobs(std::move(paused), &total);
@@ -1099,12 +1170,64 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     return partial;
   }
 
-  OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
-  if (committed.code()) return committed;
+  if (last) {
+    OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
+    if (committed.code()) return committed;
+  }
   OpResult done{{}, resumed_bytes, 0, lost_note};
   done.skipped.zero_bytes = resumed_zero;
   done.skipped.host_bytes = resumed_host;
   return done;
+}
+
+OpResult Engine::discard(std::vector<std::shared_ptr<Allocation>> list) {
+  if (Status st = synchronize_users(list); !st) return failed(st.error());
+  // Exported through legacy IPC: what another process has open stays resident, as in pause_all.
+  std::vector<std::shared_ptr<Allocation>> revoked;
+  ipc_revoke(list, revoked);
+  const DriverApi& api = driver().api;
+  OpResult r;
+  for (const auto& a : list) {
+    CtxScope scope(api, a->ctx);
+    if (CUresult e = api.cuMemUnmap(a->base, a->mapped); e != CUDA_SUCCESS) {
+      r.status = make_error(EIO, cuda_failure("cuMemUnmap", e));  // still mapped: stays resident
+      continue;
+    }
+    if (CUresult e = api.cuMemRelease(a->handle); e != CUDA_SUCCESS)
+      TMS_ERROR("blob %llu: %s; its physical memory may leak", static_cast<unsigned long long>(a->id),
+                cuda_failure("cuMemRelease", e).c_str());
+    a->handle = 0;
+    a->placement.clear();
+    a->state.store(AllocState::Paused);
+    r.bytes += a->size;
+  }
+  for (auto& a : revoked)
+    if (a->state.load() == AllocState::Resident) ipc_refresh(*a);
+  r.skipped.discarded_bytes = r.bytes;
+  TMS_INFO("discarded %llu bytes (policy discard: not saved; zero-filled on resume)",
+           static_cast<unsigned long long>(r.bytes));
+  return r;
+}
+
+OpResult Engine::refill(std::vector<std::shared_ptr<Allocation>> list) {
+  OpResult r;
+  std::size_t failures = 0;
+  for (const auto& a : list) {
+    TransferJob j;
+    j.a = a;
+    if (Status st = zero_fill(j); !st) {
+      if (failures++ == 0)
+        r.status = make_error(st.error().errnum(), "cannot map discarded memory again: " + st.error().message);
+      continue;
+    }
+    a->handle = j.handle;
+    a->state.store(AllocState::Resident);
+    if (a->export_id) ipc_refresh(*a);
+    r.bytes += a->size;
+  }
+  r.skipped.discarded_bytes = r.bytes;
+  if (failures) TMS_WARN("%zu discarded allocation(s) stay unmapped: %s", failures, r.message().c_str());
+  return r;
 }
 
 Result<bool> Engine::committed_pause() {
@@ -1270,11 +1393,14 @@ proto::RankStats Engine::make_stats() {
 
 void Engine::settle_gate() noexcept {
   bool held_paused = false;  // paused for another reason than a damaged backup: the gate stays closed
+  if (registry().totals().paused_allocations == 0) whole_process_paused_ = false;
   try {
     std::vector<gate::Range> lost;
     for (const auto& a : registry().snapshot()) {
       if (a->state.load() != AllocState::Paused) continue;
-      if (a->damage.load() != 0)
+      // After a pause of part of the process (one tag), its memory is held back like lost memory:
+      // calls naming it wait (TMSDISK_ON_TOUCH), the rest of the program runs.
+      if (a->damage.load() != 0 || !whole_process_paused_)
         lost.push_back({a->base, a->mapped});
       else
         held_paused = true;

@@ -81,8 +81,9 @@ class Engine {
   void ensure_started() noexcept;
 
   // Runs a pause or resume on the control thread and waits for it; EBUSY when another operation
-  // is running. `flags`: proto::kAcceptLoss (resume only).
-  Status run(proto::CommandOp op, uint8_t flags = 0) noexcept;
+  // is running. `flags`: proto::kAcceptLoss (resume only). `tag`: only the allocations carrying it
+  // (tags.h); empty: every allocation.
+  Status run(proto::CommandOp op, uint8_t flags = 0, std::string tag = {}) noexcept;
 
   // cuMemFree released a paused allocation (its range no longer lost: see gate::forget_lost). The
   // control thread then settles the gate, the state and the daemon's record of the pause (closed
@@ -125,6 +126,7 @@ class Engine {
   struct Request {
     proto::CommandOp op{};
     uint8_t flags = 0;           // proto::kAcceptLoss
+    std::string tag;             // empty: every allocation
     std::function<void()> task;  // set: other work for the control thread (IPC) instead of `op`
     bool detached = false;       // nobody waits: the control thread deletes it
     bool done = false;
@@ -155,15 +157,33 @@ class Engine {
   void serve_requests();
   void serve_socket();
   void serve_command(const proto::Envelope& env);
-  OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request);
+  OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag);
+  // The allocations an operation is about: every one, or those of one tag.
+  struct Selection {
+    bool all = true;
+    TagId tag = kUntagged;
+    std::string name;  // for messages
+    bool covers(const Allocation& a) const noexcept { return all || a.tag == tag; }
+  };
   // What is paused or resident decides the work: a pause that finds allocations an earlier failed
-  // pause left paused resumes those, then pauses all.
-  OpResult pause(ProgressReporter& progress);
+  // pause left paused resumes those, then pauses all. Allocations under a discard policy are released
+  // without the daemon (discard()); the others make the rank's one backed-up pause: a second one while
+  // it holds paused data is refused, saying what to do.
+  OpResult pause(ProgressReporter& progress, const Selection& which);
   // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
-  OpResult resume(ProgressReporter& progress, bool accept_loss);
+  OpResult resume(ProgressReporter& progress, bool accept_loss, const Selection& which);
   OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress);
+  // `last`: no backed-up allocation outside `paused` is paused, so the daemon records the resume once
+  // all of them are back; else the rank's pause stays recorded for the rest.
   OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
-                      bool accept_loss = false);
+                      bool accept_loss = false, bool last = true);
+  // Discard policy: work using them finishes, then their physical memory goes, unsaved.
+  OpResult discard(std::vector<std::shared_ptr<Allocation>> list);
+  // ... and comes back: new memory at the same addresses, zero-filled.
+  OpResult refill(std::vector<std::shared_ptr<Allocation>> list);
+  // Every context that `list` was used from, and the active primary contexts of peers granted access,
+  // finish their work (before the memory is copied or released).
+  Status synchronize_users(const std::vector<std::shared_ptr<Allocation>>& list);
   // After an operation, or a free of paused memory, with the op lock held exclusively: the gate
   // closed while anything is paused for another reason than a damaged backup; else open, with the
   // damaged allocations' ranges lost (gate.h). Closed if memory ran out.
@@ -221,6 +241,10 @@ class Engine {
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
   HostTier host_tier_;
+  // The last pause covered every allocation: until nothing is paused, the gate holds every CUDA call
+  // (settle_gate). After a pause of one tag only calls naming paused memory are held: the program
+  // asked for part of its memory to go, as with torch_memory_saver, and runs on with the rest.
+  bool whole_process_paused_ = false;
   bool host_tier_keep_ = false;       // the grant allows keeping it after the resume (kTierKeep)
   bool host_tier_kept_told_ = false;  // TIER_KEEP sent since the last ask
   bool host_tier_reclaimed_ = false;  // TIER_RECLAIM came since the last ask

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_api.h"
+#include "tags.h"
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::shim {
@@ -65,6 +66,9 @@ struct Allocation {
   // them to zero. Written and read by the engine under the exclusive op lock.
   std::vector<ChunkPlace> placement;
   uint64_t host_offset = 0;
+  // The allocating thread's innermost tag and its policy (tags.h), for good.
+  TagId tag = kUntagged;
+  Policy policy = Policy::Backup;
 };
 
 struct RegistryTotals {

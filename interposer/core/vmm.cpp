@@ -111,11 +111,17 @@ CUcontext context_for(const DriverApi& api, CUdevice dev) {
 // neither imported nor shared, otherwise unmanaged bytes with the reason. Caller holds the table
 // lock and is inside the gate.
 void account(uint64_t token, VmmHandle& v) {
+  // Mapped by a thread in a resident region (tmsdisk.disabled()): never paused.
+  if (!v.alloc && v.pinned < 0 && current_tag().policy == Policy::Resident)
+    v.pinned = static_cast<int>(proto::Unmanaged::Resident);
   const bool pausable = !v.imported && v.pinned < 0 && v.maps.size() == 1 && v.maps[0].offset == 0 &&
                         v.maps[0].size == v.size && v.ctx != nullptr;
   Registry& reg = registry();
   if (pausable && !v.alloc) {
     auto a = std::make_unique<Allocation>();
+    const CurrentTag tag = current_tag();
+    a->tag = tag.tag;
+    a->policy = tag.policy;
     a->base = v.maps[0].addr;
     a->size = a->mapped = v.size;
     a->ctx = v.ctx;

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 3
+#define TMSDISK_API_VERSION 4
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -46,7 +46,8 @@ enum {
   TMSDISK_UNMANAGED_MULTICAST = 3,
   TMSDISK_UNMANAGED_POOL = 4,
   TMSDISK_UNMANAGED_MANAGED_MEMORY = 5,
-  TMSDISK_UNMANAGED_OTHER = 6, /* e.g. the device has no virtual memory management */
+  TMSDISK_UNMANAGED_OTHER = 6,    /* e.g. the device has no virtual memory management */
+  TMSDISK_UNMANAGED_RESIDENT = 7, /* allocated under a tag with TMSDISK_POLICY_RESIDENT (API version 4) */
   TMSDISK_UNMANAGED_REASONS = 8
 };
 
@@ -114,6 +115,48 @@ int tmsdisk_status(struct tmsdisk_status* status, size_t size) TMSDISK_NOEXCEPT;
  * callback, -ENOSPC when 16 are registered. There is no way to unregister one: arg must stay valid for
  * the life of the process. Added in API version 3. */
 int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) TMSDISK_NOEXCEPT;
+
+/* Tags (API version 4): the parts of a process ("weights", "kv_cache"), paused and resumed apart.
+ * Every allocation a thread makes between tmsdisk_tag_push and the matching tmsdisk_tag_pop carries
+ * the innermost tag pushed on that thread, and its policy; allocations made outside any region carry
+ * TMSDISK_UNTAGGED, a tag like the others. Other threads are not affected. Policies:
+ *   BACKUP    the pause saves the bytes (host tier, disk) and the resume brings them back;
+ *   DISCARD   the pause releases the memory without saving it; the resume maps new memory at the same
+ *             addresses, zero-filled (time proportional to mapping, not to bytes): a KV cache, CUDA-graph
+ *             scratch, anything whose content is garbage between phases;
+ *   RESIDENT  never paused (the driver's own allocation, counted as TMSDISK_UNMANAGED_RESIDENT).
+ * After a pause of one tag, the rest of the program runs; CUDA calls naming paused memory wait for
+ * its resume (TMSDISK_ON_TOUCH), kernels must not touch it. A rank keeps one backed-up pause at a
+ * time: pausing a tag with BACKUP allocations while another tag's backed-up allocations are paused is
+ * refused (-EBUSY, saying which); pause them together (tmsdisk_pause), or resume the other first.
+ * Discarded memory needs no backup and is never refused for that. */
+enum { TMSDISK_POLICY_BACKUP = 0, TMSDISK_POLICY_DISCARD = 1, TMSDISK_POLICY_RESIDENT = 2 };
+#define TMSDISK_TAG_MAX 63          /* tag names: 1 to 63 of A-Z a-z 0-9 _ . - */
+#define TMSDISK_UNTAGGED "untagged" /* the tag of allocations made outside any region */
+
+/* This thread's allocations carry `tag` with `policy` until the matching pop; regions nest. Returns 0,
+ * -EINVAL (bad name or policy), -ENOSPC (deeper than 32, or more than 1023 distinct tags). */
+int tmsdisk_tag_push(const char* tag, int policy) TMSDISK_NOEXCEPT;
+/* Ends this thread's innermost region. Returns 0, or -ENOENT when none is open. */
+int tmsdisk_tag_pop(void) TMSDISK_NOEXCEPT;
+/* tmsdisk_pause / tmsdisk_resume of the allocations carrying `tag` only (NULL: every allocation).
+ * A tag no allocation ever carried is nothing to do (0). */
+int tmsdisk_pause_tag(const char* tag) TMSDISK_NOEXCEPT;
+int tmsdisk_resume_tag(const char* tag) TMSDISK_NOEXCEPT;
+
+struct tmsdisk_tag_info {
+  char tag[64];    /* NUL-terminated */
+  uint32_t policy; /* TMSDISK_POLICY_BACKUP or _DISCARD (resident memory is in unmanaged_bytes) */
+  uint32_t allocations;
+  uint32_t paused_allocations;
+  uint32_t reserved;
+  uint64_t resident_bytes;
+  uint64_t paused_bytes;
+};
+/* One entry per (tag, policy) that managed allocations carry now, in the first `count` entries of
+ * `out`, each `size` bytes apart (pass sizeof(struct tmsdisk_tag_info)). Returns how many there are
+ * (more than `count`: call again with more room), or -EINVAL. */
+int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) TMSDISK_NOEXCEPT;
 
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;

@@ -317,7 +317,8 @@ namespace {
 // What was skipped is part of the bytes covered: zero, unchanged and host-tier chunks are disjoint.
 bool valid_skipped(const Skipped& s, uint64_t total, std::string& why) {
   if (s.zero_bytes > total || s.unchanged_bytes > total - s.zero_bytes ||
-      s.host_bytes > total - s.zero_bytes - s.unchanged_bytes) {
+      s.host_bytes > total - s.zero_bytes - s.unchanged_bytes ||
+      s.discarded_bytes > total - s.zero_bytes - s.unchanged_bytes - s.host_bytes) {
     why = "more bytes skipped than covered";
     return false;
   }
@@ -494,9 +495,22 @@ bool valid_op_flags(uint8_t op, uint8_t flags, std::string& why) {
 
 }  // namespace
 
+bool valid_tag(std::string_view tag) noexcept {
+  if (tag.size() > kMaxTagLength) return false;
+  for (char c : tag)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+          c == '-'))
+      return false;
+  return true;
+}
+
 bool Command::check(std::string& why) const {
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
     why = "unknown command " + std::to_string(op);
+    return false;
+  }
+  if (!valid_tag(tag)) {
+    why = "tag must be 1 to 63 of A-Z a-z 0-9 _ . -";
     return false;
   }
   return valid_op_flags(op, flags, why);
@@ -574,6 +588,10 @@ bool Sessions::check(std::string& why) const {
 bool Control::check(std::string& why) const {
   if (!printable(job)) {
     why = "job name has control characters";
+    return false;
+  }
+  if (!valid_tag(tag)) {
+    why = "tag must be 1 to 63 of A-Z a-z 0-9 _ . -";
     return false;
   }
   if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
@@ -763,6 +781,7 @@ const char* unmanaged_name(Unmanaged reason) noexcept {
     case Unmanaged::Pool: return "pool";
     case Unmanaged::ManagedMemory: return "managed-memory";
     case Unmanaged::Other: return "other";
+    case Unmanaged::Resident: return "resident-by-request";
   }
   return "unknown";
 }

@@ -3,7 +3,8 @@
 // way programs reach the driver (the linked symbol, cuGetProcAddress, dlsym on a dlopen'ed libcuda),
 // fills it with a pattern and checks it on request. Tests drive it line by line on stdin:
 //
-//   alloc ID BYTES PATH   PATH = direct | procaddr | dlsym    -> "ok ID 0xADDR"
+//   alloc ID BYTES PATH   PATH = direct | procaddr | dlsym | thread (cuMemAlloc on a new thread)
+//                                                              -> "ok ID 0xADDR"
 //   alloc ID BYTES PATH sparse STRIDE   the pattern in the first 4 KiB of every STRIDE bytes, zeros
 //                         elsewhere (STRIDE 0: all zeros); check knows
 //   edit ID OFFSET        changes the byte at OFFSET (checks expect the new value) -> "ok"
@@ -13,6 +14,10 @@
 //   zeros ID      whether it reads back as zeros               -> "ok" | "nonzero ID OFFSET" | "err copy CURESULT"
 //   addr ID                                                    -> "ok 0xADDR"
 //   api pause|resume|resume-accept-loss   the in-process C API, if preloaded -> "ok" | "err ERRNO"
+//   api pause-tag|resume-tag TAG          ... of one tag                    -> "ok" | "err ERRNO"
+//   tag push NAME backup|discard|resident this thread's next allocations carry NAME -> "ok" | "err ERRNO"
+//   tag pop                                                    -> "ok" | "err ERRNO"
+//   refill ID     writes its pattern again (after a discard)   -> "ok"
 //   exit
 //
 // Every answer is one line on stdout; errors are "err ..." lines, never a crash.
@@ -20,12 +25,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pattern.h"
@@ -163,7 +170,15 @@ int main() {
       a.bytes = bytes;
       a.sparse = mode == "sparse";
       if (a.sparse) in >> a.stride;
-      CUresult rc = fn ? fn(&a.ptr, bytes) : CUDA_ERROR_NOT_FOUND;
+      CUresult rc = CUDA_ERROR_NOT_FOUND;
+      if (path == "thread") {
+        // Made by another thread (cuMemAlloc): the tag pushed on this one must not reach it.
+        std::thread([&] {
+          if (cuCtxSetCurrent(ctx) == CUDA_SUCCESS) rc = cuMemAlloc(&a.ptr, bytes);
+        }).join();
+      } else if (fn) {
+        rc = fn(&a.ptr, bytes);
+      }
       if (rc != CUDA_SUCCESS) {
         std::printf("err alloc %d\n", static_cast<int>(rc));
         continue;
@@ -238,6 +253,41 @@ int main() {
         std::printf("err addr\n");
       else
         std::printf("ok 0x%llx\n", static_cast<unsigned long long>(it->second.ptr));
+    } else if (cmd == "tag") {
+      std::string what, name, policy;
+      in >> what >> name >> policy;
+      int rc = -EINVAL;
+      if (what == "push") {
+        auto push = reinterpret_cast<int (*)(const char*, int)>(dlsym(RTLD_DEFAULT, "tmsdisk_tag_push"));
+        const int p = policy == "backup" ? 0 : policy == "discard" ? 1 : policy == "resident" ? 2 : -1;
+        rc = push ? push(name.c_str(), p) : -ENOSYS;
+      } else if (what == "pop") {
+        auto pop = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "tmsdisk_tag_pop"));
+        rc = pop ? pop() : -ENOSYS;
+      }
+      if (rc == 0)
+        std::printf("ok\n");
+      else
+        std::printf("err %d\n", -rc);
+    } else if (cmd == "refill") {
+      uint64_t id = 0;
+      in >> id;
+      auto it = allocs.find(id);
+      if (it == allocs.end() || !fill(it->second, id))
+        std::printf("err refill\n");
+      else
+        std::printf("ok\n");
+    } else if (cmd == "api" &&
+               (line.find("pause-tag") != std::string::npos || line.find("resume-tag") != std::string::npos)) {
+      std::string what, tag;
+      in >> what >> tag;
+      auto fn = reinterpret_cast<int (*)(const char*)>(
+          dlsym(RTLD_DEFAULT, what == "pause-tag" ? "tmsdisk_pause_tag" : "tmsdisk_resume_tag"));
+      const int rc = fn ? fn(tag.c_str()) : -ENOSYS;
+      if (rc == 0)
+        std::printf("ok\n");
+      else
+        std::printf("err %d\n", -rc);
     } else if (cmd == "api") {
       std::string what;
       in >> what;

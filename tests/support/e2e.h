@@ -224,6 +224,7 @@ struct RankOutcome {
   uint64_t bytes = 0;
   // What of `bytes` did not go through the disk, and what did (moved).
   uint64_t zero_bytes = 0, unchanged_bytes = 0, host_bytes = 0, moved_bytes = 0;
+  uint64_t discarded_bytes = 0;  // under a discard policy: released unsaved, zero-filled on resume
   std::string message;
   std::string outcome;  // "done", or "no-op": the rank was already in the state asked for
 };
@@ -311,6 +312,7 @@ inline Outcome Node::control(const std::string& verb, const std::vector<std::str
                        .unchanged_bytes = r.value("unchanged_bytes", uint64_t{0}),
                        .host_bytes = r.value("host_bytes", uint64_t{0}),
                        .moved_bytes = r.value("moved_bytes", uint64_t{0}),
+                       .discarded_bytes = r.value("discarded_bytes", uint64_t{0}),
                        .message = r.value("message", ""),
                        .outcome = r.value("outcome", "")});
   return o;

@@ -273,8 +273,8 @@ TEST_CASE("the outcome of a pause or resume: Done or NoOp, and a no-op neither f
 
   // The outcome and what was skipped close each: a result's size, by which ControlResult pages,
   // counts them.
-  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1 + 24);
-  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1 + 24);
+  CHECK(encode(1, CommandDone{}).size() == kHeaderSize + 4 + 8 + 8 + 2 + 1 + 32);
+  CHECK(encoded_size(RankResult{}) == 8 + 4 + 8 + 2 + 4 + 8 + 8 + 2 + 1 + 32);
   CHECK(encoded_size(RankResult{.job = "j", .message = "m"}) == encoded_size(RankResult{}) + 2);
 }
 
@@ -350,7 +350,12 @@ TEST_CASE("pause and resume flags: accept-loss is known, for a resume only, in C
   CHECK(decode(encode(1, Command{.op = resume, .flags = kAcceptLoss})).envelope);
   CHECK(decode_code(encode(1, Command{.op = pause, .flags = kAcceptLoss})) == EBADMSG);
   CHECK(decode_code(encode(1, Command{.op = resume, .flags = 0x80})) == EBADMSG);
-  CHECK(encode(1, Command{.op = resume}).size() == kHeaderSize + 2);  // op, flags
+  CHECK(encode(1, Command{.op = resume}).size() == kHeaderSize + 2 + 2);  // op, flags, an empty tag
+  // A tag (protocol 7): only that tag's allocations; names are checked as the shim checks them.
+  CHECK(round_trip(Command{.op = pause, .tag = "kv_cache"}).tag == "kv_cache");
+  CHECK(decode_code(encode(1, Command{.op = pause, .tag = "kv cache"})) == EBADMSG);
+  CHECK(decode_code(encode(1, Control{.op = pause, .match = kMatchAll, .tag = "a/b"})) == EBADMSG);
+  CHECK(round_trip(Control{.op = pause, .match = kMatchAll, .tag = "weights"}).tag == "weights");
 }
 
 TEST_CASE("damaged ranges in a rank's stats: bounded, counted, with a known reason and a size") {

@@ -102,9 +102,12 @@ std::string damaged_text(const proto::RankStats& s) {
 // device)" on a resume; with ", 8.0 GiB in host memory" after the first figure when the host tier
 // kept some.
 std::string skipped_text(uint64_t bytes, const proto::Skipped& s, bool pause) {
-  if (s.zero_bytes == 0 && s.unchanged_bytes == 0 && s.host_bytes == 0) return {};
-  const uint64_t moved = bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes;
-  const std::string host = s.host_bytes ? ", " + human_bytes(s.host_bytes) + " in host memory" : "";
+  if (s.zero_bytes == 0 && s.unchanged_bytes == 0 && s.host_bytes == 0 && s.discarded_bytes == 0) return {};
+  const uint64_t moved = bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes - s.discarded_bytes;
+  const std::string host = (s.host_bytes ? ", " + human_bytes(s.host_bytes) + " in host memory" : "") +
+                           (s.discarded_bytes ? ", " + human_bytes(s.discarded_bytes) +
+                                                    (pause ? " discarded (not saved)" : " discarded (zero-filled)")
+                                              : "");
   if (!pause)
     return ": " + human_bytes(moved) + " read" + host + ", " + human_bytes(s.zero_bytes) + " zero (set on the device)";
   return ": " + human_bytes(moved) + " written" + host + ", " + human_bytes(s.zero_bytes) + " zero, " +
@@ -113,8 +116,9 @@ std::string skipped_text(uint64_t bytes, const proto::Skipped& s, bool pause) {
 
 // The same, as JSON fields beside "bytes": moved_bytes went through the disk.
 json skipped_json(uint64_t bytes, const proto::Skipped& s) {
-  return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes},
+  return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes - s.discarded_bytes},
           {"host_bytes", s.host_bytes},
+          {"discarded_bytes", s.discarded_bytes},
           {"zero_bytes", s.zero_bytes},
           {"unchanged_bytes", s.unchanged_bytes}};
 }
@@ -350,6 +354,9 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
   proto::Control req;
   req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
   if (accept_loss) req.flags = proto::kAcceptLoss;
+  if (!sel.tag.empty() && !proto::valid_tag(sel.tag))
+    return fail(common, verb, "--tag: a tag is 1 to 63 of A-Z a-z 0-9 _ . -", kExitUsage);
+  req.tag = sel.tag;
   if (sel.all) {
     if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0)
       return fail(common, verb, "--all cannot be combined with --job, --rank or --pid", kExitUsage);

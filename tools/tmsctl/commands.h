@@ -24,6 +24,7 @@ struct Selector {
   int64_t rank = -1;
   int32_t pid = 0;
   bool all = false;
+  std::string tag;  // pause/resume: only allocations carrying it; empty: all
 };
 
 struct LaunchOptions {

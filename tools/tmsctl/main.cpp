@@ -180,6 +180,10 @@ int main(int argc, char** argv) {
         ->type_name("PID")
         ->check(whole_number(1, INT32_MAX, "a process id"));
     sub->add_flag("--all", sel.all, "every rank you may act on");
+    sub->add_option("--tag", sel.tag,
+                    "only the allocations carrying this tag (made inside tmsdisk.region(TAG) or between "
+                    "tmsdisk_tag_push and _pop; \"untagged\": the others); a rank without it has nothing to do")
+        ->type_name("TAG");
   };
   auto* pause = app.add_subcommand("pause", "write the selected ranks' GPU memory to disk and release it");
   add_selector(pause);

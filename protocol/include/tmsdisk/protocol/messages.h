@@ -143,6 +143,7 @@ enum class Unmanaged : uint8_t {
   Pool = 4,           // stream-ordered pool memory
   ManagedMemory = 5,  // cuMemAllocManaged
   Other = 6,
+  Resident = 7,  // allocated under a tag whose policy is resident (tmsdisk.disabled()): never paused
 };
 inline constexpr std::size_t kUnmanagedReasons = 8;
 
@@ -216,11 +217,17 @@ struct Skipped {
   uint64_t zero_bytes = 0;       // all-zero chunks: not written on pause, set on the device on resume
   uint64_t unchanged_bytes = 0;  // pause only: the file already held them, so they were not rewritten
   uint64_t host_bytes = 0;       // kept in the host-memory tier (moved by DMA, not through the disk)
+  // Under a tag whose policy is discard: released without being saved; zero-filled on resume.
+  uint64_t discarded_bytes = 0;
   template <class F>
   void fields(F&& f) {
-    f(zero_bytes), f(unchanged_bytes), f(host_bytes);
+    f(zero_bytes), f(unchanged_bytes), f(host_bytes), f(discarded_bytes);
   }
 };
+
+// A tag name (issue 10): what part of a process an operation is about. Empty: all of it.
+inline constexpr std::size_t kMaxTagLength = 63;
+bool valid_tag(std::string_view tag) noexcept;  // empty, or 1 to 63 of [A-Za-z0-9_.-]
 
 struct RankStats {
   uint8_t state = 0;  // RankState
@@ -563,9 +570,10 @@ struct Command {
   static constexpr MsgType kType = MsgType::Command;
   uint8_t op = 0;     // CommandOp
   uint8_t flags = 0;  // kAcceptLoss, from the Control that asked
+  std::string tag;    // only the allocations carrying this tag; empty: every allocation
   template <class F>
   void fields(F&& f) {
-    f(op), f(flags);
+    f(op), f(flags), f(tag, kMaxTagLength);
   }
   bool check(std::string& why) const;
 };
@@ -630,9 +638,10 @@ struct Control {
   int32_t pid = 0;
   uint32_t timeout_ms = 0;  // 0: no limit
   uint8_t flags = 0;        // kAcceptLoss (resume only); forwarded to each rank in its Command
+  std::string tag;          // forwarded too: only that tag's allocations; empty: all
   template <class F>
   void fields(F&& f) {
-    f(op), f(match), f(job, kMaxNameLength), f(rank), f(pid), f(timeout_ms), f(flags);
+    f(op), f(match), f(job, kMaxNameLength), f(rank), f(pid), f(timeout_ms), f(flags), f(tag, kMaxTagLength);
   }
   bool check(std::string& why) const;
 };

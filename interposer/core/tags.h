@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tags (issue 10): the part of a process an allocation belongs to ("weights", "kv_cache"), and what a
+// pause does with it. A thread pushes a tag with its policy (tmsdisk_tag_push, a Python region) and
+// every allocation it makes until the matching pop carries the innermost one; allocations made outside
+// any region carry "untagged", which is a tag like the others. Only the allocating thread's stack
+// counts: another thread's region never tags this one's memory.
+//
+// Policies: backup (the pause saves the bytes: host tier, disk), discard (the pause releases the
+// memory without saving it; the resume maps new memory at the same addresses, zero-filled: for a KV
+// cache or CUDA-graph scratch whose content is garbage between phases), resident (never paused: the
+// native allocator's memory, counted as unmanaged).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tmsdisk/protocol/messages.h"
+
+namespace tmsdisk::shim {
+
+enum class Policy : uint8_t { Backup = 0, Discard = 1, Resident = 2 };
+
+using TagId = uint16_t;
+inline constexpr TagId kUntagged = 0;
+inline constexpr std::size_t kMaxTagLength = proto::kMaxTagLength;
+inline constexpr std::size_t kMaxTagDepth = 32;
+
+struct CurrentTag {
+  TagId tag = kUntagged;
+  Policy policy = Policy::Backup;
+};
+
+// 1 to 63 characters of [A-Za-z0-9_.-].
+inline bool valid_tag_name(std::string_view name) noexcept { return !name.empty() && proto::valid_tag(name); }
+
+// The calling thread's innermost tag, or untagged with backup.
+CurrentTag current_tag() noexcept;
+// 0, -EINVAL (bad name or policy), -ENOSPC (deeper than kMaxTagDepth, or too many distinct tags).
+int push_tag(const char* name, int policy) noexcept;
+// 0, or -ENOENT when the thread has none pushed.
+int pop_tag() noexcept;
+
+// The id of a tag some thread pushed (or "untagged"); nullopt for a name never seen.
+std::optional<TagId> find_tag(std::string_view name) noexcept;
+// The name of `id` ("untagged" for kUntagged); empty when out of memory.
+std::string tag_name(TagId id) noexcept;
+const char* policy_name(Policy p) noexcept;
+
+}  // namespace tmsdisk::shim

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 10, end to end on simcuda: tags. Allocations a thread makes inside a region carry its tag and
+// policy; `tmsctl pause --tag` and tmsdisk_pause_tag move only those, the rest of the program runs;
+// regions nest; discard releases memory unsaved and resumes it zero-filled at the same address;
+// resident memory is never paused; another thread's region does not tag this thread's memory. Each
+// TEST_CASE is its own CTest test.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "e2e.h"
+
+using namespace tmsdisk;
+using namespace tmsdisk::e2e;
+
+TEST_CASE("only the tagged allocations move, and the rest of the program runs while they are paused") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("tags", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());  // untagged
+  REQUIRE(prog.cmd("tag push weights backup") == "ok");
+  const std::string weights = ok_addr(prog.cmd("alloc 2 16777216 direct"));
+  REQUIRE_FALSE(weights.empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+
+  auto p = node.control("pause", {"--job", "tags", "--tag", "weights"});
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].bytes == 16 * MiB);
+  CHECK(p[0].moved_bytes == 16 * MiB);
+  // The untagged memory is still the program's: calls naming it run while the weights are paused.
+  CHECK(prog.cmd("check 1") == "ok");
+  RankStatus r = node.status().at(0);
+  CHECK(r.totals.paused == 16 * MiB);
+  CHECK(r.totals.resident == 32 * MiB);
+
+  // A tag nobody carries is nothing to do, for a rank and for the job.
+  auto none = node.control("pause", {"--job", "tags", "--tag", "kv_cache"});
+  INFO(none.text);
+  REQUIRE(none.ok());
+  CHECK(none[0].outcome == "no-op");
+
+  auto back = node.control("resume", {"--job", "tags", "--tag", "weights"});
+  INFO(back.text);
+  REQUIRE(back.ok());
+  CHECK(back[0].bytes == 16 * MiB);
+  CHECK(prog.cmd("check") == "ok 2");
+  CHECK(prog.cmd("addr 2") == "ok " + weights);
+  // "untagged" is a tag like the others.
+  REQUIRE(node.control("pause", {"--job", "tags", "--tag", "untagged"}).ok());
+  CHECK(node.status().at(0).totals.paused == 32 * MiB);
+  REQUIRE(node.control("resume", {"--job", "tags"}).ok());
+  CHECK(prog.cmd("check") == "ok 2");
+}
+
+TEST_CASE("regions nest: the innermost tag wins, the outer one comes back when it ends") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("nest", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("tag push outer backup") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());
+  REQUIRE(prog.cmd("tag push inner backup") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 4194304 direct")).empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 3 8388608 direct")).empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  CHECK(prog.cmd("tag pop") == "err 2");  // ENOENT: nothing left to pop
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 4 4194304 direct")).empty());
+
+  REQUIRE(prog.cmd("api pause-tag outer") == "ok");
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);  // 1 and 3
+  CHECK(prog.cmd("check 2") == "ok");
+  CHECK(prog.cmd("check 4") == "ok");
+  REQUIRE(prog.cmd("api resume-tag outer") == "ok");
+  REQUIRE(prog.cmd("api pause-tag inner") == "ok");
+  CHECK(node.status().at(0).totals.paused == 4 * MiB);
+  REQUIRE(prog.cmd("api resume-tag inner") == "ok");
+  CHECK(prog.cmd("check") == "ok 4");
+  // Bad names are refused, never taken for "every allocation".
+  CHECK(prog.cmd("tag push bad/name backup") == "err 22");
+  CHECK(prog.cmd("tag push fine discardish") == "err 22");
+  CHECK(prog.cmd("api pause-tag bad/name") == "err 22");
+}
+
+TEST_CASE("discard releases the memory unsaved and resumes it zero-filled at the same address") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("discard", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("tag push kv_cache discard") == "ok");
+  const std::string cache = ok_addr(prog.cmd("alloc 1 67108864 direct"));
+  REQUIRE_FALSE(cache.empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 33554432 direct")).empty());
+
+  // The whole process: the weights are saved, the cache is not.
+  auto p = node.pause("discard");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].bytes == 96 * MiB);
+  CHECK(p[0].discarded_bytes == 64 * MiB);
+  CHECK(p[0].moved_bytes == 32 * MiB);
+  CHECK(node.status().at(0).disk_bytes == 32 * MiB);
+  // Another process can have all of it.
+  CHECK(node.probe(96));
+  auto r = node.resume("discard");
+  INFO(r.text);
+  REQUIRE(r.ok());
+  CHECK(r[0].discarded_bytes == 64 * MiB);
+  CHECK(r[0].moved_bytes == 32 * MiB);
+  CHECK(prog.cmd("addr 1") == "ok " + cache);
+  CHECK(prog.cmd("zeros 1") == "ok");
+  CHECK(prog.cmd("check 2") == "ok");
+
+  // The cache alone: no daemon work, no disk; the weights run on meanwhile.
+  REQUIRE(prog.cmd("refill 1") == "ok");
+  auto c = node.control("pause", {"--job", "discard", "--tag", "kv_cache"});
+  INFO(c.text);
+  REQUIRE(c.ok());
+  CHECK(c[0].discarded_bytes == 64 * MiB);
+  CHECK(c[0].moved_bytes == 0);
+  CHECK(prog.cmd("check 2") == "ok");
+  REQUIRE(node.control("resume", {"--job", "discard", "--tag", "kv_cache"}).ok());
+  CHECK(prog.cmd("zeros 1") == "ok");
+}
+
+TEST_CASE("a tag whose policy is resident is never paused, and status says why it stays") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("resident", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("tag push pinned resident") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 16777216 direct")).empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 16777216 direct")).empty());
+  auto p = node.pause("resident");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].bytes == 16 * MiB);
+  RankStatus r = node.status().at(0);
+  CHECK(r.totals.unmanaged["resident-by-request"] == 16 * MiB);
+  REQUIRE(node.resume("resident").ok());
+  CHECK(prog.cmd("check") == "ok 2");
+}
+
+TEST_CASE("an allocation made by another thread while this one has a tag active is not tagged") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("threads", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("tag push mine backup") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());    // this thread: tagged
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 16777216 thread")).empty());   // another thread: untagged
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE(prog.cmd("api pause-tag mine") == "ok");
+  CHECK(node.status().at(0).totals.paused == 8 * MiB);
+  REQUIRE(prog.cmd("api resume-tag mine") == "ok");
+  REQUIRE(prog.cmd("api pause-tag untagged") == "ok");
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);
+  REQUIRE(prog.cmd("api resume-tag untagged") == "ok");
+  CHECK(prog.cmd("check") == "ok 2");
+}
+
+TEST_CASE("a second backed-up tag is refused while another holds the rank's pause, saying what to do") {
+  Node node;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("two", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE(prog.cmd("tag push a backup") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE(prog.cmd("tag push b backup") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 8388608 direct")).empty());
+  REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE(node.control("pause", {"--job", "two", "--tag", "a"}).ok());
+  auto refused = node.control("pause", {"--job", "two", "--tag", "b"});
+  INFO(refused.text);
+  CHECK_FALSE(refused.ok());
+  CHECK(refused[0].error == EBUSY);
+  CHECK(refused[0].message.find("resume a first") != std::string::npos);
+  CHECK(prog.cmd("check 2") == "ok");  // nothing of b moved
+  REQUIRE(node.control("resume", {"--job", "two", "--tag", "a"}).ok());
+  REQUIRE(node.control("pause", {"--job", "two", "--tag", "b"}).ok());
+  REQUIRE(node.control("resume", {"--job", "two"}).ok());
+  CHECK(prog.cmd("check") == "ok 2");
+}
