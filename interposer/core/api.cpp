@@ -130,31 +130,19 @@ int api_resume_tag(const char* tag) noexcept {
 int api_tags(struct tmsdisk_tag_info* out, std::size_t count, std::size_t size) noexcept {
   if ((count && !out) || (count && size == 0)) return -EINVAL;
   try {
-    std::vector<struct tmsdisk_tag_info> found;
-    for (const auto& a : registry().snapshot()) {
-      if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // counted as unmanaged
-      auto it = std::find_if(found.begin(), found.end(), [&](const tmsdisk_tag_info& t) {
-        return t.reserved == a->tag && t.policy == static_cast<uint32_t>(a->policy);
-      });
-      if (it == found.end()) {
-        tmsdisk_tag_info t{};
-        t.reserved = a->tag;  // the id, while sorting out; cleared below
-        t.policy = static_cast<uint32_t>(a->policy);
-        const std::string name = tag_name(a->tag);
-        std::memcpy(t.tag, name.data(), std::min(name.size(), sizeof(t.tag) - 1));
-        found.push_back(t);
-        it = found.end() - 1;
-      }
-      ++it->allocations;
-      if (a->state.load() == AllocState::Paused) {
-        ++it->paused_allocations;
-        it->paused_bytes += a->size;
-      } else {
-        it->resident_bytes += a->size;
-      }
+    const std::vector<TagTotals> totals = registry().tag_totals();
+    std::vector<struct tmsdisk_tag_info> found(totals.size());
+    for (std::size_t i = 0; i < totals.size(); ++i) {
+      tmsdisk_tag_info& t = found[i];
+      t.policy = static_cast<uint32_t>(totals[i].policy);
+      t.allocations = totals[i].allocations;
+      t.paused_allocations = totals[i].paused_allocations;
+      t.resident_bytes = totals[i].resident_bytes;
+      t.paused_bytes = totals[i].paused_bytes;
+      const std::string name = tag_name(totals[i].tag);
+      std::memcpy(t.tag, name.data(), std::min(name.size(), sizeof(t.tag) - 1));
     }
     for (std::size_t i = 0; i < found.size() && i < count; ++i) {
-      found[i].reserved = 0;
       std::memcpy(reinterpret_cast<char*>(out) + i * size, &found[i], std::min(size, sizeof(found[i])));
     }
     return static_cast<int>(std::min<std::size_t>(found.size(), INT32_MAX));

@@ -1388,6 +1388,14 @@ proto::RankStats Engine::make_stats() {
     // The registry may have changed between the two looks: keep the report consistent.
     s.damaged_allocations = std::max<uint32_t>(s.damaged_allocations, static_cast<uint32_t>(s.damaged.size()));
   }
+  s.tags.clear();
+  for (const TagTotals& t : registry().tag_totals()) {
+    if (s.tags.size() == proto::kMaxTagsReported) break;
+    s.tags.push_back({.tag = tag_name(t.tag),
+                      .policy = static_cast<uint8_t>(t.policy),
+                      .resident_bytes = t.resident_bytes,
+                      .paused_bytes = t.paused_bytes});
+  }
   return s;
 }
 

@@ -168,8 +168,8 @@ CUresult held(const char* what, Entry why, uint64_t lost_version, bool* resumed_
   if (policy == OnTouch::Fail) {
     if (lost_memory)
       TMS_LOG_ONCE(LogLevel::Error,
-                   "%s touches memory a resume could not restore (its backup is damaged): returning "
-                   "CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail); see `tmsctl status`",
+                   "%s touches paused memory (a tag paused on its own, or an allocation whose backup is "
+                   "damaged): returning CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail); see `tmsctl status`",
                    what);
     else
       TMS_LOG_ONCE(LogLevel::Info, "%s while paused: returning CUDA_ERROR_NOT_PERMITTED (TMSDISK_ON_TOUCH=fail)", what);

@@ -2,6 +2,7 @@
 // Registry of managed and native device allocations (registry.h).
 #include "registry.h"
 
+#include <algorithm>
 #include <new>
 #include <tuple>
 
@@ -110,6 +111,25 @@ RegistryTotals Registry::totals() const {
     }
   }
   return t;
+}
+
+std::vector<TagTotals> Registry::tag_totals() const {
+  std::lock_guard lock(mu_);
+  std::vector<TagTotals> out;
+  for (const auto& [base, a] : managed_) {
+    if (a->pinned.load(std::memory_order_relaxed) >= 0) continue;  // counted as unmanaged
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const TagTotals& t) { return t.tag == a->tag && t.policy == a->policy; });
+    if (it == out.end()) it = out.insert(out.end(), TagTotals{.tag = a->tag, .policy = a->policy});
+    ++it->allocations;
+    if (a->state.load(std::memory_order_relaxed) == AllocState::Paused) {
+      ++it->paused_allocations;
+      it->paused_bytes += a->size;
+    } else {
+      it->resident_bytes += a->size;
+    }
+  }
+  return out;
 }
 
 Registry& registry() noexcept {

@@ -81,6 +81,16 @@ struct RegistryTotals {
   std::array<uint64_t, proto::kUnmanagedReasons> unmanaged_bytes{};
 };
 
+// Managed allocations of one tag with one policy (tmsdisk_tags, status).
+struct TagTotals {
+  TagId tag = kUntagged;
+  Policy policy = Policy::Backup;
+  uint32_t allocations = 0;
+  uint32_t paused_allocations = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t paused_bytes = 0;
+};
+
 class Registry {
  public:
   // Takes ownership of a new managed allocation and assigns its id. Throws std::bad_alloc.
@@ -103,6 +113,9 @@ class Registry {
   bool remove_unmanaged(CUdeviceptr ptr) noexcept;
 
   RegistryTotals totals() const;
+  // Per (tag, policy) of the managed allocations that can be paused, in order of first appearance.
+  // Throws std::bad_alloc.
+  std::vector<TagTotals> tag_totals() const;
 
   // Increments on every change, so the control thread can tell when to send a fresh report.
   uint64_t version() const noexcept { return version_.load(std::memory_order_relaxed); }

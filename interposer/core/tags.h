@@ -33,7 +33,9 @@ struct CurrentTag {
 };
 
 // 1 to 63 characters of [A-Za-z0-9_.-].
-inline bool valid_tag_name(std::string_view name) noexcept { return !name.empty() && proto::valid_tag(name); }
+inline bool valid_tag_name(std::string_view name) noexcept {
+  return !name.empty() && proto::valid_tag(name);
+}
 
 // The calling thread's innermost tag, or untagged with backup.
 CurrentTag current_tag() noexcept;

@@ -349,6 +349,16 @@ bool RankStats::check(std::string& why) const {
       return false;
     }
   }
+  if (tags.size() > kMaxTagsReported) {
+    why = "more tags listed than allowed";
+    return false;
+  }
+  for (const auto& t : tags) {
+    if (t.tag.empty() || !valid_tag(t.tag) || t.policy > 1) {
+      why = "a tag entry with a bad name or an unknown policy";
+      return false;
+    }
+  }
   return true;
 }
 

@@ -121,6 +121,21 @@ TEST_CASE("discard releases the memory unsaved and resumes it zero-filled at the
   CHECK(c[0].discarded_bytes == 64 * MiB);
   CHECK(c[0].moved_bytes == 0);
   CHECK(prog.cmd("check 2") == "ok");
+  // tmsctl status tells the tags and policies apart, in words and in JSON.
+  auto [rc, text] = run({TMSCTL_PATH, "--socket", node.socket, "status"}, node.sim_env());
+  INFO(text);
+  CHECK(rc == 0);
+  CHECK(text.find("kv_cache (discard) 64.0 MiB paused") != std::string::npos);
+  CHECK(text.find("untagged (backup) 32.0 MiB resident") != std::string::npos);
+  auto [jrc, js] = node.tmsctl({"status"});
+  CHECK(jrc == 0);
+  const json ranks = json::parse(js, nullptr, false);
+  REQUIRE(ranks.is_array());
+  bool listed = false;
+  for (const auto& t : ranks.at(0).at("tags"))
+    listed |= t.value("tag", "") == "kv_cache" && t.value("policy", "") == "discard" &&
+              t.value("paused_bytes", uint64_t{0}) == 64 * MiB;
+  CHECK(listed);
   REQUIRE(node.control("resume", {"--job", "discard", "--tag", "kv_cache"}).ok());
   CHECK(prog.cmd("zeros 1") == "ok");
 }
@@ -150,8 +165,8 @@ TEST_CASE("an allocation made by another thread while this one has a tag active 
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("threads", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE(prog.cmd("tag push mine backup") == "ok");
-  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());    // this thread: tagged
-  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 16777216 thread")).empty());   // another thread: untagged
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());   // this thread: tagged
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 16777216 thread")).empty());  // another thread: untagged
   REQUIRE(prog.cmd("tag pop") == "ok");
   REQUIRE(prog.cmd("api pause-tag mine") == "ok");
   CHECK(node.status().at(0).totals.paused == 8 * MiB);

@@ -114,6 +114,29 @@ std::string skipped_text(uint64_t bytes, const proto::Skipped& s, bool pause) {
          human_bytes(s.unchanged_bytes) + " unchanged (not written)";
 }
 
+// Bytes per tag and policy, in words: "weights (backup) 4.0 GiB resident; kv_cache (discard) 1.0 GiB
+// paused"; empty while every allocation is untagged with the default policy (nothing to tell apart).
+std::string tags_text(const proto::RankStats& st) {
+  if (st.tags.empty() || (st.tags.size() == 1 && st.tags[0].tag == "untagged" && st.tags[0].policy == 0)) return {};
+  std::string out;
+  for (const auto& t : st.tags) {
+    out += (out.empty() ? "" : "; ") + t.tag + (t.policy ? " (discard)" : " (backup)");
+    if (t.resident_bytes) out += " " + human_bytes(t.resident_bytes) + " resident";
+    if (t.paused_bytes) out += std::string(t.resident_bytes ? "," : "") + " " + human_bytes(t.paused_bytes) + " paused";
+  }
+  return out;
+}
+
+json tags_json(const proto::RankStats& st) {
+  json out = json::array();
+  for (const auto& t : st.tags)
+    out.push_back({{"tag", t.tag},
+                   {"policy", t.policy ? "discard" : "backup"},
+                   {"resident_bytes", t.resident_bytes},
+                   {"paused_bytes", t.paused_bytes}});
+  return out;
+}
+
 // The same, as JSON fields beside "bytes": moved_bytes went through the disk.
 json skipped_json(uint64_t bytes, const proto::Skipped& s) {
   return {{"moved_bytes", bytes - s.zero_bytes - s.unchanged_bytes - s.host_bytes - s.discarded_bytes},
@@ -261,6 +284,7 @@ int cmd_status(const Common& common) {
            {"disk_bytes", s.disk_bytes},
            {"host_tier_bytes", s.host_tier_bytes},
            {"host_tier_kept", s.host_tier_kept != 0},
+           {"tags", tags_json(s.stats)},
            {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
            {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
            {"last_change_unix_ms", s.stats.last_change_unix_ms},
@@ -305,6 +329,8 @@ int cmd_status(const Common& common) {
     if (s.stats.damaged_allocations)
       std::printf("%-16s %5s %8s   damaged: %s\n", "", "", "", damaged_text(s.stats).c_str());
     if (s.orphaned) std::printf("%-16s %5s %8s   orphaned: %s\n", "", "", "", orphan_text(s).c_str());
+    if (const std::string tags = tags_text(s.stats); !tags.empty())
+      std::printf("%-16s %5s %8s   tags: %s\n", "", "", "", tags.c_str());
     if (s.host_tier_bytes)
       std::printf("%-16s %5s %8s   host tier: holds %s%s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str(),
                   s.host_tier_kept ? " (empty, kept for its next pause)" : "");

@@ -229,6 +229,19 @@ struct Skipped {
 inline constexpr std::size_t kMaxTagLength = 63;
 bool valid_tag(std::string_view tag) noexcept;  // empty, or 1 to 63 of [A-Za-z0-9_.-]
 
+// Bytes of a rank's managed allocations that carry one tag with one policy (issue 10).
+inline constexpr std::size_t kMaxTagsReported = 16;
+struct TagBytes {
+  std::string tag;
+  uint8_t policy = 0;  // 0 backup, 1 discard (resident memory is unmanaged)
+  uint64_t resident_bytes = 0;
+  uint64_t paused_bytes = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(tag, kMaxTagLength), f(policy), f(resident_bytes), f(paused_bytes);
+  }
+};
+
 struct RankStats {
   uint8_t state = 0;  // RankState
   uint64_t resident_bytes = 0;
@@ -248,12 +261,14 @@ struct RankStats {
   // Of last_pause_bytes and last_resume_bytes, what did not move (each at most the total).
   Skipped last_pause_skipped;
   Skipped last_resume_skipped;
+  // Per tag and policy, the first kMaxTagsReported (issue 10).
+  std::vector<TagBytes> tags;
 
   template <class F>
   void fields(F&& f) {
     f(state), f(resident_bytes), f(paused_bytes), f(unmanaged_bytes), f(managed_allocations), f(last_pause_bytes),
         f(last_pause_ns), f(last_resume_bytes), f(last_resume_ns), f(last_change_unix_ms), f(damaged_allocations),
-        f(damaged_bytes), f(damaged), f(last_pause_skipped), f(last_resume_skipped);
+        f(damaged_bytes), f(damaged), f(last_pause_skipped), f(last_resume_skipped), f(tags);
   }
   bool check(std::string& why) const;
 };
