@@ -38,6 +38,7 @@ __all__ = [
     "TAG_MAX",
     "Error",
     "NotLoadedError",
+    "TagError",
     "Status",
     "TagStatus",
     "disabled",

@@ -156,5 +156,53 @@ class PackageTest(TmsdiskTestCase):
         self.assertTrue(os.path.isfile(os.path.join(first, "tmsdisk", "__init__.py")), first)
 
 
+class CompatTest(TmsdiskTestCase):
+    """torch_memory_saver's names over tmsdisk, without torch: `tmsctl run --tms-compat`."""
+
+    def compat_dir(self):
+        return os.path.join(os.environ["PYTHON_DIR"], "tms-compat")
+
+    def run_compat(self, scenario, extra_env=None, options=()):
+        env = dict(extra_env or {}, TEST_COMPAT_DIR=self.compat_dir())
+        self.tmsctl_run("tms_compat_app.py", scenario, options=("--tms-compat", *options), extra_env=env)
+
+    def test_regions_pause_resume_by_tag_and_all(self):
+        self.run_compat("regions")
+
+    def test_init_enable_makes_memory_outside_regions_the_default_tag(self):
+        self.run_compat("init-enable", {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"})
+
+    def test_what_cannot_be_honoured_is_refused(self):
+        self.run_compat("refusals")
+
+    def test_retain_cpu_backup_from_the_environment_is_refused(self):
+        self.run_compat("retain-env", {"TMS_RETAIN_CPU_BACKUP": "1"})
+
+    def test_without_the_shim_the_first_call_says_how(self):
+        # Only the compatibility directory on the path: it finds the tmsdisk package beside itself.
+        env = self.child_env({"PYTHONPATH": self.compat_dir()})
+        _, out = self.run_child([sys.executable, "tms_compat_app.py", "not-loaded"], env)
+        self.assertIn("OK not-loaded", out)
+
+    def test_tmsctl_puts_the_module_first_only_when_asked(self):
+        def python_path(*options):
+            done = subprocess.run([os.environ["TMSCTL"], "env", "--json", *options],
+                                  env=self.child_env({"PYTHONPATH": "/opt/user"}), stdout=subprocess.PIPE,
+                                  check=True, timeout=CHILD_TIMEOUT_S)
+            return json.loads(done.stdout).get("PYTHONPATH", "").split(":")
+
+        python_dir = os.environ["PYTHON_DIR"]
+        got = [os.path.realpath(p) for p in python_path("--tms-compat")]
+        self.assertEqual(got, [os.path.realpath(self.compat_dir()), os.path.realpath(python_dir), "/opt/user"])
+        got = [os.path.realpath(p) for p in python_path("--tms-compat", "--keep-torch-cache")]
+        self.assertEqual(got, [os.path.realpath(self.compat_dir()), "/opt/user"])
+        self.assertNotIn(os.path.realpath(self.compat_dir()), [os.path.realpath(p) for p in python_path()])
+        # And without it, torch_memory_saver is not there to import (nor shadows a real one).
+        argv = [os.environ["TMSCTL"], "run", "--", sys.executable, "-c",
+                "import importlib.util as u; print('absent' if u.find_spec('torch_memory_saver') is None else 'found')"]
+        _, out = self.run_child(argv, self.child_env())
+        self.assertIn("absent", out)
+
+
 if __name__ == "__main__":
     unittest.main()

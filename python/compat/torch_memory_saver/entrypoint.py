@@ -257,7 +257,7 @@ class _Impl:
         if self.init_enable and tag == _TAG_DEFAULT:
             return tmsdisk.UNTAGGED
         if not isinstance(tag, str) or not tmsdisk._TAG_RE.match(tag):
-            raise _refuse(call, "tag %r: %s" % (tag, tmsdisk._TAG_RULE))
+            raise tmsdisk.TagError(errno.EINVAL, call, "tag %r: tmsdisk's tags are names: %s" % (tag, tmsdisk._TAG_RULE))
         return tag
 
     @contextlib.contextmanager
