@@ -178,6 +178,13 @@ class CompatTest(TmsdiskTestCase):
     def test_retain_cpu_backup_from_the_environment_is_refused(self):
         self.run_compat("retain-env", {"TMS_RETAIN_CPU_BACKUP": "1"})
 
+    def test_with_torch_regions_use_a_pool_each(self):
+        self.run_compat("torch-pools", {"PYTHONPATH": os.path.join(HERE, "faketorch")})
+
+    def test_with_torch_lacking_mempool_regions_are_refused(self):
+        self.run_compat("torch-without-mempool", {"PYTHONPATH": os.path.join(HERE, "faketorch"),
+                                                   "FAKE_TORCH_NO_MEMPOOL": "1"})
+
     def test_without_the_shim_the_first_call_says_how(self):
         # Only the compatibility directory on the path: it finds the tmsdisk package beside itself.
         env = self.child_env({"PYTHONPATH": self.compat_dir()})

@@ -201,6 +201,64 @@ def scenario_retain_env():
     print("OK retain-env", flush=True)
 
 
+def scenario_torch_pools():
+    """With torch (a fake one here): a region's tensors come from a private pool per tag, backup and
+    device, used while the tag is active; disable() takes a fresh pool each time; cuda_graph() captures
+    with the tag active."""
+    import torch
+    from torch_memory_saver import torch_memory_saver
+
+    assert torch.__version__ == "0.0+fake", "not the test's fake torch: %s" % torch.__file__
+    cuda = Driver()
+
+    def in_region(**kwargs):
+        with torch_memory_saver.region(**kwargs):
+            pool = torch.cuda.active_pool()
+            ptr = cuda.alloc(2 * MiB)  # what the pool would obtain from the driver, under the tag
+        assert torch.cuda.active_pool() is None, "the region left its pool in use"
+        return pool, ptr
+
+    kv1, a = in_region(tag="kv_cache")
+    kv2, b = in_region(tag="kv_cache")
+    kv_backed, c = in_region(tag="kv_cache", enable_cpu_backup=True)
+    weights, d = in_region(tag="weights", enable_disk_backup=True)
+    assert kv1 is not None and kv1 is kv2, "the same region got another pool"
+    assert len({id(kv1), id(kv_backed), id(weights)}) == 3, "different regions share a pool"
+    assert row("kv_cache", "discard").allocations == 2 and row("kv_cache", "backup").allocations == 1
+    assert row("weights", "backup").allocations == 1
+    torch.cuda.set_device(1)
+    kv_dev1, e = in_region(tag="kv_cache")
+    torch.cuda.set_device(0)
+    assert kv_dev1 is not kv1, "a pool of device 0 served device 1"
+
+    pools = []
+    for _ in range(2):
+        with torch_memory_saver.disable():
+            pools.append(torch.cuda.active_pool())
+            kept = cuda.alloc(2 * MiB)
+        cuda.free(kept)
+    assert None not in pools and pools[0] is not pools[1] and kv1 not in pools
+
+    graph = object()
+    with torch_memory_saver.cuda_graph(graph, tag="graph"):
+        assert torch.cuda.capturing is graph
+        g = cuda.alloc(2 * MiB)
+    assert torch.cuda.capturing is None
+    assert row("graph").policy == "discard" and row("graph").allocations == 1
+    for ptr in (a, b, c, d, e, g):
+        cuda.free(ptr)
+    print("OK torch-pools", flush=True)
+
+
+def scenario_torch_without_mempool():
+    """A PyTorch without MemPool cannot keep a region's tensors apart: refused, naming the call."""
+    from torch_memory_saver import torch_memory_saver
+
+    e = expect(NotImplementedError, enter, torch_memory_saver.region(tag="kv_cache"))
+    assert "region(tag='kv_cache'" in str(e) and "MemPool" in str(e), e
+    print("OK torch-without-mempool", flush=True)
+
+
 def scenario_not_loaded():
     """Imported without the shim: importing works, the first call says how to launch."""
     import torch_memory_saver
