@@ -7,8 +7,8 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -527,9 +527,10 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
                    kExitFailed};
   }
   if (launch.tms_compat && find_tms_compat().empty())
-    return Refusal{"--tms-compat: torch_memory_saver's compatibility module (tms-compat/torch_memory_saver in the "
-                   "directory of tmsdisk's Python start-up module) is not installed beside tmsctl; reinstall tmsdisk",
-                   kExitFailed};
+    return Refusal{
+        "--tms-compat: torch_memory_saver's compatibility module (tms-compat/torch_memory_saver in the "
+        "directory of tmsdisk's Python start-up module) is not installed beside tmsctl; reinstall tmsdisk",
+        kExitFailed};
   if (!launch.staging_budget_mb) {
     const char* inherited = std::getenv("TMS_DISK_BACKUP_CHUNK_MB");
     if (inherited && !plain_mib(inherited))
