@@ -24,7 +24,6 @@ which take the GIL on a thread of the shim.
 import ctypes
 import errno as _errno
 import os
-import re
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -36,6 +35,7 @@ __all__ = [
     "RESIDENT",
     "UNTAGGED",
     "TAG_MAX",
+    "TAG_RULE",
     "Error",
     "NotLoadedError",
     "TagError",
@@ -64,10 +64,9 @@ _POLICY_NAMES = {code: name for name, code in _POLICY_CODES.items()}
 
 #: The tag of allocations made outside any region (TMSDISK_UNTAGGED).
 UNTAGGED = "untagged"
-#: Tag names: 1 to TAG_MAX characters of A-Z a-z 0-9 _ . - (TMSDISK_TAG_MAX).
+#: Tag names: 1 to TAG_MAX characters of A-Z a-z 0-9 _ . - (TMSDISK_TAG_MAX; the shim checks them).
 TAG_MAX = 63
-_TAG_RE = re.compile(r"[A-Za-z0-9_.-]{1,%d}\Z" % TAG_MAX)
-_TAG_RULE = "a tag name is 1 to %d characters of A-Z a-z 0-9 _ . -" % TAG_MAX
+TAG_RULE = "a tag name is 1 to %d characters of A-Z a-z 0-9 _ . -" % TAG_MAX
 
 # tmsdisk_status.state and the indexes of unmanaged_bytes (TMSDISK_STATE_*, TMSDISK_UNMANAGED_*), named
 # as `tmsctl status` names them.
@@ -261,10 +260,19 @@ def version() -> str:
 # --- pause and resume ------------------------------------------------------------------------------
 
 
-def _check_tag(tag, call: str) -> bytes:
-    if not isinstance(tag, str) or not _TAG_RE.match(tag):
-        raise TagError(_errno.EINVAL, call, "%r: %s" % (tag, _TAG_RULE))
-    return tag.encode("ascii")
+def _bad_tag(tag, call: str) -> "TagError":
+    return TagError(_errno.EINVAL, call, "%r: %s" % (tag, TAG_RULE))
+
+
+def _encode_tag(tag, call: str) -> bytes:
+    """The name as the C API takes it; the shim judges it (-EINVAL), except what C could not even see:
+    no string, a NUL (C would read the name up to it), or characters beyond ASCII."""
+    if isinstance(tag, str) and "\0" not in tag:
+        try:
+            return tag.encode("ascii")
+        except UnicodeEncodeError:
+            pass
+    raise _bad_tag(tag, call)
 
 
 def _last_message() -> str:
@@ -274,7 +282,9 @@ def _last_message() -> str:
         return ""
 
 
-def _pause_resume(call: str, rc: int):
+def _pause_resume(call: str, rc: int, tag=None):
+    if rc == -_errno.EINVAL and tag is not None:
+        raise _bad_tag(tag, call)
     if rc < 0:
         raise Error(-rc, call, _last_message())
 
@@ -293,8 +303,8 @@ def pause(tag: Optional[str] = None) -> None:
         _pause_resume(call, _function(call, "tmsdisk_pause")())
     else:
         call = "tmsdisk.pause(%r)" % (tag,)
-        name = _check_tag(tag, call)
-        _pause_resume(call, _function(call, "tmsdisk_pause_tag")(name))
+        name = _encode_tag(tag, call)
+        _pause_resume(call, _function(call, "tmsdisk_pause_tag")(name), tag)
 
 
 def resume(tag: Optional[str] = None, accept_loss: bool = False) -> None:
@@ -313,8 +323,8 @@ def resume(tag: Optional[str] = None, accept_loss: bool = False) -> None:
     call = "tmsdisk.resume(%r)" % (tag,)
     if accept_loss:
         raise TagError(_errno.EINVAL, call, "accept_loss=True resumes the whole process: pass no tag")
-    name = _check_tag(tag, call)
-    _pause_resume(call, _function(call, "tmsdisk_resume_tag")(name))
+    name = _encode_tag(tag, call)
+    _pause_resume(call, _function(call, "tmsdisk_resume_tag")(name), tag)
 
 
 # --- regions ---------------------------------------------------------------------------------------
@@ -338,16 +348,18 @@ class _Region:
             raise TagError(
                 _errno.EINVAL, call, "%r is not a policy: %s" % (policy, ", ".join(repr(p) for p in _POLICY_CODES))
             )
-        self._name = _check_tag(tag, call)
+        self._name = _encode_tag(tag, call)
         self._code = _POLICY_CODES[policy]
         self.tag = tag
         self.policy = policy
 
     def __enter__(self):
         rc = _function(self._call, "tmsdisk_tag_push")(self._name, self._code)
+        if rc == -_errno.EINVAL:
+            raise _bad_tag(self.tag, self._call)  # the policy is one of ours: the name it is
         if rc < 0:
             why = {_errno.ENOSPC: "regions nest 32 deep at most, and a process has at most 1023 tags"}
-            raise (TagError if rc == -_errno.EINVAL else Error)(-rc, self._call, why.get(-rc, ""))
+            raise Error(-rc, self._call, why.get(-rc, ""))
         _regions().append((self.tag, self.policy))
         return self
 

@@ -251,18 +251,15 @@ class _Impl:
         self._tags = set()  # tmsdisk tags that regions opened through this module used
         self._pools = {}  # (tag, cpu, disk, backend, device) -> torch.cuda.MemPool, kept for good as TMS does
 
-    def tmsdisk_tag(self, call, tag):
+    def tmsdisk_tag(self, tag):
         # With TMS_INIT_ENABLE=1, TMS's "default" tag is also what is allocated outside regions: tmsdisk's
         # untagged memory. Then region(tag="default") adds to it and pause("default") pauses all of it.
-        if self.init_enable and tag == _TAG_DEFAULT:
-            return tmsdisk.UNTAGGED
-        if not isinstance(tag, str) or not tmsdisk._TAG_RE.match(tag):
-            raise tmsdisk.TagError(errno.EINVAL, call, "tag %r: tmsdisk's tags are names: %s" % (tag, tmsdisk._TAG_RULE))
-        return tag
+        # Any other name goes to tmsdisk as it is: tmsdisk.TagError (a ValueError) for one it does not take.
+        return tmsdisk.UNTAGGED if self.init_enable and tag == _TAG_DEFAULT else tag
 
     @contextlib.contextmanager
     def region(self, call, tag, backup, pool_key):
-        name = self.tmsdisk_tag(call, tag)
+        name = self.tmsdisk_tag(tag)
         with contextlib.ExitStack() as stack:
             if self.torch is not None and pool_key is not None:
                 stack.enter_context(self.torch.cuda.use_mem_pool(self._pool(pool_key)))
@@ -294,7 +291,7 @@ class _Impl:
     def pause(self, call, tag):
         try:
             if tag is not None:
-                tmsdisk.pause(self.tmsdisk_tag(call, tag))
+                tmsdisk.pause(self.tmsdisk_tag(tag))
                 return
             ours, everything = self._selection()
             if everything:
@@ -319,7 +316,7 @@ class _Impl:
     def resume(self, call, tag):
         try:
             if tag is not None:
-                tmsdisk.resume(self.tmsdisk_tag(call, tag))
+                tmsdisk.resume(self.tmsdisk_tag(tag))
                 return
             if self.init_enable:
                 tmsdisk.resume()
