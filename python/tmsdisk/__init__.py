@@ -71,7 +71,7 @@ TAG_RULE = "a tag name is 1 to %d characters of A-Z a-z 0-9 _ . -" % TAG_MAX
 # tmsdisk_status.state and the indexes of unmanaged_bytes (TMSDISK_STATE_*, TMSDISK_UNMANAGED_*), named
 # as `tmsctl status` names them.
 _STATES = ("running", "pausing", "paused", "resuming", "partially-paused")
-_UNMANAGED = ("small", "exported", "imported", "multicast", "pool", "managed-memory", "other", "resident")
+_UNMANAGED = ("small", "exported", "imported", "multicast", "pool", "managed-memory", "other", "resident-by-request")
 
 
 class Error(OSError):
@@ -406,7 +406,7 @@ class TagStatus:
     """The managed memory carrying one tag with one policy (struct tmsdisk_tag_info)."""
 
     tag: str
-    policy: str  # "backup" or "discard" (resident memory is in Status.unmanaged_bytes["resident"])
+    policy: str  # "backup" or "discard" (never paused memory: Status.unmanaged_bytes["resident-by-request"])
     allocations: int
     paused_allocations: int
     resident_bytes: int
@@ -426,7 +426,7 @@ class Status:
     session_id: int
     resident_bytes: int  # managed bytes in GPU memory
     paused_bytes: int  # managed bytes paused
-    unmanaged_bytes: Dict[str, int]  # resident for good, by reason: "small", "exported", ..., "resident"
+    unmanaged_bytes: Dict[str, int]  # resident for good, by reason: "small", ..., "resident-by-request"
     last_pause_bytes: int
     last_pause_ns: int
     last_resume_bytes: int

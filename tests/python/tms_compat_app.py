@@ -49,6 +49,8 @@ def scenario_regions():
     import torch_memory_saver as tms_module
     from torch_memory_saver import torch_memory_saver
 
+    import tmsdisk
+
     imported_from_compat_dir(tms_module)
     assert isinstance(torch_memory_saver, tms_module.TorchMemorySaver) and torch_memory_saver.enabled
     torch_memory_saver.hook_mode = "preload"
@@ -98,6 +100,7 @@ def scenario_regions():
     cuda.write(optimizer, pattern(4 * MiB, 14))
     torch_memory_saver.pause()
     assert row("weights").paused_bytes == 8 * MiB and row("optimizer").paused_bytes == 4 * MiB
+    assert tmsdisk.status().state == "paused"
     torch_memory_saver.resume()
     assert cuda.read(weights, len(weights_data)) == weights_data
     assert cuda.read(optimizer, 4 * MiB) == pattern(4 * MiB, 14)
@@ -110,12 +113,10 @@ def scenario_regions():
     assert row("inner").policy == "discard" and row("outer").policy == "backup"
 
     # disable(): never paused.
-    import tmsdisk
-
     with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
         with torch_memory_saver.disable():
             kept = cuda.alloc(4 * MiB)
-    assert tmsdisk.status().unmanaged_bytes["resident"] == 4 * MiB
+    assert tmsdisk.status().unmanaged_bytes["resident-by-request"] == 4 * MiB
     for ptr in (inner, outer, kept):
         cuda.free(ptr)
     print("OK regions", flush=True)
@@ -141,6 +142,13 @@ def scenario_init_enable():
     torch_memory_saver.resume("default")
     torch_memory_saver.pause()
     assert row("grad_buffer").paused_bytes == 4 * MiB and row("untagged", "backup").paused_bytes == 8 * MiB
+    # As TMS's training_engine example: work in disable() while paused (TMSDISK_ON_TOUCH=fail: a call
+    # held back by mistake fails instead of hanging).
+    with torch_memory_saver.disable():
+        scratch = cuda.alloc(4 * MiB)
+        cuda.write(scratch, pattern(4 * MiB, 23))
+        assert cuda.read(scratch, 4 * MiB) == pattern(4 * MiB, 23)
+    cuda.free(scratch)
     torch_memory_saver.resume()
     assert cuda.read(weights, 8 * MiB) == pattern(8 * MiB, 21)
     assert cuda.read(grad, 4 * MiB) == bytes(4 * MiB)

@@ -127,7 +127,7 @@ def scenario_regions():
     st = tmsdisk.status()
     assert tag_row(st, "inner", "discard").allocations == 1, st
     assert tag_row(st, "outer", "backup").allocations == 1, st
-    assert st.unmanaged_bytes["resident"] == 4 * MiB, st
+    assert st.unmanaged_bytes["resident-by-request"] == 4 * MiB, st
     assert st.managed_allocations == 2, st
 
     # An exception inside a region ends it: the next allocation is untagged.

@@ -279,36 +279,39 @@ class _Impl:
                 pool = self._pools[key] = self.torch.cuda.MemPool()
         return pool
 
-    def _selection(self):
-        """(our tags, whether they are all the managed memory there is): what pause() without a tag means."""
+    def _ours(self):
+        """The tmsdisk tags this module stands for: every region's, and with TMS_INIT_ENABLE=1 the memory
+        allocated outside regions (TMS's "default")."""
         with self._lock:
             ours = set(self._tags)
         if self.init_enable:
-            return None, True
-        rows = tmsdisk.tags()
-        return ours, all(row.tag in ours for row in rows if row.allocations)
+            ours.add(tmsdisk.UNTAGGED)
+        return ours
 
     def pause(self, call, tag):
         try:
             if tag is not None:
                 tmsdisk.pause(self.tmsdisk_tag(tag))
                 return
-            ours, everything = self._selection()
-            if everything:
-                tmsdisk.pause()  # one pause: several backed-up tags together, as a whole-process pause may
-                return
-            # Memory outside regions stays resident (the program may go on using it), so each tag goes on
-            # its own; tmsdisk backs up one tag at a time while the rest of the process runs.
-            rows = [r for r in tmsdisk.tags() if r.tag in ours and r.resident_bytes]
-            backed = sorted({r.tag for r in rows if r.policy == tmsdisk.BACKUP})
+            # Tag by tag, as TMS pauses: the rest of the process runs on (a tag's pause holds back only
+            # calls naming its memory), discarded tags first. tmsdisk backs up one tag at a time, so with
+            # several tags to back up it takes one pause of the whole process, which holds back every CUDA
+            # call until the resume; that only where nothing else is managed, else it refuses.
+            ours = self._ours()
+            rows = tmsdisk.tags()
+            resident = [r for r in rows if r.tag in ours and r.resident_bytes]
+            backed = sorted({r.tag for r in resident if r.policy == tmsdisk.BACKUP})
             if len(backed) > 1:
+                if all(r.tag in ours for r in rows if r.allocations):
+                    tmsdisk.pause()
+                    return
                 raise tmsdisk.Error(
                     errno.EBUSY, call,
-                    "regions %s hold memory to back up, and memory outside regions must stay resident: tmsdisk "
-                    "backs up one tag at a time while the rest of the process runs; pause them one by one with "
-                    "a resume between, or allocate everything in regions (or set TMS_INIT_ENABLE=1) so that "
-                    "pause() pauses the whole process" % ", ".join(backed))
-            for name in sorted({r.tag for r in rows}, key=lambda t: t in backed):  # discarded ones first
+                    "tags %s hold memory to back up, and memory outside them must stay resident: tmsdisk backs "
+                    "up one tag at a time while the rest of the process runs; pause them one by one with a "
+                    "resume between, or allocate everything in regions so that pause() can pause the whole "
+                    "process" % ", ".join(backed))
+            for name in sorted({r.tag for r in resident}, key=lambda t: (t in backed, t)):
                 tmsdisk.pause(name)
         except tmsdisk.Error as e:
             raise _renamed(e, call) from None
@@ -318,15 +321,10 @@ class _Impl:
             if tag is not None:
                 tmsdisk.resume(self.tmsdisk_tag(tag))
                 return
-            if self.init_enable:
-                tmsdisk.resume()
-                return
-            with self._lock:
-                ours = set(self._tags)
-            rows = tmsdisk.tags()
-            paused = {r.tag for r in rows if r.paused_allocations}
+            ours = self._ours()
+            paused = {r.tag for r in tmsdisk.tags() if r.paused_allocations}
             if paused <= ours:
-                tmsdisk.resume()
+                tmsdisk.resume()  # all of it at once, also after a whole-process pause
                 return
             for name in sorted(paused & ours):
                 tmsdisk.resume(name)
