@@ -56,6 +56,13 @@ startup=$(grep '/tmsdisk/python/sitecustomize\.py$' <<<"$files") || fail "the pa
 env_out=$(env -u PYTHONPATH TMSDISK_SOCKET=/nonexistent tmsctl env 2>&1)
 grep -qx "export PYTHONPATH='$(dirname "$startup")'" <<<"$env_out" ||
   fail "tmsctl env does not put $(dirname "$startup") on PYTHONPATH: $env_out"
+# Beside it, the Python package and torch_memory_saver's compatibility module (--tms-compat).
+grep -q '/tmsdisk/python/tmsdisk/__init__\.py$' <<<"$files" || fail "the package does not install the Python package tmsdisk"
+grep -q '/tmsdisk/python/tms-compat/torch_memory_saver/__init__\.py$' <<<"$files" ||
+  fail "the package does not install torch_memory_saver's compatibility module"
+env_out=$(env -u PYTHONPATH TMSDISK_SOCKET=/nonexistent tmsctl env --tms-compat 2>&1)
+grep -qx "export PYTHONPATH='$(dirname "$startup")/tms-compat:$(dirname "$startup")'" <<<"$env_out" ||
+  fail "tmsctl env --tms-compat does not put the compatibility module first on PYTHONPATH: $env_out"
 
 step "verifying the installed units"
 sh tests/systemd/verify_units.sh "$unit_dir"

@@ -8,6 +8,10 @@ src=$1
 # Read by the code: getenv("X") and the shim's env("X") helper, in everything that ships.
 code=$(grep -rhoE '(getenv|env)\("[A-Z_][A-Z0-9_]*"' "$src"/interposer "$src"/daemon "$src"/tools "$src"/common \
          | sed -E 's/.*"([A-Z0-9_]+)"/\1/' | sort -u)
+# And in the Python that ships (start-up module, tmsdisk package, torch_memory_saver compatibility):
+# os.environ.get("X"), os.environ["X"], bool_env("X").
+code=$(printf '%s\n%s\n' "$code" "$(grep -rhoE '(environ\.get\(|environ\[|bool_env\()"[A-Z_][A-Z0-9_]*"' "$src"/python \
+         | sed -E 's/.*"([A-Z0-9_]+)"/\1/')" | sort -u)
 # Also names passed through a list, e.g. {"TMSDISK_JOB", "TORCHELASTIC_RUN_ID", ...} in the shim.
 code=$(printf '%s\n%s\n' "$code" "$(grep -rhoE '"(TMSDISK|TMS_DISK|TORCHELASTIC|SLURM|RAY)_[A-Z0-9_]*"' \
          "$src"/interposer "$src"/daemon "$src"/tools "$src"/common | tr -d '"')" | sort -u)

@@ -13,7 +13,8 @@ cp build-release/daemon/tmsdiskd build-release/tools/tmsctl/tmsctl build-release
    build-release/tests/e2e/cuda_ipc build-release/tests/e2e/cuda_pattern build-release/tests/e2e/cuda_probe \
    build-release/bench/tmsdisk-shim-bench build-release/bench/tmsdisk-session-bench "$dest/"
 strip "$dest"/*
-# The Python start-up module (PyTorch's cache), where tmsctl looks for it in a flat bundle.
+# The Python start-up module (PyTorch's cache), the tmsdisk package and torch_memory_saver's
+# compatibility module (tms-compat/), where tmsctl looks for them in a flat bundle.
 mkdir -p "$dest/python"
-cp build-release/python/sitecustomize.py "$dest/python/"
+cp -r build-release/python/. "$dest/python/"
 ls -la "$dest"

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -254,6 +255,13 @@ std::string find_python_startup() {
   // No variable names another: the module only registers a callback through the C API, which every
   // libtmsdisk.so since API version 3 has.
   return find_next_to_self(nullptr, find_python_startup_beside_tmsctl);
+}
+
+std::string find_tms_compat() {
+  const std::string python = find_python_startup();
+  if (python.empty()) return {};
+  const std::string dir = python + "/tms-compat";
+  return ::access((dir + "/torch_memory_saver/__init__.py").c_str(), R_OK) == 0 ? dir : std::string();
 }
 
 int cmd_status(const Common& common) {
@@ -544,6 +552,11 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
                                             : "; reinstall tmsdisk, or set TMSDISK_LIBRARY to a good libtmsdisk.so"),
                    kExitFailed};
   }
+  if (launch.tms_compat && find_tms_compat().empty())
+    return Refusal{
+        "--tms-compat: torch_memory_saver's compatibility module (tms-compat/torch_memory_saver in the "
+        "directory of tmsdisk's Python start-up module) is not installed beside tmsctl; reinstall tmsdisk",
+        kExitFailed};
   if (!launch.staging_budget_mb) {
     const char* inherited = std::getenv("TMS_DISK_BACKUP_CHUNK_MB");
     if (inherited && !plain_mib(inherited))
@@ -575,15 +588,16 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
   return std::nullopt;
 }
 
-// PYTHONPATH with `dir` first and the inherited entries after it (once: a `tmsctl run` inside
-// another one does not add it twice).
-std::string python_path_with(const std::string& dir) {
-  std::string path = dir;
+// PYTHONPATH with `dirs` first, in order, and the inherited entries after them (once: a `tmsctl run`
+// inside another one does not add them twice).
+std::string python_path_with(const std::vector<std::string>& dirs) {
+  std::string path;
+  for (const auto& dir : dirs) (path.empty() ? path : path += ':') += dir;
   const char* old = std::getenv("PYTHONPATH");
   for (std::string_view rest = old ? old : ""; !rest.empty();) {
     const auto colon = rest.find(':');
     const std::string_view entry = rest.substr(0, colon);
-    if (entry != dir) (path += ':') += entry;
+    if (std::find(dirs.begin(), dirs.end(), entry) == dirs.end()) (path += ':') += entry;
     rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
   }
   return path;
@@ -605,7 +619,8 @@ std::string python_startup_for(const LaunchOptions& launch, const char* where) {
 }
 
 // The variables a launch needs, in a stable order. `root` is where the daemon keeps files;
-// `python_dir`, the start-up module's directory (empty: missing, or not wanted).
+// `python_dir`, the start-up module's directory (empty: missing, or not wanted); with --tms-compat, the
+// compatibility module's directory comes before it (check_launch made sure it is there).
 std::vector<std::pair<std::string, std::string>> launch_env(const std::string& socket, const std::string& root,
                                                             const LaunchOptions& launch, const std::string& lib,
                                                             const std::string& python_dir) {
@@ -620,11 +635,14 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   if (!launch.job.empty()) env.emplace_back("TMSDISK_JOB", launch.job);
   if (launch.min_mb) env.emplace_back("TMSDISK_MIN_BYTES", std::to_string(launch.min_mb << 20));
   if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);
+  std::vector<std::string> python_path;
+  if (launch.tms_compat) python_path.push_back(find_tms_compat());
+  if (launch.empty_torch_cache && !python_dir.empty()) python_path.push_back(python_dir);
+  if (!python_path.empty()) env.emplace_back("PYTHONPATH", python_path_with(python_path));
   if (!launch.empty_torch_cache) {
     // Also off where an outer launch already put the module on PYTHONPATH.
     env.emplace_back("TMSDISK_TORCH_EMPTY_CACHE", "0");
   } else if (!python_dir.empty()) {
-    env.emplace_back("PYTHONPATH", python_path_with(python_dir));
     env.emplace_back("TMSDISK_TORCH_EMPTY_CACHE", "1");
   }
   return env;

@@ -36,6 +36,9 @@ struct LaunchOptions {
   // The Python start-up module on PYTHONPATH, TMSDISK_TORCH_EMPTY_CACHE=1: PyTorch empties its cache
   // before each pause. false (--keep-torch-cache): TMSDISK_TORCH_EMPTY_CACHE=0, PYTHONPATH untouched.
   bool empty_torch_cache = true;
+  // --tms-compat: the directory of tmsdisk's torch_memory_saver compatibility module first on PYTHONPATH,
+  // so that `import torch_memory_saver` in the launch pauses and resumes through tmsdisk (issue 10).
+  bool tms_compat = false;
 };
 
 // Tells a failure: "WHERE: MESSAGE" on stderr, or with --json a JSON object on stdout
@@ -56,5 +59,8 @@ std::string find_shim_library();
 // The directory of the Python start-up module (sitecustomize.py) next to this tmsctl's install or
 // build tree. Empty if not found.
 std::string find_python_startup();
+// The directory holding the torch_memory_saver compatibility package: tms-compat/ in the start-up
+// module's directory. Empty if not found.
+std::string find_tms_compat();
 
 }  // namespace tmsdisk::ctl

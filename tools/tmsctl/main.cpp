@@ -228,6 +228,10 @@ int main(int argc, char** argv) {
         "pause PyTorch's cached memory with the rest (TMSDISK_TORCH_EMPTY_CACHE=0); by default a Python start-up "
         "module put first on PYTHONPATH calls torch.cuda.empty_cache() before each pause, so that memory no tensor "
         "uses does not move");
+    sub->add_flag("--tms-compat", launch.tms_compat,
+                  "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
+                  "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
+                  "variables read as torch_memory_saver reads them");
   };
   auto* env =
       app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");

@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A program for test_tmsdisk.py, run under `tmsctl run --tms-compat` on simcuda: what can be checked of
+tmsdisk's torch_memory_saver without torch (regions, pause/resume by the compatibility names, over
+allocations made through ctypes, and the refusals). python3 tms_compat_app.py SCENARIO; it prints
+"OK SCENARIO" last, or fails with a traceback.
+"""
+
+import errno
+import os
+import subprocess
+import sys
+
+from cudadriver import Driver, pattern
+
+MiB = 1 << 20
+
+
+def expect(exc_type, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc_type as e:
+        return e
+    raise AssertionError("%r raised nothing, %s expected" % (fn, exc_type.__name__))
+
+
+def enter(cm):
+    """Enters a context manager made by a generator (region(), disable()) and returns it, to exit later."""
+    cm.__enter__()
+    return cm
+
+
+def imported_from_compat_dir(module):
+    expected = os.environ.get("TEST_COMPAT_DIR")
+    if expected:
+        got = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__)))
+        assert os.path.realpath(got) == os.path.realpath(expected), "%s is not from %s" % (module.__file__, expected)
+
+
+def row(tag, policy=None):
+    import tmsdisk
+
+    rows = [t for t in tmsdisk.tags() if t.tag == tag and (policy is None or t.policy == policy)]
+    assert len(rows) == 1, "one row expected for %s/%s: %r" % (tag, policy, tmsdisk.tags())
+    return rows[0]
+
+
+def scenario_regions():
+    """region(), pause(tag), resume(tag), pause()/resume() of the regions only; discard is zero-filled."""
+    import torch_memory_saver as tms_module
+    from torch_memory_saver import torch_memory_saver
+
+    import tmsdisk
+
+    imported_from_compat_dir(tms_module)
+    assert isinstance(torch_memory_saver, tms_module.TorchMemorySaver) and torch_memory_saver.enabled
+    torch_memory_saver.hook_mode = "preload"
+    assert torch_memory_saver.hook_mode == "preload"
+    cuda = Driver()
+    weights_data, cache_data, outside_data = pattern(8 * MiB, 11), pattern(4 * MiB, 12), pattern(4 * MiB, 13)
+    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        weights = cuda.alloc(len(weights_data))
+    with torch_memory_saver.region(tag="kv_cache"):  # no backup: discarded
+        cache = cuda.alloc(len(cache_data))
+    outside = cuda.alloc(len(outside_data))  # outside regions: TMS leaves it alone
+    for ptr, data in ((weights, weights_data), (cache, cache_data), (outside, outside_data)):
+        cuda.write(ptr, data)
+    assert row("weights").policy == "backup" and row("kv_cache").policy == "discard"
+
+    torch_memory_saver.pause("kv_cache")
+    assert row("kv_cache").paused_bytes == 4 * MiB and row("weights").resident_bytes == 8 * MiB
+    torch_memory_saver.pause("weights")
+    assert row("weights").paused_bytes == 8 * MiB and row("untagged").resident_bytes == 4 * MiB
+    torch_memory_saver.resume("weights")
+    torch_memory_saver.resume("kv_cache")
+    assert cuda.read(weights, len(weights_data)) == weights_data
+    assert cuda.read(cache, len(cache_data)) == bytes(len(cache_data))
+
+    # Without a tag: every region's tag, memory outside regions untouched and usable meanwhile.
+    cuda.write(cache, cache_data)
+    torch_memory_saver.pause()
+    assert row("weights").paused_bytes == 8 * MiB and row("kv_cache").paused_bytes == 4 * MiB
+    assert row("untagged").resident_bytes == 4 * MiB and row("untagged").paused_bytes == 0
+    assert cuda.read(outside, len(outside_data)) == outside_data
+    torch_memory_saver.resume()
+    assert row("weights").resident_bytes == 8 * MiB and row("kv_cache").resident_bytes == 4 * MiB
+    assert cuda.read(weights, len(weights_data)) == weights_data
+    assert cuda.read(cache, len(cache_data)) == bytes(len(cache_data))
+
+    # Two regions to back up while memory outside regions stays: refused before anything moves.
+    with torch_memory_saver.region(tag="optimizer", enable_disk_backup=True):
+        optimizer = cuda.alloc(4 * MiB)
+    e = expect(OSError, torch_memory_saver.pause)
+    assert e.errno == errno.EBUSY and "torch_memory_saver.pause()" in str(e), e
+    assert "optimizer" in str(e) and "weights" in str(e), e
+    assert row("weights").paused_bytes == 0 and row("optimizer").paused_bytes == 0
+    assert row("kv_cache").paused_bytes == 0, "the refused pause moved something"
+
+    # Once everything managed is in regions, pause() is one pause of the whole process.
+    cuda.free(outside)
+    cuda.write(optimizer, pattern(4 * MiB, 14))
+    torch_memory_saver.pause()
+    assert row("weights").paused_bytes == 8 * MiB and row("optimizer").paused_bytes == 4 * MiB
+    assert tmsdisk.status().state == "paused"
+    torch_memory_saver.resume()
+    assert cuda.read(weights, len(weights_data)) == weights_data
+    assert cuda.read(optimizer, 4 * MiB) == pattern(4 * MiB, 14)
+
+    # Nested regions: the innermost counts, the outer one again after it.
+    with torch_memory_saver.region(tag="outer", enable_cpu_backup=True):
+        with torch_memory_saver.region(tag="inner"):
+            inner = cuda.alloc(2 * MiB)
+        outer = cuda.alloc(2 * MiB)
+    assert row("inner").policy == "discard" and row("outer").policy == "backup"
+
+    # disable(): never paused.
+    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        with torch_memory_saver.disable():
+            kept = cuda.alloc(4 * MiB)
+    assert tmsdisk.status().unmanaged_bytes["resident-by-request"] == 4 * MiB
+    for ptr in (inner, outer, kept):
+        cuda.free(ptr)
+    print("OK regions", flush=True)
+
+
+def scenario_init_enable():
+    """TMS_INIT_ENABLE=1 with CPU backup: memory outside regions is TMS's "default" tag, backed up."""
+    from torch_memory_saver import torch_memory_saver
+
+    assert os.environ["TMS_INIT_ENABLE"] == "1" and os.environ["TMS_INIT_ENABLE_CPU_BACKUP"] == "1"
+    cuda = Driver()
+    weights = cuda.alloc(8 * MiB)
+    cuda.write(weights, pattern(8 * MiB, 21))
+    with torch_memory_saver.region(tag="grad_buffer", enable_cpu_backup=False):
+        grad = cuda.alloc(4 * MiB)
+    cuda.write(grad, pattern(4 * MiB, 22))
+    with torch_memory_saver.region():  # tag "default": the same memory as outside regions
+        more = cuda.alloc(2 * MiB)
+    assert row("untagged", "discard").allocations == 1 and row("untagged", "backup").allocations == 1
+
+    torch_memory_saver.pause("default")
+    assert row("untagged", "backup").paused_bytes == 8 * MiB and row("grad_buffer").resident_bytes == 4 * MiB
+    torch_memory_saver.resume("default")
+    torch_memory_saver.pause()
+    assert row("grad_buffer").paused_bytes == 4 * MiB and row("untagged", "backup").paused_bytes == 8 * MiB
+    # As TMS's training_engine example: work in disable() while paused (TMSDISK_ON_TOUCH=fail: a call
+    # held back by mistake fails instead of hanging).
+    with torch_memory_saver.disable():
+        scratch = cuda.alloc(4 * MiB)
+        cuda.write(scratch, pattern(4 * MiB, 23))
+        assert cuda.read(scratch, 4 * MiB) == pattern(4 * MiB, 23)
+    cuda.free(scratch)
+    torch_memory_saver.resume()
+    assert cuda.read(weights, 8 * MiB) == pattern(8 * MiB, 21)
+    assert cuda.read(grad, 4 * MiB) == bytes(4 * MiB)
+    cuda.free(more)
+    print("OK init-enable", flush=True)
+
+
+def scenario_refusals():
+    """What tmsdisk cannot honour is refused with the call's name; what it can is accepted."""
+    from torch_memory_saver import configure_subprocess, torch_memory_saver
+
+    cuda = Driver()
+    assert torch_memory_saver.retain_cpu_backup is False
+    torch_memory_saver.retain_cpu_backup = False
+    e = expect(NotImplementedError, setattr, torch_memory_saver, "retain_cpu_backup", True)
+    assert "retain_cpu_backup" in str(e), e
+    e = expect(NotImplementedError, torch_memory_saver.get_cpu_backup, object())
+    assert "get_cpu_backup" in str(e), e
+    torch_memory_saver.memory_margin_bytes = 0
+    e = expect(NotImplementedError, setattr, torch_memory_saver, "memory_margin_bytes", 1 << 30)
+    assert "memory_margin_bytes" in str(e), e
+    expect(NotImplementedError, getattr, torch_memory_saver, "memory_margin_bytes")
+    e = expect(NotImplementedError, torch_memory_saver.set_disk_backup_dir, "/somewhere/else")
+    assert "set_disk_backup_dir('/somewhere/else')" in str(e) and "TMS_DISK_BACKUP_DIR" in str(e), e
+    torch_memory_saver.set_disk_backup_dir(os.environ["TMS_DISK_BACKUP_DIR"])  # the one in use: fine
+    e = expect(ValueError, enter, torch_memory_saver.region(tag="has space"))
+    assert "region(tag='has space'" in str(e) and "A-Z a-z 0-9" in str(e), e
+    e = expect(ValueError, enter, torch_memory_saver.region(cpu_backup_backend="mmap"))
+    assert "requires enable_cpu_backup" in str(e), e
+    with torch_memory_saver.region(tag="pinned_or_not", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        ptr = cuda.alloc(2 * MiB)
+    assert row("pinned_or_not").policy == "backup"
+    expect(AssertionError, enter, torch_memory_saver.region(enable_cpu_backup=True, enable_disk_backup=True))
+    e = expect(ValueError, setattr, torch_memory_saver, "hook_mode", "magic")
+    e = expect(RuntimeError, setattr, torch_memory_saver, "hook_mode", "torch")  # after initialization
+    e = expect(NotImplementedError, enter, torch_memory_saver.cuda_graph(object()))
+    assert "cuda_graph" in str(e) and "torch" in str(e), e
+    e = expect(OSError, torch_memory_saver.pause, "bad/tag")
+    assert "pause(tag='bad/tag')" in str(e), e
+
+    # configure_subprocess(): a child started inside has the shim preloaded (inherited anyway here).
+    shim = os.environ["SHIM"]
+    with configure_subprocess():
+        assert shim in os.environ["LD_PRELOAD"].split(":")
+        out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                             stdout=subprocess.PIPE, check=True).stdout.decode()
+        assert os.path.realpath(shim) in [os.path.realpath(p) for p in out.strip().split(":")], out
+    cuda.free(ptr)
+    print("OK refusals", flush=True)
+
+
+def scenario_retain_env():
+    """TMS_RETAIN_CPU_BACKUP=1 cannot be honoured: the first call says so, naming it."""
+    from torch_memory_saver import torch_memory_saver
+
+    e = expect(NotImplementedError, torch_memory_saver.pause)
+    assert "TMS_RETAIN_CPU_BACKUP" in str(e), e
+    print("OK retain-env", flush=True)
+
+
+def scenario_torch_pools():
+    """With torch (a fake one here): a region's tensors come from a private pool per tag, backup and
+    device, used while the tag is active; disable() takes a fresh pool each time; cuda_graph() captures
+    with the tag active."""
+    import torch
+    from torch_memory_saver import torch_memory_saver
+
+    assert torch.__version__ == "0.0+fake", "not the test's fake torch: %s" % torch.__file__
+    cuda = Driver()
+
+    def in_region(**kwargs):
+        with torch_memory_saver.region(**kwargs):
+            pool = torch.cuda.active_pool()
+            ptr = cuda.alloc(2 * MiB)  # what the pool would obtain from the driver, under the tag
+        assert torch.cuda.active_pool() is None, "the region left its pool in use"
+        return pool, ptr
+
+    kv1, a = in_region(tag="kv_cache")
+    kv2, b = in_region(tag="kv_cache")
+    kv_backed, c = in_region(tag="kv_cache", enable_cpu_backup=True)
+    weights, d = in_region(tag="weights", enable_disk_backup=True)
+    assert kv1 is not None and kv1 is kv2, "the same region got another pool"
+    assert len({id(kv1), id(kv_backed), id(weights)}) == 3, "different regions share a pool"
+    assert row("kv_cache", "discard").allocations == 2 and row("kv_cache", "backup").allocations == 1
+    assert row("weights", "backup").allocations == 1
+    torch.cuda.set_device(1)
+    kv_dev1, e = in_region(tag="kv_cache")
+    torch.cuda.set_device(0)
+    assert kv_dev1 is not kv1, "a pool of device 0 served device 1"
+
+    pools = []
+    for _ in range(2):
+        with torch_memory_saver.disable():
+            pools.append(torch.cuda.active_pool())
+            kept = cuda.alloc(2 * MiB)
+        cuda.free(kept)
+    assert None not in pools and pools[0] is not pools[1] and kv1 not in pools
+
+    graph = object()
+    with torch_memory_saver.cuda_graph(graph, tag="graph"):
+        assert torch.cuda.capturing is graph
+        g = cuda.alloc(2 * MiB)
+    assert torch.cuda.capturing is None
+    assert row("graph").policy == "discard" and row("graph").allocations == 1
+    for ptr in (a, b, c, d, e, g):
+        cuda.free(ptr)
+    print("OK torch-pools", flush=True)
+
+
+def scenario_torch_without_mempool():
+    """A PyTorch without MemPool cannot keep a region's tensors apart: refused, naming the call."""
+    from torch_memory_saver import torch_memory_saver
+
+    e = expect(NotImplementedError, enter, torch_memory_saver.region(tag="kv_cache"))
+    assert "region(tag='kv_cache'" in str(e) and "MemPool" in str(e), e
+    print("OK torch-without-mempool", flush=True)
+
+
+def scenario_not_loaded():
+    """Imported without the shim: importing works, the first call says how to launch."""
+    import torch_memory_saver
+    import tmsdisk
+
+    e = expect(tmsdisk.NotLoadedError, enter, torch_memory_saver.torch_memory_saver.region())
+    assert "tmsctl run --tms-compat" in str(e) and "region(" in str(e), e
+    print("OK not-loaded", flush=True)
+
+
+if __name__ == "__main__":
+    globals()["scenario_" + sys.argv[1].replace("-", "_")]()
