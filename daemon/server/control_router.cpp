@@ -150,7 +150,7 @@ void ControlRouter::start(uint64_t conn_id, uid_t uid, uint64_t request_id, cons
     cmd.op = m.op;
     cmd.flags = m.flags;
     cmd.tag = m.tag;
-    const uint64_t cmd_id = next_command_++;
+    const uint64_t cmd_id = proto::kDaemonRequestBit | next_command_++;
     s.commands.emplace(cmd_id, op_id);
     if (metrics_) metrics_->command_sent(cmd_id, sid, static_cast<proto::CommandOp>(cmd.op));
     send_(s.conn_id, cmd_id, cmd);

@@ -95,7 +95,7 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
     if (coming >= short_by) break;
     spdlog::info("session {}: asking pid {} for the {} of host-tier memory it kept, for session {}'s pause", s->id,
                  s->cred.pid, human_bytes(s->host_tier_bytes), asker.id);
-    send_(s->conn_id, 0, proto::TierReclaim{}, -1);
+    send_(s->conn_id, proto::kDaemonRequestBit, proto::TierReclaim{}, -1);
     s->host_tier_reclaimed = true;
     coming += s->host_tier_bytes;
     outstanding = true;
@@ -199,7 +199,7 @@ void TierBroker::check_memory() {
     if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id) continue;
     spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept", s.id,
                  s.cred.pid, human_bytes(s.host_tier_bytes));
-    send_(s.conn_id, 0, proto::TierReclaim{}, -1);
+    send_(s.conn_id, proto::kDaemonRequestBit, proto::TierReclaim{}, -1);
     s.host_tier_reclaimed = true;
   }
 }

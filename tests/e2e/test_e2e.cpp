@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -133,6 +134,46 @@ TEST_CASE("tmsctl run starts two ranks of one job and tmsctl pause --job pauses 
   auto rj = node.resume("duo");
   REQUIRE(rj.ok());
   for (auto& p : ranks) CHECK(p->cmd("check") == "ok 1");
+}
+
+TEST_CASE("two tmsctl pause at once of the same ranks: every rank answers both, none is left without an answer") {
+  // A COMMAND that reaches a rank while it awaits the daemon's reply to its own request must never
+  // be taken for that reply (the daemon's request ids have their own range).
+  Node node;
+  node.start_daemon();
+  std::vector<std::unique_ptr<Proc>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    Env env = node.sim_env();
+    env["RANK"] = std::to_string(r);
+    ranks.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "race", "--", CUDA_PATTERN_PATH},
+        env));
+    REQUIRE(ranks.back()->line() == "ready");
+    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 1 16777216 direct")).empty());
+    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 2 16777216 direct")).empty());
+  }
+  REQUIRE(eventually([&] { return node.status().size() == 2; }));
+  for (int round = 0; round < 3; ++round) {
+    auto first = std::async(std::launch::async, [&] {
+      return node.control("pause", {"--job", "race", "--timeout", "60"});
+    });
+    auto second = node.control("pause", {"--job", "race", "--timeout", "60"});
+    auto one = first.get();
+    INFO(one.text);
+    INFO(second.text);
+    for (const Outcome* o : {&one, &second}) {
+      REQUIRE(o->size() == 2);
+      for (const auto& r : o->ranks) {
+        // Paused, already paused, or busy with the other pause: never a protocol error, never silence.
+        CHECK((r.ok || r.error == EBUSY));
+        CHECK(r.message.find("Protocol") == std::string::npos);
+        CHECK(r.message.find("no answer") == std::string::npos);
+      }
+    }
+    for (const auto& r : node.status()) CHECK(r.totals.state == "paused");
+    REQUIRE(node.resume("race").ok());
+    for (auto& p : ranks) CHECK(p->cmd("check") == "ok 2");
+  }
 }
 
 TEST_CASE("tmsctl says no-op for a pause or resume with nothing to do - status keeps the last real figures") {

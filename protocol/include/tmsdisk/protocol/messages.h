@@ -57,6 +57,11 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    the budget again. The bytes kept in the tier are reported beside the zero and unchanged ones
 //    (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
 inline constexpr uint16_t kVersion = 7;
+
+// Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
+// bit set: the shim numbers its own requests from 1, and a command that arrives while the shim awaits
+// the reply to one of them must never be taken for that reply.
+inline constexpr uint64_t kDaemonRequestBit = uint64_t{1} << 63;
 inline constexpr std::size_t kHeaderSize = 24;
 inline constexpr std::size_t kMaxMessageSize = 64 * 1024;
 inline constexpr std::size_t kMaxPayload = kMaxMessageSize - kHeaderSize;
