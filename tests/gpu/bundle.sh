@@ -12,7 +12,7 @@ mkdir -p "$dest"
 cp build-release/daemon/tmsdiskd build-release/tools/tmsctl/tmsctl build-release/interposer/libtmsdisk.so \
    build-release/tests/e2e/cuda_ipc build-release/tests/e2e/cuda_pattern build-release/tests/e2e/cuda_probe \
    build-release/bench/tmsdisk-shim-bench build-release/bench/tmsdisk-session-bench "$dest/"
-strip "$dest"/*
+find "$dest" -maxdepth 1 -type f -exec strip {} +  # the binaries, not python/ (a directory)
 # The Python start-up module (PyTorch's cache), the tmsdisk package and torch_memory_saver's
 # compatibility module (tms-compat/), where tmsctl looks for them in a flat bundle.
 mkdir -p "$dest/python"
