@@ -40,6 +40,26 @@ uint64_t disk_usage(const std::string& dir) {
   return total;
 }
 
+// `count` ranks of `job`, each launched by `tmsctl run` (RANK set) and holding `allocs` allocations
+// of `bytes`, ready once the daemon lists them all.
+std::vector<std::unique_ptr<Proc>> launch_ranks(const Node& node, const std::string& job, int count, int allocs,
+                                                uint64_t bytes) {
+  std::vector<std::unique_ptr<Proc>> ranks;
+  for (int r = 0; r < count; ++r) {
+    Env env = node.sim_env();
+    env["RANK"] = std::to_string(r);
+    ranks.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", job, "--", CUDA_PATTERN_PATH},
+        env));
+    REQUIRE(ranks.back()->line() == "ready");
+    for (int a = 1; a <= allocs; ++a)
+      REQUIRE_FALSE(
+          ok_addr(ranks.back()->cmd("alloc " + std::to_string(a) + " " + std::to_string(bytes) + " direct")).empty());
+  }
+  REQUIRE(eventually([&] { return node.status().size() == static_cast<std::size_t>(count); }));
+  return ranks;
+}
+
 }  // namespace
 
 TEST_CASE("tmsctl pause frees device memory for another process - resume restores every byte at the same addresses") {
@@ -115,16 +135,7 @@ TEST_CASE("the in-process C API pauses and resumes from inside the program") {
 TEST_CASE("tmsctl run starts two ranks of one job and tmsctl pause --job pauses both") {
   Node node;
   node.start_daemon();
-  std::vector<std::unique_ptr<Proc>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    Env env = node.sim_env();
-    env["RANK"] = std::to_string(r);
-    ranks.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "duo", "--", CUDA_PATTERN_PATH},
-        env));
-    REQUIRE(ranks.back()->line() == "ready");
-    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 1 33554432 direct")).empty());
-  }
+  auto ranks = launch_ranks(node, "duo", 2, 1, 32 * MiB);
   auto j = node.pause("duo");
   INFO(j.text);
   REQUIRE(j.ok());
@@ -141,18 +152,7 @@ TEST_CASE("two tmsctl pause at once of the same ranks: every rank answers both, 
   // be taken for that reply (the daemon's request ids have their own range).
   Node node;
   node.start_daemon();
-  std::vector<std::unique_ptr<Proc>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    Env env = node.sim_env();
-    env["RANK"] = std::to_string(r);
-    ranks.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{TMSCTL_PATH, "--socket", node.socket, "run", "--job", "race", "--", CUDA_PATTERN_PATH},
-        env));
-    REQUIRE(ranks.back()->line() == "ready");
-    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 1 16777216 direct")).empty());
-    REQUIRE_FALSE(ok_addr(ranks.back()->cmd("alloc 2 16777216 direct")).empty());
-  }
-  REQUIRE(eventually([&] { return node.status().size() == 2; }));
+  auto ranks = launch_ranks(node, "race", 2, 2, 16 * MiB);
   for (int round = 0; round < 3; ++round) {
     auto first = std::async(std::launch::async, [&] {
       return node.control("pause", {"--job", "race", "--timeout", "60"});
