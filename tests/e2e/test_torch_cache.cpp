@@ -220,6 +220,7 @@ TEST_CASE(
   REQUIRE(rc == 0);
   j = json::parse(out, nullptr, false);
   REQUIRE(j.is_object());
-  CHECK_FALSE(j.contains("PYTHONPATH"));  // the launch inherits the user's, untouched
+  // The module's directory stays first (it holds the tmsdisk package too); the module itself is off.
+  CHECK(j.value("PYTHONPATH", "") == std::string(PYTHON_STARTUP_DIR) + ":/opt/site");
   CHECK(j.value("TMSDISK_TORCH_EMPTY_CACHE", "") == "0");
 }

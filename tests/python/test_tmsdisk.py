@@ -192,17 +192,23 @@ class CompatTest(TmsdiskTestCase):
         self.assertIn("OK not-loaded", out)
 
     def test_tmsctl_puts_the_module_first_only_when_asked(self):
-        def python_path(*options):
+        def launch_env(*options):
             done = subprocess.run([os.environ["TMSCTL"], "env", "--json", *options],
                                   env=self.child_env({"PYTHONPATH": "/opt/user"}), stdout=subprocess.PIPE,
                                   check=True, timeout=CHILD_TIMEOUT_S)
-            return json.loads(done.stdout).get("PYTHONPATH", "").split(":")
+            return json.loads(done.stdout)
+
+        def python_path(*options):
+            return launch_env(*options).get("PYTHONPATH", "").split(":")
 
         python_dir = os.environ["PYTHON_DIR"]
+        want = [os.path.realpath(self.compat_dir()), os.path.realpath(python_dir), "/opt/user"]
         got = [os.path.realpath(p) for p in python_path("--tms-compat")]
-        self.assertEqual(got, [os.path.realpath(self.compat_dir()), os.path.realpath(python_dir), "/opt/user"])
+        self.assertEqual(got, want)
         got = [os.path.realpath(p) for p in python_path("--tms-compat", "--keep-torch-cache")]
-        self.assertEqual(got, [os.path.realpath(self.compat_dir()), "/opt/user"])
+        self.assertEqual(got, want)
+        # As torch_memory_saver does, PyTorch's cache is kept (and pauses with its region).
+        self.assertEqual(launch_env("--tms-compat").get("TMSDISK_TORCH_EMPTY_CACHE"), "0")
         self.assertNotIn(os.path.realpath(self.compat_dir()), [os.path.realpath(p) for p in python_path()])
         # And without it, torch_memory_saver is not there to import (nor shadows a real one).
         argv = [os.environ["TMSCTL"], "run", "--", sys.executable, "-c",

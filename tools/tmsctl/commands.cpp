@@ -607,9 +607,8 @@ std::string python_path_with(const std::vector<std::string>& dirs) {
 // JSON or `export` lines) when it is missing: the program runs all the same, its cache paused with the
 // rest of its memory.
 std::string python_startup_for(const LaunchOptions& launch, const char* where) {
-  if (!launch.empty_torch_cache) return {};
-  std::string dir = find_python_startup();
-  if (dir.empty())
+  std::string dir = find_python_startup();  // also the tmsdisk package's: on the path either way
+  if (dir.empty() && launch.empty_torch_cache && !launch.tms_compat)
     std::fprintf(stderr,
                  "%s: warning: the Python start-up module (sitecustomize.py) is not installed beside tmsctl: "
                  "PyTorch's cached memory will be paused with the rest (reinstall tmsdisk, or pass "
@@ -619,7 +618,7 @@ std::string python_startup_for(const LaunchOptions& launch, const char* where) {
 }
 
 // The variables a launch needs, in a stable order. `root` is where the daemon keeps files;
-// `python_dir`, the start-up module's directory (empty: missing, or not wanted); with --tms-compat, the
+// `python_dir`, the start-up module's and tmsdisk package's directory (empty: missing); with --tms-compat, the
 // compatibility module's directory comes before it (check_launch made sure it is there).
 std::vector<std::pair<std::string, std::string>> launch_env(const std::string& socket, const std::string& root,
                                                             const LaunchOptions& launch, const std::string& lib,
@@ -637,9 +636,11 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);
   std::vector<std::string> python_path;
   if (launch.tms_compat) python_path.push_back(find_tms_compat());
-  if (launch.empty_torch_cache && !python_dir.empty()) python_path.push_back(python_dir);
+  if (!python_dir.empty()) python_path.push_back(python_dir);
   if (!python_path.empty()) env.emplace_back("PYTHONPATH", python_path_with(python_path));
-  if (!launch.empty_torch_cache) {
+  // Programs written for torch_memory_saver expect its accounting: PyTorch's cached blocks stay, and
+  // pause (or are discarded) with their region, as TMS does (its training_engine example checks it).
+  if (!launch.empty_torch_cache || launch.tms_compat) {
     // Also off where an outer launch already put the module on PYTHONPATH.
     env.emplace_back("TMSDISK_TORCH_EMPTY_CACHE", "0");
   } else if (!python_dir.empty()) {

@@ -231,7 +231,8 @@ int main(int argc, char** argv) {
     sub->add_flag("--tms-compat", launch.tms_compat,
                   "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
                   "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
-                  "variables read as torch_memory_saver reads them");
+                  "variables read as torch_memory_saver reads them, and PyTorch's cache kept as it keeps it "
+                  "(implies --keep-torch-cache)");
   };
   auto* env =
       app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
