@@ -592,6 +592,15 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
   if (!committed) return with_dropped(failed(committed.error()));
   if (*committed && !paused.empty()) {
     // The daemon refuses a new reservation while a committed pause holds the only copy of data.
+    std::string tags;
+    for (const auto& a : paused)
+      if (a->tag != kUntagged && tags.find(tag_name(a->tag)) == std::string::npos)
+        tags += (tags.empty() ? "" : ", ") + tag_name(a->tag);
+    if (!tags.empty())
+      return with_dropped(OpResult{make_error(
+          EBUSY, fmt::format("tag(s) {} hold this rank's backed-up pause (one per rank): resume them first, then "
+                             "pause everything",
+                             tags))});
     return with_dropped(OpResult{make_error(
         EBUSY,
         fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))});

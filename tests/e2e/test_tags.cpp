@@ -195,6 +195,11 @@ TEST_CASE("a second backed-up tag is refused while another holds the rank's paus
   CHECK(refused[0].error == EBUSY);
   CHECK(refused[0].message.find("resume a first") != std::string::npos);
   CHECK(prog.cmd("check 2") == "ok");  // nothing of b moved
+  // Nor may the whole process pause over it: it says which tag to resume.
+  auto whole = node.pause("two");
+  INFO(whole.text);
+  CHECK_FALSE(whole.ok());
+  CHECK(whole[0].message.find("tag(s) a hold") != std::string::npos);
   REQUIRE(node.control("resume", {"--job", "two", "--tag", "a"}).ok());
   REQUIRE(node.control("pause", {"--job", "two", "--tag", "b"}).ok());
   REQUIRE(node.control("resume", {"--job", "two"}).ok());
