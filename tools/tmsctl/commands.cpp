@@ -121,9 +121,11 @@ std::string tags_text(const proto::RankStats& st) {
   if (st.tags.empty() || (st.tags.size() == 1 && st.tags[0].tag == "untagged" && st.tags[0].policy == 0)) return {};
   std::string out;
   for (const auto& t : st.tags) {
-    out += (out.empty() ? "" : "; ") + t.tag + (t.policy ? " (discard)" : " (backup)");
-    if (t.resident_bytes) out += " " + human_bytes(t.resident_bytes) + " resident";
-    if (t.paused_bytes) out += std::string(t.resident_bytes ? "," : "") + " " + human_bytes(t.paused_bytes) + " paused";
+    if (!out.empty()) out.append("; ");
+    out.append(t.tag).append(t.policy ? " (discard)" : " (backup)");
+    if (t.resident_bytes) out.append(" ").append(human_bytes(t.resident_bytes)).append(" resident");
+    if (t.resident_bytes && t.paused_bytes) out.append(",");
+    if (t.paused_bytes) out.append(" ").append(human_bytes(t.paused_bytes)).append(" paused");
   }
   return out;
 }
