@@ -115,7 +115,7 @@ TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used
     return p;
   }
   const uint64_t want = ask / chunk * chunk + (ask % chunk ? chunk : 0);
-  const uint64_t fair = budget / std::max<std::size_t>(ranks, 1);
+  const uint64_t fair = fair_share(budget, ranks);
   const uint64_t left = sub_floor(budget, used);
   p.bytes = std::min({want, fair, left, spare.bytes}) / chunk * chunk;
   if (p.bytes >= want) return p;

@@ -41,6 +41,11 @@ struct TierPlan {
   std::string note;    // why less than asked; empty when all of it
 };
 
+// A rank's fair share of `budget` while `ranks` ranks are on the node.
+inline uint64_t fair_share(uint64_t budget, std::size_t ranks) {
+  return budget / (ranks ? ranks : 1);
+}
+
 // The grant for a rank asking `ask` bytes (chunks of `chunk` bytes) while `ranks` ranks are on the
 // node and `used` bytes of `budget` are held or being granted, with `spare` bytes to spare.
 TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used, std::size_t ranks,

@@ -30,7 +30,7 @@ TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
 
 uint64_t TierBroker::fair_ask(const Session& s, uint64_t bytes) const {
   const uint32_t chunk = s.staging->chunk_bytes();
-  const uint64_t fair = budget_ / std::max<std::size_t>(sessions_.all().size(), 1) / chunk * chunk;
+  const uint64_t fair = fair_share(budget_, sessions_.all().size()) / chunk * chunk;
   return std::min(whole_chunks(bytes, chunk), fair);
 }
 
@@ -51,7 +51,7 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
   if (const uint64_t held = s.host_tier_bytes) {
     // Reused while it is no less than the rank could get now and no more than its fair share: making
     // and pinning it again is what keeping it saves.
-    if (held >= plan.bytes && held <= budget_ / std::max<std::size_t>(sessions_.all().size(), 1)) {
+    if (held >= plan.bytes && held <= fair_share(budget_, sessions_.all().size())) {
       spdlog::debug("session {}: reuses the {} of host-tier memory it kept", s.id, human_bytes(held));
       return send_(s.conn_id, request_id,
                    proto::TierGrant{.bytes = held,
