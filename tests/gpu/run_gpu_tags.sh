@@ -13,7 +13,7 @@
 # Writes OUT_DIR/tags.txt (per case: exit status, PASS/FAIL, what was expected, the last lines of its
 # output), every log beside it, and OUT_DIR/tags-logs.tar.gz. Exit status 0 when torch_tags.py passed
 # and every case expected to pass did; cases expected to fail (calls that tmsdisk's torch_memory_saver
-# refuses by design, or TMS's private internals; README "torch_memory_saver compatibility") are
+# refuses by design, or TMS's C functions; README "torch_memory_saver compatibility") are
 # reported, not counted.
 #   tests/gpu/run_gpu_tags.sh BUNDLE_DIR OUT_DIR [TMS_SRC_DIR]
 # Environment: TAGS_EXAMPLE_TIMEOUT_S (180: per example), TAGS_PROGRAM_TIMEOUT_S (600: torch_tags.py),
@@ -189,12 +189,12 @@ else
   example rl_example-preload "" pass - rl_example run preload
   example rl_example-torch "" pass - rl_example run torch
   example training_engine-preload "" pass "TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1" training_engine run preload
+  example nested_region-preload "" pass "TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1" nested_region run preload
   example multi_device-preload multi pass - multi_device run preload
   example multi_device-torch multi pass - multi_device run torch
   example multi_device_torch_mode-torch multi pass - multi_device_torch_mode run torch
-  # Expected to fail: what tmsdisk's torch_memory_saver refuses by design, or TMS's internals.
+  # Expected to fail: what tmsdisk's torch_memory_saver refuses by design, or TMS's C functions.
   nocopy="get_cpu_backup is refused (no host copy Python could read)"
-  internals="uses TMS internals (_ensure_initialized(), _impl._binary_wrapper.cdll)"
   example cpu_backup-preload "" "$nocopy" - cpu_backup run preload
   example cpu_backup-torch "" "$nocopy" - cpu_backup run torch
   example cpu_backup_multi_device_mmap_restore-preload multi \
@@ -202,9 +202,9 @@ else
   example cpu_backup_multi_device_mmap_restore-torch multi \
     "two backed-up tags paused one after the other: one backed-up pause per rank (EBUSY)" - cpu_backup run_multi_device_mmap_restore torch
   example cpu_backup_rss-torch "" "the process's RSS does not grow by a host copy (no host shadow)" - cpu_backup run_rss torch
-  example cpu_backup_backend_from_env-preload "" "$internals" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env preload
-  example cpu_backup_backend_from_env-torch "" "$internals" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env torch
-  example cpu_backup_preload_backend_from_env-preload "" "$internals" \
+  example cpu_backup_backend_from_env-preload "" "$nocopy" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env preload
+  example cpu_backup_backend_from_env-torch "" "$nocopy" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env torch
+  example cpu_backup_preload_backend_from_env-preload "" "$nocopy" \
     "TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1 TMS_INIT_CPU_BACKUP_BACKEND=mmap" cpu_backup run_preload_backend_from_env preload
   example cpu_backup_retain_from_env-preload "" "TMS_RETAIN_CPU_BACKUP=1 is refused (retain_cpu_backup stays False)" \
     TMS_RETAIN_CPU_BACKUP=1 cpu_backup run_retain_from_env preload
@@ -214,7 +214,6 @@ else
   example disk_backup-torch "" "set_disk_backup_dir(another directory) is refused; no tms_* files" - disk_backup run torch
   example cuda_vmm_granularity-preload "" "calls TMS's C functions tms_pause/tms_resume, which libtmsdisk.so does not export" \
     TMS_INIT_ENABLE=1 cuda_vmm_granularity run preload
-  example nested_region-preload "" "$internals" "TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1" nested_region run preload
   for x in disable_unsupported resume_failure cleanup_failure free_failure multi_device_sync memory_margin_unsupported; do
     echo "-- xpu_scenarios $x: SKIPPED (XPU only)" | tee -a "$report"
     skipped=$((skipped + 1))

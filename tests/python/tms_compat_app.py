@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 
 from cudadriver import Driver, pattern
 
@@ -58,9 +59,13 @@ def scenario_regions():
     cuda = Driver()
     weights_data, cache_data, outside_data = pattern(8 * MiB, 11), pattern(4 * MiB, 12), pattern(4 * MiB, 13)
     with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        cdll = torch_memory_saver._impl._binary_wrapper.cdll
+        assert (cdll.tms_get_interesting_region(), cdll.tms_get_current_tag()) == (1, b"weights")
         weights = cuda.alloc(len(weights_data))
     with torch_memory_saver.region(tag="kv_cache"):  # no backup: discarded
         cache = cuda.alloc(len(cache_data))
+    # Outside regions without TMS_INIT_ENABLE: not TMS's memory.
+    assert (cdll.tms_get_interesting_region(), cdll.tms_get_enable_cpu_backup()) == (0, 0)
     outside = cuda.alloc(len(outside_data))  # outside regions: TMS leaves it alone
     for ptr, data in ((weights, weights_data), (cache, cache_data), (outside, outside_data)):
         cuda.write(ptr, data)
@@ -127,11 +132,30 @@ def scenario_init_enable():
     from torch_memory_saver import torch_memory_saver
 
     assert os.environ["TMS_INIT_ENABLE"] == "1" and os.environ["TMS_INIT_ENABLE_CPU_BACKUP"] == "1"
+    # TMS's view of this thread's region state, as its nested_region example reads it.
+    torch_memory_saver._ensure_initialized()
+    cdll = torch_memory_saver._impl._binary_wrapper.cdll
+
+    def state():
+        return (cdll.tms_get_interesting_region(), cdll.tms_get_enable_cpu_backup(), cdll.tms_get_current_tag(),
+                cdll.tms_get_cpu_backup_backend())
+
+    assert state() == (1, 1, b"default", b"pinned"), state()
     cuda = Driver()
     weights = cuda.alloc(8 * MiB)
     cuda.write(weights, pattern(8 * MiB, 21))
     with torch_memory_saver.region(tag="grad_buffer", enable_cpu_backup=False):
+        assert state() == (1, 0, b"grad_buffer", b"pinned"), state()
+        with torch_memory_saver.region(tag="inner", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+            assert state() == (1, 1, b"inner", b"mmap"), state()
+            seen = []
+            other = threading.Thread(target=lambda: seen.append(state()))
+            other.start()
+            other.join()
+            assert seen == [(1, 1, b"default", b"pinned")], seen  # another thread is outside regions
+        assert state() == (1, 0, b"grad_buffer", b"pinned"), state()
         grad = cuda.alloc(4 * MiB)
+    assert state() == (1, 1, b"default", b"pinned"), state()
     cuda.write(grad, pattern(4 * MiB, 22))
     with torch_memory_saver.region():  # tag "default": the same memory as outside regions
         more = cuda.alloc(2 * MiB)

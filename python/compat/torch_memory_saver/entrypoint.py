@@ -12,6 +12,8 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
   is left alone otherwise, as TMS leaves it.
 - disable(): tmsdisk's disabled() (never paused), in a MemPool of its own dropped on exit, as TMS does.
 - cuda_graph(...): torch.cuda.graph(...) with the tag active during capture.
+- _ensure_initialized() and _impl._binary_wrapper.cdll.tms_get_*(): TMS's view of the calling thread's
+  region state (in region or not, CPU backup, tag, backend), answered from this module's own state.
 What tmsdisk cannot honour is refused with an exception naming the call: get_cpu_backup, a
 retain_cpu_backup of True (or TMS_RETAIN_CPU_BACKUP=1), a memory_margin_bytes other than 0,
 set_disk_backup_dir to another directory than TMS_DISK_BACKUP_DIR, tag names tmsdisk does not accept,
@@ -76,9 +78,11 @@ class TorchMemorySaver:
         impl = self._ensure_initialized(call)
         assert not (enable_cpu_backup and enable_disk_backup), \
             "enable_cpu_backup and enable_disk_backup are mutually exclusive"
+        backend = cpu_backup_backend or impl.cpu_backup_backend
         with impl.region(call, tag, bool(enable_cpu_backup or enable_disk_backup),
                          pool_key=(tag, bool(enable_cpu_backup), bool(enable_disk_backup),
-                                   (cpu_backup_backend or impl.cpu_backup_backend) if enable_cpu_backup else "")):
+                                   backend if enable_cpu_backup else ""),
+                         state=_RegionState(True, bool(enable_cpu_backup), tag, backend)):
             yield
 
     @contextlib.contextmanager
@@ -100,7 +104,9 @@ class TorchMemorySaver:
         if torch is None:
             raise _refuse(call, "it needs torch with CUDA, which this process cannot import")
         with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
-            with impl.region(call, tag, bool(enable_cpu_backup), pool_key=None):
+            with impl.region(call, tag, bool(enable_cpu_backup), pool_key=None,
+                             state=_RegionState(True, bool(enable_cpu_backup), tag,
+                                                cpu_backup_backend or impl.cpu_backup_backend)):
                 yield
 
     @contextlib.contextmanager
@@ -200,7 +206,7 @@ class TorchMemorySaver:
 
     # --- initialization ----------------------------------------------------------------------------
 
-    def _ensure_initialized(self, call):
+    def _ensure_initialized(self, call="torch_memory_saver._ensure_initialized()"):
         if self._impl is None:
             with self._init_lock:
                 if self._impl is None:
@@ -215,6 +221,39 @@ def _validate_cpu_backup_backend(enable_cpu_backup, cpu_backup_backend):
         raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
     if cpu_backup_backend not in _CPU_BACKUP_BACKENDS:
         raise ValueError("cpu_backup_backend must be 'mmap' or 'pinned', not %r" % (cpu_backup_backend,))
+
+
+class _RegionState(tuple):
+    """What TMS keeps per thread about the region it is in (its C functions tms_get_*)."""
+
+    def __new__(cls, interesting, cpu_backup, tag, backend):
+        return super().__new__(cls, (bool(interesting), bool(cpu_backup), tag, backend))
+
+
+class _RegionStateView:
+    """TMS's introspection of the calling thread's region state, which its examples and tests read as
+    torch_memory_saver._impl._binary_wrapper.cdll.tms_get_*(): the same answers, from this module's
+    state (the innermost region of this thread, else what TMS_INIT_* set for memory outside regions).
+    Tags come back as bytes, as through ctypes."""
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    @property
+    def cdll(self):
+        return self
+
+    def tms_get_interesting_region(self):
+        return int(self._impl.region_state()[0])
+
+    def tms_get_enable_cpu_backup(self):
+        return int(self._impl.region_state()[1])
+
+    def tms_get_current_tag(self):
+        return self._impl.region_state()[2].encode()
+
+    def tms_get_cpu_backup_backend(self):
+        return self._impl.region_state()[3].encode()
 
 
 class _Impl:
@@ -250,6 +289,14 @@ class _Impl:
         self._lock = threading.Lock()
         self._tags = set()  # tmsdisk tags that regions opened through this module used
         self._pools = {}  # (tag, cpu, disk, backend, device) -> torch.cuda.MemPool, kept for good as TMS does
+        self._outside = _RegionState(self.init_enable, self.init_enable and init_cpu, _TAG_DEFAULT,
+                                     self.cpu_backup_backend)
+        self._thread = threading.local()  # .regions: this thread's stack of _RegionState
+        self._binary_wrapper = _RegionStateView(self)
+
+    def region_state(self):
+        regions = getattr(self._thread, "regions", None)
+        return regions[-1] if regions else self._outside
 
     def tmsdisk_tag(self, tag):
         # With TMS_INIT_ENABLE=1, TMS's "default" tag is also what is allocated outside regions: tmsdisk's
@@ -258,7 +305,7 @@ class _Impl:
         return tmsdisk.UNTAGGED if self.init_enable and tag == _TAG_DEFAULT else tag
 
     @contextlib.contextmanager
-    def region(self, call, tag, backup, pool_key):
+    def region(self, call, tag, backup, pool_key, state):
         name = self.tmsdisk_tag(tag)
         with contextlib.ExitStack() as stack:
             if self.torch is not None and pool_key is not None:
@@ -269,7 +316,12 @@ class _Impl:
                 raise _renamed(e, call) from None
             with self._lock:
                 self._tags.add(name)
-            yield
+            regions = self._thread.__dict__.setdefault("regions", [])
+            regions.append(state)
+            try:
+                yield
+            finally:
+                regions.pop()
 
     def _pool(self, key):
         key = key + (self.torch.cuda.current_device(),)  # a MemPool belongs to the device it was made on
