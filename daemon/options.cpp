@@ -157,6 +157,12 @@ constexpr Setting kSettings[] = {
              "only copies (default on; making and pinning memory takes seconds per few GiB). It still counts "
              "against host-tier-mb and is taken back when another rank's pause needs it or the node runs short "
              "of memory (--host-tier-keep=false: every resume gives it back)"},
+    {.name = "host-tier-ahead",
+     .target = [](DaemonOptions& o) -> Target { return &o.config.host_tier_ahead; },
+     .help = "with host-tier-keep, a rank whose GPU memory has stopped growing gets its host-tier memory before "
+             "its first pause, made and pinned while it runs, so that even that pause only copies (default on). "
+             "Only what is free is given (nobody's memory is taken back for it) and it is taken back as kept "
+             "memory is (--host-tier-ahead=false: made at the first pause)"},
     {.name = "chunk-mb",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.chunk_mb; },

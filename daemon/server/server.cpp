@@ -232,7 +232,7 @@ struct Server::Impl {
         },
         config.host_tier_mb * kMiB);
     tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_mb * kMiB, config.host_tier_keep,
-                                        [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
+                                        config.host_tier_ahead, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
                                           if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
                                         });
 
@@ -790,7 +790,7 @@ struct Server::Impl {
   // ----------------------------------------------------------------------------------------------
   // Host-memory tier (host_tier.h)
 
-  void on_shim(Connection& c, uint64_t rid, proto::TierAsk& m) { tier->ask(session_of(c), rid, m.bytes); }
+  void on_shim(Connection& c, uint64_t rid, proto::TierAsk& m) { tier->ask(session_of(c), rid, m.bytes, m.flags); }
   void on_shim(Connection& c, uint64_t rid, proto::TierRelease&) {
     tier->release(session_of(c));
     send(c, rid, proto::OkReply{});

@@ -33,6 +33,7 @@ struct Config {
   uint32_t chunk_mb = 8;                        // bytes per I/O request / slot
   uint64_t host_tier_mb = 0;                    // the node's host-memory tier (host_tier.h); 0: off
   bool host_tier_keep = true;                   // ranks keep its memory between pauses (tier_broker.h)
+  bool host_tier_ahead = true;                  // and get it before their first pause (tier_broker.h)
   std::vector<uid_t> allowed_uids;              // empty and no groups: every uid may connect
   std::vector<gid_t> allowed_gids;
   bool allow_tmpfs = false;

@@ -60,6 +60,7 @@ struct Session {
   // the daemon asked for it back (TIER_RECLAIM) for another rank's pause (tier_broker.h).
   bool host_tier_kept = false;
   bool host_tier_reclaimed = false;
+  bool host_tier_pending_ahead = false;  // the grant being made was asked for ahead of a pause: kept once made
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };

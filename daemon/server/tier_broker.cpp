@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 #include "chunk_io.h"
 #include "tmsdisk/common/human.h"
@@ -38,12 +39,13 @@ bool TierBroker::waits(uint64_t session_id) const {
   return std::any_of(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.session_id == session_id; });
 }
 
-void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
+void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t flags) {
   if (s.host_tier_pending || waits(s.id))
     return send_(s.conn_id, request_id, error_reply(EBUSY, "a host-tier ask of this rank is already being served"), -1);
   if (s.host_tier_bytes && !s.host_tier_kept)
     return send_(s.conn_id, request_id,
                  error_reply(EBUSY, "this rank's host-tier memory holds paused chunks: resume them first"), -1);
+  if (flags & proto::kTierAskAhead) return ask_ahead(s, request_id, bytes);
   // Pausing: what the rank kept is in use again, and no longer anyone else's to reclaim.
   s.host_tier_kept = false;
   s.host_tier_reclaimed = false;
@@ -76,6 +78,31 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes) {
   grant(s, request_id, std::move(plan), bytes);
 }
 
+void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
+  if (!ahead_) {
+    const char* why = keep_ ? "host-tier-ahead is off: host-tier memory is made at the first pause"
+                            : "host-tier-keep is off: host-tier memory is made at each pause";
+    spdlog::info("session {}: asked for host-tier memory ahead of a pause; none: {}", s.id, why);
+    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = why}, -1);
+  }
+  TierPlan plan = plan_for(s, bytes);
+  if (const uint64_t held = s.host_tier_bytes) {
+    // Kept already: enough for now, or to be made again larger (the rank releases, then asks again).
+    if (held >= plan.bytes)
+      return send_(s.conn_id, request_id,
+                   proto::TierGrant{.bytes = held,
+                                    .note = {},
+                                    .flags = static_cast<uint8_t>(proto::kTierReuse | proto::kTierKeep)},
+                   -1);
+    return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
+                 -1);
+  }
+  // The rank runs: it stays kept (reclaimable) while its memory is made and after.
+  s.host_tier_kept = true;
+  s.host_tier_reclaimed = false;
+  grant(s, request_id, std::move(plan), bytes, /*ahead=*/true);
+}
+
 bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
   std::vector<Session*> kept;
   bool outstanding = false;
@@ -103,25 +130,34 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
   return outstanding;
 }
 
-void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked) {
+void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked, bool ahead) {
   if (budget_ && !plan.note.empty())
-    spdlog::info("session {}: host tier: {} of the {} asked for: {}", s.id, human_bytes(plan.bytes), human_bytes(asked),
-                 plan.note);
-  if (plan.bytes == 0)
+    spdlog::info("session {}: host tier{}: {} of the {} asked for: {}", s.id, ahead ? " ahead of a pause" : "",
+                 human_bytes(plan.bytes), human_bytes(asked), plan.note);
+  if (plan.bytes == 0) {
+    if (ahead) s.host_tier_kept = false;
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = proto::wire_text(plan.note)}, -1);
+  }
   try {
     workers_.build_tier(s.id, s.conn_id, request_id, plan.bytes, std::move(plan.note));
     s.host_tier_pending = plan.bytes;
+    s.host_tier_pending_ahead = ahead;
   } catch (const std::bad_alloc&) {
+    if (ahead) s.host_tier_kept = false;
     send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = "tmsdiskd is out of memory"}, -1);
   }
 }
 
 void TierBroker::built(StagingWorkers::TierBuilt& t) {
   Session* s = sessions_.find(t.session_id);
-  if (s) s->host_tier_pending = 0;
+  bool ahead = false;
+  if (s) {
+    s->host_tier_pending = 0;
+    ahead = std::exchange(s->host_tier_pending_ahead, false);
+  }
   if (!s || s->conn_id != t.conn_id || !t.conn_id) return;  // the rank went meanwhile: the memory is freed
   if (!t.memory) {
+    if (ahead) s->host_tier_kept = false;
     spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
                  human_bytes(t.bytes), t.error.describe());
     return send_(s->conn_id, t.request_id,
@@ -130,8 +166,9 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
                  -1);
   }
   s->host_tier_bytes = t.bytes;
-  spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
-               human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_));
+  spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use){}", s->id,
+               human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_),
+               ahead ? ", ahead of its first pause" : "");
   send_(s->conn_id, t.request_id,
         proto::TierGrant{.bytes = t.bytes,
                          .note = proto::wire_text(t.note),
@@ -193,10 +230,11 @@ int TierBroker::expire() {
 
 void TierBroker::check_memory() {
   bool any_kept = false;
-  for (const auto& [id, s] : sessions_.all()) any_kept |= s.host_tier_kept && !s.host_tier_reclaimed;
+  // Memory still being made ahead of a pause is not held yet: the plan that started it saw it could be spared.
+  for (const auto& [id, s] : sessions_.all()) any_kept |= s.host_tier_kept && !s.host_tier_reclaimed && s.host_tier_bytes;
   if (!any_kept || spare_memory().bytes > 0) return;
   for (auto& [id, s] : sessions_.all()) {
-    if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id) continue;
+    if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id || !s.host_tier_bytes) continue;
     spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept", s.id,
                  s.cred.pid, human_bytes(s.host_tier_bytes));
     send_(s.conn_id, proto::kDaemonRequestBit, proto::TierReclaim{}, -1);

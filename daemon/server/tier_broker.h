@@ -12,6 +12,10 @@
 // its fair share, is told to release first and ask again (kTierReleaseFirst), so that the sum never
 // exceeds the budget, not even for a moment. When the node runs short of memory (the sweep timer's
 // check), kept memory is taken back too.
+//
+// Asked ahead (kTierAskAhead): with keep on, the memory is the rank's from its first pause on; a rank
+// whose memory stopped growing asks for it before that pause, so that even the first one only copies.
+// Such an ask takes only what is free (it never reclaims nor waits) and its memory is kept at once.
 #pragma once
 
 #include <chrono>
@@ -32,12 +36,13 @@ class TierBroker {
   // How long a pausing rank's ask waits for kept memory to come back before it takes what is free.
   static constexpr std::chrono::milliseconds kReclaimWait{5000};
 
-  TierBroker(SessionTable& sessions, StagingWorkers& workers, uint64_t budget, bool keep, Send send)
-      : sessions_(sessions), workers_(workers), budget_(budget), keep_(keep), send_(std::move(send)) {}
+  TierBroker(SessionTable& sessions, StagingWorkers& workers, uint64_t budget, bool keep, bool ahead, Send send)
+      : sessions_(sessions), workers_(workers), budget_(budget), keep_(keep), ahead_(keep && ahead),
+        send_(std::move(send)) {}
 
   // TIER_ASK from `s` on its connection: answered now, once its memory is made (built()), or once kept
-  // memory came back (expire()).
-  void ask(Session& s, uint64_t request_id, uint64_t bytes);
+  // memory came back (expire()). `flags`: kTierAsk*.
+  void ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t flags);
   void built(StagingWorkers::TierBuilt& t);
   void release(Session& s);  // TIER_RELEASE (the caller answers OK)
   void keep(Session& s);     // TIER_KEEP
@@ -64,13 +69,15 @@ class TierBroker {
   // TIER_RECLAIM to ranks keeping memory (largest first) until `short_by` is covered; true while any
   // reclaim is outstanding.
   bool reclaim(const Session& asker, uint64_t short_by);
-  void grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked);
+  void grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked, bool ahead = false);
+  void ask_ahead(Session& s, uint64_t request_id, uint64_t bytes);
   bool waits(uint64_t session_id) const;
 
   SessionTable& sessions_;
   StagingWorkers& workers_;
   const uint64_t budget_;
   const bool keep_;
+  const bool ahead_;  // host-tier-ahead (only with keep)
   Send send_;
   std::vector<Waiting> waiting_;
 };

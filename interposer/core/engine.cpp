@@ -30,6 +30,10 @@ namespace tmsdisk::shim {
 namespace {
 
 constexpr int kReportIntervalMs = 1000;
+// The rank's memory has not changed for this long: its host-tier memory is asked for ahead of a pause.
+constexpr int64_t kAheadQuietMs = 2000;
+// Kept host-tier memory beyond twice what the last pause placed there, and this much more, goes back.
+constexpr uint64_t kKeepSlackBytes = 64ull << 20;
 constexpr int kDrainTimeoutMs = 60000;       // calls already inside the gate when a pause starts
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
 constexpr int64_t kMaxConnectWaitMs = 30000;
@@ -269,6 +273,7 @@ void Engine::control_loop() {
     }
     if (n > 0 && session_.connected() && fds[1].revents) serve_socket();
     if (host_tier_reclaimed_) settle_host_tier();  // another rank's pause waits for the memory this one kept
+    ask_host_tier_ahead(now_ms());
     if (session_.connected() && registry().version() != reported_version_ &&
         now_ms() - last_report_ms_ >= kReportIntervalMs)
       send_report();
@@ -698,46 +703,11 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
     TMS_DEBUG("the host-tier memory holds chunks of an earlier pause; this one goes to disk");
     return;
   }
-  uint64_t usable = 0;
-  // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
-  for (int attempt = 0; attempt < 2 && usable == 0; ++attempt) {
-    proto::Envelope reply;
-    UniqueFd memory;
-    if (Status st = exchange(proto::TierAsk{.bytes = wanted}, -1, reply, &memory); !st) {
-      TMS_WARN("no host tier for this pause (%s); every chunk goes to disk", st.error().message.c_str());
-      return;
-    }
-    // Any TIER_RECLAIM of the memory kept until now came before this answer: the ask ended that.
-    host_tier_reclaimed_ = false;
-    host_tier_kept_told_ = false;
-    const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
-    if (!grant) {
-      TMS_WARN("unexpected answer to TIER_ASK; every chunk goes to disk");
-      return;
-    }
-    if (!grant->note.empty()) TMS_INFO("host tier: %s", grant->note.c_str());
-    host_tier_keep_ = grant->flags & proto::kTierKeep;
-    if (grant->flags & proto::kTierReleaseFirst) {
-      give_back_host_tier();
-      continue;
-    }
-    if (grant->flags & proto::kTierReuse) {
-      if (!host_tier_.held()) {
-        TMS_WARN("tmsdiskd says to reuse host-tier memory this rank does not hold; every chunk goes to disk");
-        return;
-      }
-      usable = std::min(grant->bytes, host_tier_.bytes());
-      break;
-    }
-    if (grant->bytes == 0) return;
-    host_tier_.release();  // nothing held unless the daemon forgot it (it counts only the new grant)
-    if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
-      TMS_WARN("cannot use the host tier (%s); every chunk goes to disk", st.error().message.c_str());
-      give_back_host_tier();
-      return;
-    }
-    usable = grant->bytes;
-  }
+  host_tier_asked_at_pause_ = true;
+  host_tier_placed_ = 0;
+  const uint64_t usable = obtain_host_tier(wanted, 0, ctx);
+  if (usable == 0) return;
+  host_tier_placed_ = std::min(usable, wanted);
   // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
   uint64_t slots = usable / chunk, next = 0;
   for (TransferJob& j : jobs) {
@@ -759,13 +729,93 @@ void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
   }
 }
 
+uint64_t Engine::obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext ctx) {
+  const bool ahead = ask_flags & proto::kTierAskAhead;
+  const char* fallback = ahead ? "its first pause asks again" : "every chunk goes to disk";
+  // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    proto::Envelope reply;
+    UniqueFd memory;
+    if (Status st = exchange(proto::TierAsk{.bytes = wanted, .flags = ask_flags}, -1, reply, &memory); !st) {
+      TMS_WARN("no host tier %s (%s); %s", ahead ? "ahead of a pause" : "for this pause", st.error().message.c_str(),
+               fallback);
+      return 0;
+    }
+    // Any TIER_RECLAIM of the memory kept until now came before this answer: the ask ended that.
+    host_tier_reclaimed_ = false;
+    host_tier_kept_told_ = false;
+    const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
+    if (!grant) {
+      TMS_WARN("unexpected answer to TIER_ASK; %s", fallback);
+      return 0;
+    }
+    if (!grant->note.empty()) TMS_INFO("host tier%s: %s", ahead ? " ahead of a pause" : "", grant->note.c_str());
+    host_tier_keep_ = grant->flags & proto::kTierKeep;
+    // Memory asked for ahead is kept from the start: the daemon counts it so without a TIER_KEEP.
+    host_tier_kept_told_ = ahead;
+    if (grant->flags & proto::kTierReleaseFirst) {
+      give_back_host_tier();
+      continue;
+    }
+    if (grant->flags & proto::kTierReuse) {
+      if (!host_tier_.held()) {
+        TMS_WARN("tmsdiskd says to reuse host-tier memory this rank does not hold; %s", fallback);
+        return 0;
+      }
+      return std::min(grant->bytes, host_tier_.bytes());
+    }
+    if (grant->bytes == 0) return 0;
+    host_tier_.release();  // nothing held unless the daemon forgot it (it counts only the new grant)
+    if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
+      TMS_WARN("cannot use the host tier (%s); %s", st.error().message.c_str(), fallback);
+      give_back_host_tier();
+      return 0;
+    }
+    return grant->bytes;
+  }
+  return 0;
+}
+
+void Engine::ask_host_tier_ahead(int64_t now) {
+  if (!config().host_tier || !session_.connected() || host_tier_reclaimed_ || host_tier_asked_at_pause_) return;
+  const uint64_t version = registry().version();
+  if (version != ahead_version_) {
+    ahead_version_ = version;
+    ahead_quiet_since_ms_ = now;
+    return;
+  }
+  if (now - ahead_quiet_since_ms_ < kAheadQuietMs) return;
+  // What a pause would want now: the memory it would back up, in whole chunks (its zero chunks are
+  // not known before the pause's scan: at most the rank's fair share is granted either way).
+  const uint64_t chunk = staging_.chunk_bytes();
+  if (chunk == 0) return;
+  uint64_t want = 0;
+  CUcontext ctx = nullptr;
+  for (const auto& a : registry().snapshot()) {
+    if (a->state.load() != AllocState::Resident) return;  // a pause is in place: its own ask decided
+    if (a->policy != Policy::Backup || a->pinned.load() >= 0 || a->app_vmm) continue;
+    want += (a->size + chunk - 1) / chunk * chunk;
+    if (!ctx) ctx = a->ctx;
+  }
+  // Asked for about this much already (granted, or refused with its reason in the log): again only
+  // after the memory grew by a quarter.
+  if (want == 0 || want <= ahead_asked_bytes_ + ahead_asked_bytes_ / 4) return;
+  if (host_tier_.held() && host_tier_.bytes() >= want) return;
+  ahead_asked_bytes_ = want;
+  const uint64_t got = obtain_host_tier(want, proto::kTierAskAhead, ctx);
+  if (got) TMS_INFO("host tier: %llu bytes ready ahead of the next pause", static_cast<unsigned long long>(got));
+}
+
 void Engine::settle_host_tier() {
   if (!host_tier_.held()) return;
   // After the operation's answer (unpinning and freeing a GiB takes a good part of a second, which
   // nobody needs to wait for), under the op lock: paused allocations' placement is read.
   std::unique_lock lock(op_lock_);
   if (host_tier_in_use()) return;
-  if (host_tier_keep_ && !host_tier_reclaimed_) {
+  // Far more than the last pause placed (memory asked for ahead of a pause that found most of it
+  // zero): given back; the next pause asks for what it needs.
+  const bool oversized = host_tier_placed_ && host_tier_.bytes() > 2 * host_tier_placed_ + kKeepSlackBytes;
+  if (host_tier_keep_ && !host_tier_reclaimed_ && !oversized) {
     if (!host_tier_kept_told_ && session_.connected()) {
       // No answer: the daemon marks the memory as kept (another rank's pause may reclaim it).
       if (session_.send(session_.next_id(), proto::TierKeep{}) >= 0) host_tier_kept_told_ = true;

@@ -194,6 +194,15 @@ class Engine {
   // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
   // says to reuse it, else new memory. Without a grant, every chunk stays on disk.
   void place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx);
+  // TIER_ASK for `wanted` bytes (kTierAsk* `ask_flags`): kept memory reused, or released and asked
+  // again, or new memory mapped and registered from `ctx`. Returns the bytes usable now (0: none).
+  uint64_t obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext ctx);
+  // Host-tier memory before the first pause (kTierAskAhead, the daemon's host-tier-ahead): once
+  // nothing was allocated or freed for kAheadQuietMs and nothing is paused, asks for what a pause
+  // would want, on the control thread (a pause asked for meanwhile waits the seconds its own ask
+  // would have taken). Again only when the memory grew by a quarter; never after a pause asked (keep
+  // takes over, and knows better what a pause needs: its zero chunks).
+  void ask_host_tier_ahead(int64_t now);
   // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
   // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
   // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.
@@ -248,6 +257,11 @@ class Engine {
   bool host_tier_keep_ = false;       // the grant allows keeping it after the resume (kTierKeep)
   bool host_tier_kept_told_ = false;  // TIER_KEEP sent since the last ask
   bool host_tier_reclaimed_ = false;  // TIER_RECLAIM came since the last ask
+  uint64_t ahead_version_ = 0;        // registry version ask_host_tier_ahead() saw last
+  int64_t ahead_quiet_since_ms_ = 0;  // ... and since when
+  uint64_t ahead_asked_bytes_ = 0;    // what it asked for last
+  bool host_tier_asked_at_pause_ = false;  // a pause has asked for host-tier memory
+  uint64_t host_tier_placed_ = 0;          // bytes the last pause that asked placed there
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.

@@ -460,6 +460,14 @@ bool Commit::check(std::string& why) const {
   return true;
 }
 
+bool TierAsk::check(std::string& why) const {
+  if (flags & ~kTierAskAhead) {
+    why = "TIER_ASK.flags has unknown bits";
+    return false;
+  }
+  return true;
+}
+
 bool TierGrant::check(std::string& why) const {
   if (!printable(note)) {
     why = "TIER_GRANT.note has control characters";

@@ -3,8 +3,10 @@
 // what the rank's fair share allows in host memory the daemon grants and writes only the rest; ranks
 // share the budget; the memory is the rank's, so a daemon killed and restarted while it is paused
 // loses nothing, and a rank killed while paused frees its share. A rank that resumed keeps its memory
-// for its next pause, which reuses it, until another rank's pause needs it (host-tier-keep). Each
-// TEST_CASE is its own CTest test.
+// for its next pause, which reuses it, until another rank's pause needs it (host-tier-keep); a rank
+// whose memory stopped growing gets its memory before its first pause (host-tier-ahead). Each
+// TEST_CASE is its own CTest test. The cases about other things start the daemon with
+// --host-tier-ahead=false: whether a rank sat still long enough to ask ahead must not change them.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -38,7 +40,7 @@ int grants_made(const Node& node) {
 
 TEST_CASE("with a budget larger than the pause, its data goes to host memory, none to disk, and comes back whole") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "256"});
+  node.start_daemon({"--host-tier-mb", "256", "--host-tier-ahead=false"});
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("tier", 0));
   REQUIRE(prog.line() == "ready");
   const std::string addr = ok_addr(prog.cmd("alloc 1 67108864 direct"));
@@ -90,7 +92,7 @@ TEST_CASE("with a budget larger than the pause, its data goes to host memory, no
 
 TEST_CASE("with host-tier-keep=false a resume gives the memory back and the next pause gets new memory") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "256", "--host-tier-keep=false"});
+  node.start_daemon({"--host-tier-mb", "256", "--host-tier-ahead=false", "--host-tier-keep=false"});
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("nokeep", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
@@ -109,7 +111,7 @@ TEST_CASE("with host-tier-keep=false a resume gives the memory back and the next
 
 TEST_CASE("memory a rank kept goes to another rank's pause that needs it, and the sum stays within the budget") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "64"});
+  node.start_daemon({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   Proc a({CUDA_PATTERN_PATH}, node.shim_env("keeper", 0));
   REQUIRE(a.line() == "ready");
   REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
@@ -148,7 +150,7 @@ TEST_CASE("memory a rank kept goes to another rank's pause that needs it, and th
 
 TEST_CASE("a rank that kept more than its fair share now gives it back and gets its share anew") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "64"});
+  node.start_daemon({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   Proc a({CUDA_PATTERN_PATH}, node.shim_env("big", 0));
   REQUIRE(a.line() == "ready");
   REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
@@ -174,7 +176,7 @@ TEST_CASE("a rank that kept more than its fair share now gives it back and gets 
 
 TEST_CASE("past the budget the pause spills to disk, and a second pause uses the tier again") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "24"});
+  node.start_daemon({"--host-tier-mb", "24", "--host-tier-ahead=false"});
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("spill", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 67108864 direct")).empty());
@@ -196,7 +198,7 @@ TEST_CASE("past the budget the pause spills to disk, and a second pause uses the
 
 TEST_CASE("two ranks share the budget: each gets half, the sum never passes it, both come back whole") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "64"});
+  node.start_daemon({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   Proc a({CUDA_PATTERN_PATH}, node.shim_env("pair", 0));
   Proc b({CUDA_PATTERN_PATH}, node.shim_env("pair", 1));
   REQUIRE(a.line() == "ready");
@@ -228,7 +230,7 @@ TEST_CASE("two ranks share the budget: each gets half, the sum never passes it, 
 TEST_CASE(
     "a daemon killed while a rank is paused with chunks in the tier: the new daemon counts them, resume is whole") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "32"});
+  node.start_daemon({"--host-tier-mb", "32", "--host-tier-ahead=false"});
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("restart", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 67108864 direct")).empty());
@@ -238,7 +240,7 @@ TEST_CASE(
   REQUIRE(p[0].host_bytes == 32 * MiB);
 
   node.daemon.kill9();
-  node.start_daemon({"--host-tier-mb", "32"});
+  node.start_daemon({"--host-tier-mb", "32", "--host-tier-ahead=false"});
   // The shim reconnects and hands its host-tier memory to the new daemon, which counts it again.
   REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 32 * MiB; }, std::chrono::seconds(60)));
   CHECK(rank_of(node).totals.state == "paused");
@@ -255,7 +257,7 @@ TEST_CASE(
 
 TEST_CASE("a rank killed while paused frees its share of the tier at once: the next rank gets all of it") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "64"});
+  node.start_daemon({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   {
     Proc doomed({CUDA_PATTERN_PATH}, node.shim_env("doomed", 0));
     REQUIRE(doomed.line() == "ready");
@@ -281,7 +283,7 @@ TEST_CASE("a rank killed while paused frees its share of the tier at once: the n
 
 TEST_CASE("TMSDISK_HOST_TIER=0 keeps a rank on disk even where the node has a tier") {
   Node node;
-  node.start_daemon({"--host-tier-mb", "256"});
+  node.start_daemon({"--host-tier-mb", "256", "--host-tier-ahead=false"});
   Env env = node.shim_env("notier", 0);
   env["TMSDISK_HOST_TIER"] = "0";
   Proc prog({CUDA_PATTERN_PATH}, env);
@@ -293,5 +295,104 @@ TEST_CASE("TMSDISK_HOST_TIER=0 keeps a rank on disk even where the node has a ti
   CHECK(p[0].host_bytes == 0);
   CHECK(p[0].moved_bytes == 32 * MiB);
   REQUIRE(node.resume("notier").ok());
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("a rank whose memory stopped growing gets its host-tier memory before its first pause, which makes none") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "256"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("ahead", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 67108864 direct")).empty());
+  // Asked for while the rank runs: held, kept (reclaimable), nothing paused.
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 64 * MiB; }));
+  CHECK(rank_of(node).host_tier_kept);
+  CHECK(rank_of(node).totals.state == "running");
+  CHECK(grants_made(node) == 1);
+  CHECK(node.daemon.log().find("ahead of its first pause") != std::string::npos);
+
+  auto p = node.pause("ahead");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 64 * MiB);
+  CHECK(p[0].moved_bytes == 0);
+  CHECK(grants_made(node) == 1);  // the pause reused it
+  REQUIRE(node.resume("ahead").ok());
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("memory asked for ahead takes only what is free, and a pausing rank's share comes back to it") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  Proc a({CUDA_PATTERN_PATH}, node.shim_env("early", 0));
+  REQUIRE(a.line() == "ready");
+  REQUIRE_FALSE(ok_addr(a.cmd("alloc 1 67108864 direct")).empty());
+  // Alone on the node: the whole budget, ahead of its pause.
+  REQUIRE(eventually([&] { return rank_of(node, a.pid()).host_tier_bytes == 64 * MiB; }));
+
+  // A second rank asks ahead too: nothing is free and nobody's memory is taken back for that.
+  Proc b({CUDA_PATTERN_PATH}, node.shim_env("late", 0));
+  REQUIRE(b.line() == "ready");
+  REQUIRE_FALSE(ok_addr(b.cmd("alloc 1 67108864 direct")).empty());
+  REQUIRE(eventually([&] {
+    return node.daemon.log().find("host tier ahead of a pause: 0 B of the 64.0 MiB asked for") != std::string::npos;
+  }));
+  CHECK(rank_of(node, a.pid()).host_tier_bytes == 64 * MiB);
+  CHECK(rank_of(node, b.pid()).host_tier_bytes == 0);
+
+  // Its pause gets its fair share back from the first rank, and the sum stays within the budget.
+  auto p = node.pause("late");
+  INFO(p.text);
+  INFO(node.daemon.log());
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 32 * MiB);
+  CHECK(rank_of(node, a.pid()).host_tier_bytes + rank_of(node, b.pid()).host_tier_bytes <= 64 * MiB);
+  REQUIRE(node.resume("late").ok());
+  CHECK(b.cmd("check") == "ok 1");
+  CHECK(a.cmd("check") == "ok 1");
+}
+
+TEST_CASE("memory asked for ahead that a pause found mostly zero is given back after the resume") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "512"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("sparse", 0));
+  REQUIRE(prog.line() == "ready");
+  // 256 MiB of which 4 chunks hold data: asked for whole ahead (zero chunks are found by the pause).
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 268435456 direct sparse 67108864")).empty());
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 256 * MiB; }));
+  auto p = node.pause("sparse");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 8 * MiB);
+  CHECK(p[0].zero_bytes == 248 * MiB);
+  REQUIRE(node.resume("sparse").ok());
+  CHECK(prog.cmd("check") == "ok 1");
+  // Not kept: far more than the pause needed. The next pause gets what it needs, and keeps that.
+  REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 0; }));
+  p = node.pause("sparse");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 8 * MiB);
+  CHECK(rank_of(node).host_tier_bytes == 8 * MiB);
+  REQUIRE(node.resume("sparse").ok());
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("with host-tier-ahead=false the first pause makes the memory") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "256", "--host-tier-ahead=false"});
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("noahead", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
+  // The rank asks once it has been still for a while, and is told why not.
+  REQUIRE(eventually([&] { return node.daemon.log().find("ahead of a pause; none: host-tier-ahead is off") != std::string::npos; }));
+  CHECK(rank_of(node).host_tier_bytes == 0);
+  auto p = node.pause("noahead");
+  INFO(p.text);
+  REQUIRE(p.ok());
+  CHECK(p[0].host_bytes == 32 * MiB);
+  CHECK(grants_made(node) == 1);
+  CHECK(node.daemon.log().find("ahead of its first pause") == std::string::npos);
+  REQUIRE(node.resume("noahead").ok());
   CHECK(prog.cmd("check") == "ok 1");
 }

@@ -173,6 +173,9 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(decode_code(encode(9, TierGrant{.bytes = 1, .flags = kTierReleaseFirst})) == EBADMSG);   // with bytes
   CHECK(round_trip(TierGrant{.flags = kTierReleaseFirst}).flags == kTierReleaseFirst);
   CHECK(std::holds_alternative<TierKeep>(decode(encode(9, TierKeep{})).envelope->body));
+  // Asked ahead of a pause (protocol 8).
+  CHECK(round_trip(TierAsk{.bytes = 5, .flags = kTierAskAhead}).flags == kTierAskAhead);
+  CHECK(decode_code(encode(9, TierAsk{.bytes = 5, .flags = 2})) == EBADMSG);  // unknown bit
   CHECK(std::holds_alternative<TierReclaim>(decode(encode(9, TierReclaim{})).envelope->body));
   Reserve with_host;
   with_host.blobs = {{.id = 1, .size = 10 << 20}};

@@ -56,7 +56,7 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it against
 //    the budget again. The bytes kept in the tier are reported beside the zero and unchanged ones
 //    (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
-inline constexpr uint16_t kVersion = 7;
+inline constexpr uint16_t kVersion = 8;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
 // bit set: the shim numbers its own requests from 1, and a command that arrives while the shim awaits
@@ -516,13 +516,22 @@ struct PauseStateReply {
 // what its pause would like to keep there, and gets at most its fair share of the budget, less
 // whatever the node cannot spare now (MemAvailable, the daemon's cgroup). Granted memory belongs to
 // the rank until it releases it or exits: the daemon keeps no descriptor of it.
+//
+// Ahead of a pause (kTierAskAhead): a running rank whose memory stopped growing asks for what its
+// pause would want, so that its first pause finds the memory made and pinned, as every later one
+// does with kept memory. Granted only from what is free now (nobody's kept memory is reclaimed for
+// it), and kept from the start: the daemon takes it back as it takes kept memory.
+inline constexpr uint8_t kTierAskAhead = 1;
+
 struct TierAsk {
   static constexpr MsgType kType = MsgType::TierAsk;
   uint64_t bytes = 0;  // wanted; the grant is a whole number of the session's chunks
+  uint8_t flags = 0;   // kTierAsk*
   template <class F>
   void fields(F&& f) {
-    f(bytes);
+    f(bytes), f(flags);
   }
+  bool check(std::string& why) const;
 };
 
 //
