@@ -232,7 +232,8 @@ struct Server::Impl {
         },
         config.host_tier_mb * kMiB);
     tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_mb * kMiB, config.host_tier_keep,
-                                        config.host_tier_ahead, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
+                                        config.host_tier_ahead,
+                                        [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
                                           if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
                                         });
 

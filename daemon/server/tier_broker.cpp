@@ -90,9 +90,8 @@ void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
     // Kept already: enough for now, or to be made again larger (the rank releases, then asks again).
     if (held >= plan.bytes)
       return send_(s.conn_id, request_id,
-                   proto::TierGrant{.bytes = held,
-                                    .note = {},
-                                    .flags = static_cast<uint8_t>(proto::kTierReuse | proto::kTierKeep)},
+                   proto::TierGrant{
+                       .bytes = held, .note = {}, .flags = static_cast<uint8_t>(proto::kTierReuse | proto::kTierKeep)},
                    -1);
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
                  -1);
@@ -231,7 +230,8 @@ int TierBroker::expire() {
 void TierBroker::check_memory() {
   bool any_kept = false;
   // Memory still being made ahead of a pause is not held yet: the plan that started it saw it could be spared.
-  for (const auto& [id, s] : sessions_.all()) any_kept |= s.host_tier_kept && !s.host_tier_reclaimed && s.host_tier_bytes;
+  for (const auto& [id, s] : sessions_.all())
+    any_kept |= s.host_tier_kept && !s.host_tier_reclaimed && s.host_tier_bytes;
   if (!any_kept || spare_memory().bytes > 0) return;
   for (auto& [id, s] : sessions_.all()) {
     if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id || !s.host_tier_bytes) continue;

@@ -37,7 +37,11 @@ class TierBroker {
   static constexpr std::chrono::milliseconds kReclaimWait{5000};
 
   TierBroker(SessionTable& sessions, StagingWorkers& workers, uint64_t budget, bool keep, bool ahead, Send send)
-      : sessions_(sessions), workers_(workers), budget_(budget), keep_(keep), ahead_(keep && ahead),
+      : sessions_(sessions),
+        workers_(workers),
+        budget_(budget),
+        keep_(keep),
+        ahead_(keep && ahead),
         send_(std::move(send)) {}
 
   // TIER_ASK from `s` on its connection: answered now, once its memory is made (built()), or once kept

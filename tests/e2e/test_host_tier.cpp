@@ -385,7 +385,8 @@ TEST_CASE("with host-tier-ahead=false the first pause makes the memory") {
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
   // The rank asks once it has been still for a while, and is told why not.
-  REQUIRE(eventually([&] { return node.daemon.log().find("ahead of a pause; none: host-tier-ahead is off") != std::string::npos; }));
+  REQUIRE(eventually(
+      [&] { return node.daemon.log().find("ahead of a pause; none: host-tier-ahead is off") != std::string::npos; }));
   CHECK(rank_of(node).host_tier_bytes == 0);
   auto p = node.pause("noahead");
   INFO(p.text);
