@@ -61,6 +61,7 @@ struct Session {
   bool host_tier_kept = false;
   bool host_tier_reclaimed = false;
   bool host_tier_pending_ahead = false;  // the grant being made was asked for ahead of a pause: kept once made
+  bool host_tier_releasing = false;      // told to release first (kTierReleaseFirst); its TIER_RELEASE is due
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };

@@ -63,6 +63,7 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t fl
     }
     spdlog::info("session {}: holds {} of host-tier memory, its share is now {}: release it and ask again", s.id,
                  human_bytes(held), human_bytes(plan.bytes));
+    s.host_tier_releasing = true;
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
                  -1);
   }
@@ -93,6 +94,7 @@ void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
                    proto::TierGrant{
                        .bytes = held, .note = {}, .flags = static_cast<uint8_t>(proto::kTierReuse | proto::kTierKeep)},
                    -1);
+    s.host_tier_releasing = true;
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
                  -1);
   }
@@ -107,7 +109,15 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
   bool outstanding = false;
   uint64_t coming = 0;
   for (auto& [id, s] : sessions_.all()) {
-    if (&s == &asker || !s.host_tier_kept || !s.host_tier_bytes) continue;
+    if (&s == &asker || !s.host_tier_bytes) continue;
+    if (s.host_tier_releasing) {
+      // Its own ask was told to release first (it held more than its share): that memory is on its way
+      // back as surely as a reclaimed one, and the asker waits for it the same way.
+      outstanding = true;
+      coming += s.host_tier_bytes;
+      continue;
+    }
+    if (!s.host_tier_kept) continue;
     if (s.host_tier_reclaimed) {
       outstanding = true;
       coming += s.host_tier_bytes;
@@ -181,6 +191,7 @@ void TierBroker::release(Session& s) {
   s.host_tier_bytes = 0;
   s.host_tier_kept = false;
   s.host_tier_reclaimed = false;
+  s.host_tier_releasing = false;
 }
 
 void TierBroker::keep(Session& s) {

@@ -10,7 +10,8 @@
 // another rank's pause needs it, the daemon sends its holders TIER_RECLAIM and the ask waits (at most
 // kReclaimWait) for their TIER_RELEASE. A rank that holds less than it could get now, or more than
 // its fair share, is told to release first and ask again (kTierReleaseFirst), so that the sum never
-// exceeds the budget, not even for a moment. When the node runs short of memory (the sweep timer's
+// exceeds the budget, not even for a moment; a pausing rank waits for memory so on its way back as
+// for reclaimed memory. When the node runs short of memory (the sweep timer's
 // check), kept memory is taken back too.
 //
 // Asked ahead (kTierAskAhead): with keep on, the memory is the rank's from its first pause on; a rank

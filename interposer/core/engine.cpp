@@ -274,6 +274,7 @@ void Engine::control_loop() {
     if (n > 0 && session_.connected() && fds[1].revents) serve_socket();
     if (host_tier_reclaimed_) settle_host_tier();  // another rank's pause waits for the memory this one kept
     ask_host_tier_ahead(now_ms());
+    serve_deferred_command();  // one the daemon sent while the ask above waited for its answer
     if (session_.connected() && registry().version() != reported_version_ &&
         now_ms() - last_report_ms_ >= kReportIntervalMs)
       send_report();
@@ -306,11 +307,7 @@ void Engine::serve_requests() {
         }
         cv_.notify_all();
       }
-      if (deferred_command_) {
-        const proto::Envelope cmd = std::move(*deferred_command_);
-        deferred_command_.reset();
-        serve_command(cmd);
-      }
+      serve_deferred_command();
       continue;
     }
     OpResult result;
@@ -328,6 +325,13 @@ void Engine::serve_requests() {
     cv_.notify_all();
     settle_host_tier();
   }
+}
+
+void Engine::serve_deferred_command() {
+  if (!deferred_command_) return;
+  const proto::Envelope cmd = std::move(*deferred_command_);
+  deferred_command_.reset();
+  serve_command(cmd);
 }
 
 void Engine::serve_socket() {

@@ -157,6 +157,7 @@ class Engine {
   void serve_requests();
   void serve_socket();
   void serve_command(const proto::Envelope& env);
+  void serve_deferred_command();
   OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag);
   // The allocations an operation is about: every one, or those of one tag.
   struct Selection {
@@ -264,7 +265,8 @@ class Engine {
   uint64_t host_tier_placed_ = 0;          // bytes the last pause that asked placed there
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
-  // A pause or resume the daemon asked for while an IPC exchange waited for its reply: run next.
+  // A pause or resume the daemon asked for while an IPC exchange or a host-tier ask ahead waited for
+  // its reply: run next (serve_deferred_command).
   std::optional<proto::Envelope> deferred_command_;
   // IPC messages that found no session (a close, a forget): sent once the session is back.
   std::vector<proto::Message> ipc_pending_;

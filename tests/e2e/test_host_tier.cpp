@@ -10,7 +10,9 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "e2e.h"
 
@@ -26,14 +28,15 @@ RankStatus rank_of(const Node& node, pid_t pid = 0) {
   return {};
 }
 
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // Host-tier memory the daemon made (each grant of new memory logs it once; a reuse does not).
 int grants_made(const Node& node) {
-  const std::string log = node.daemon.log();
-  int n = 0;
-  for (auto at = log.find("of host-tier memory, made in"); at != std::string::npos;
-       at = log.find("of host-tier memory, made in", at + 1))
-    ++n;
-  return n;
+  return count_of(node.daemon.log(), "of host-tier memory, made in");
 }
 
 }  // namespace
@@ -396,4 +399,36 @@ TEST_CASE("with host-tier-ahead=false the first pause makes the memory") {
   CHECK(node.daemon.log().find("ahead of its first pause") == std::string::npos);
   REQUIRE(node.resume("noahead").ok());
   CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("ranks that got memory ahead while alone give back what passes their share: four ranks, a budget for two") {
+  Node node;
+  node.start_daemon({"--host-tier-mb", "64"});
+  // One after another, as ranks that finish loading at different times: the first two get 32 MiB
+  // each ahead of their pause (their fair share then), the last two nothing (nothing is free).
+  std::vector<std::unique_ptr<Proc>> ranks;
+  for (int i = 0; i < 4; ++i) {
+    ranks.push_back(std::make_unique<Proc>(std::vector<std::string>{CUDA_PATTERN_PATH}, node.shim_env("four", i)));
+    Proc& p = *ranks.back();
+    REQUIRE(p.line() == "ready");
+    REQUIRE_FALSE(ok_addr(p.cmd("alloc 1 33554432 direct")).empty());
+    if (i < 2) {
+      REQUIRE(eventually([&] { return rank_of(node, p.pid()).host_tier_bytes == 32 * MiB; }));
+    } else {
+      REQUIRE(eventually([&] { return count_of(node.daemon.log(), "host tier ahead of a pause: 0 B") == i - 1; }));
+    }
+  }
+  // All pause at once: those holding more than their share release it first, the others wait for it,
+  // and every rank gets its share; the sum is the budget.
+  auto p = node.pause("four");
+  INFO(p.text);
+  INFO(node.daemon.log());
+  REQUIRE(p.ok());
+  REQUIRE(p.size() == 4);
+  for (const auto& r : p.ranks) CHECK(r.host_bytes == 16 * MiB);
+  uint64_t held = 0;
+  for (const auto& r : node.status()) held += r.host_tier_bytes;
+  CHECK(held == 64 * MiB);
+  REQUIRE(node.resume("four").ok());
+  for (auto& r : ranks) CHECK(r->cmd("check") == "ok 1");
 }
