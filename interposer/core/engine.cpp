@@ -806,6 +806,9 @@ void Engine::ask_host_tier_ahead(int64_t now) {
   if (want == 0 || want <= ahead_asked_bytes_ + ahead_asked_bytes_ / 4) return;
   if (host_tier_.held() && host_tier_.bytes() >= want) return;
   ahead_asked_bytes_ = want;
+  // What the first pause would otherwise make first: the scan kernel, the copy stream and its events.
+  if (config().zero_scan) zero_scan_.warm(ctx);
+  pipeline_.warm(ctx);
   const uint64_t got = obtain_host_tier(want, proto::kTierAskAhead, ctx);
   if (got) TMS_INFO("host tier: %llu bytes ready ahead of the next pause", static_cast<unsigned long long>(got));
 }

@@ -202,7 +202,8 @@ class Engine {
   // nothing was allocated or freed for kAheadQuietMs and nothing is paused, asks for what a pause
   // would want, on the control thread (a pause asked for meanwhile waits the seconds its own ask
   // would have taken). Again only when the memory grew by a quarter; never after a pause asked (keep
-  // takes over, and knows better what a pause needs: its zero chunks).
+  // takes over, and knows better what a pause needs: its zero chunks). Also makes what the first
+  // pause would make first in the rank's context (the scan kernel, the copy stream and events).
   void ask_host_tier_ahead(int64_t now);
   // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
   // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes

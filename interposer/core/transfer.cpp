@@ -70,6 +70,13 @@ Result<int> TransferPipeline::context(CUcontext ctx) {
   return static_cast<int>(ctxs_.size() - 1);
 }
 
+void TransferPipeline::warm(CUcontext ctx) {
+  Result<int> index = context(ctx);
+  if (!index) return;
+  for (std::size_t slot = 0; slot < slots_.count(); ++slot)
+    if (!slot_event(*index, slot)) return;
+}
+
 Result<CUevent> TransferPipeline::slot_event(int ctx, std::size_t slot) {
   CtxResources& cr = ctxs_[static_cast<std::size_t>(ctx)];
   if (cr.events.size() < slots_.count()) cr.events.resize(slots_.count(), nullptr);

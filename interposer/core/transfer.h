@@ -109,6 +109,9 @@ class TransferPipeline {
 
   // The index of `ctx`'s stream and events, created on first use.
   Result<int> context(CUcontext ctx);
+  // Creates them ahead of the first operation (its time is then the copies'); errors are left for
+  // that operation to meet.
+  void warm(CUcontext ctx);
   // The stream of a context index: work queued on it runs before the pipeline's copies queued after.
   CUstream stream(int ctx) const { return ctxs_[static_cast<std::size_t>(ctx)].stream; }
 

@@ -112,6 +112,12 @@ CUfunction ZeroScanner::kernel_for(CUcontext ctx) {
   return l.kernel;
 }
 
+void ZeroScanner::warm(CUcontext ctx) {
+  const DriverApi& api = driver().api;
+  CtxScope scope(api, ctx);
+  if (scope.ok()) (void)kernel_for(ctx);
+}
+
 Status ZeroScanner::scan(std::vector<TransferJob>& jobs, uint32_t chunk_bytes, TransferPipeline& pipeline) {
   const DriverApi& api = driver().api;
   if (chunk_bytes == 0 || !api.cuMemsetD8Async || !api.cuMemcpyDtoHAsync_v2) return {};

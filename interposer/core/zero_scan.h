@@ -35,6 +35,8 @@ class ZeroScanner {
   // chunk as data, said once in the log: skipping a scan costs bytes, never correctness. An error
   // once a kernel ran (its context may be unusable) is returned: the pause must not go on.
   Status scan(std::vector<TransferJob>& jobs, uint32_t chunk_bytes, TransferPipeline& pipeline);
+  // Loads the kernel in `ctx` ahead of the first scan (a PTX module load takes tens of ms).
+  void warm(CUcontext ctx);
 
  private:
   struct Loaded {
