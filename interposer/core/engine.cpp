@@ -1354,6 +1354,7 @@ Status Engine::connect_session() {
     host_tier_.release();
     host_tier_kept_told_ = false;
   }
+  if (!welcome.adopted) ahead_asked_bytes_ = 0;  // a new daemon: asked again ahead of a first pause
   if (host_tier_.held() && !welcome.adopted) {
     // A new daemon (or one that dropped our session): it counts our host-tier memory, which holds
     // paused chunks, again.
