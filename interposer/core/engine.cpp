@@ -788,7 +788,7 @@ void Engine::ask_host_tier_ahead(int64_t now) {
     ahead_quiet_since_ms_ = now;
     return;
   }
-  if (now - ahead_quiet_since_ms_ < kAheadQuietMs) return;
+  if (now - ahead_quiet_since_ms_ < kAheadQuietMs || version == ahead_decided_version_) return;
   // What a pause would want now: the memory it would back up, in whole chunks (its zero chunks are
   // not known before the pause's scan: at most the rank's fair share is granted either way).
   const uint64_t chunk = staging_.chunk_bytes();
@@ -801,6 +801,8 @@ void Engine::ask_host_tier_ahead(int64_t now) {
     want += (a->size + chunk - 1) / chunk * chunk;
     if (!ctx) ctx = a->ctx;
   }
+  // Decided for this state of the registry: looked at again once an allocation comes or goes.
+  ahead_decided_version_ = version;
   // Asked for about this much already (granted, or refused with its reason in the log): again only
   // after the memory grew by a quarter.
   if (want == 0 || want <= ahead_asked_bytes_ + ahead_asked_bytes_ / 4) return;
@@ -1354,7 +1356,10 @@ Status Engine::connect_session() {
     host_tier_.release();
     host_tier_kept_told_ = false;
   }
-  if (!welcome.adopted) ahead_asked_bytes_ = 0;  // a new daemon: asked again ahead of a first pause
+  if (!welcome.adopted) {  // a new daemon: asked again ahead of a first pause
+    ahead_asked_bytes_ = 0;
+    ahead_decided_version_ = ~0ull;
+  }
   if (host_tier_.held() && !welcome.adopted) {
     // A new daemon (or one that dropped our session): it counts our host-tier memory, which holds
     // paused chunks, again.

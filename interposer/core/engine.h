@@ -256,14 +256,15 @@ class Engine {
   // (settle_gate). After a pause of one tag only calls naming paused memory are held: the program
   // asked for part of its memory to go, as with torch_memory_saver, and runs on with the rest.
   bool whole_process_paused_ = false;
-  bool host_tier_keep_ = false;            // the grant allows keeping it after the resume (kTierKeep)
-  bool host_tier_kept_told_ = false;       // TIER_KEEP sent since the last ask
-  bool host_tier_reclaimed_ = false;       // TIER_RECLAIM came since the last ask
-  uint64_t ahead_version_ = 0;             // registry version ask_host_tier_ahead() saw last
-  int64_t ahead_quiet_since_ms_ = 0;       // ... and since when
-  uint64_t ahead_asked_bytes_ = 0;         // what it asked for last
-  bool host_tier_asked_at_pause_ = false;  // a pause has asked for host-tier memory
-  uint64_t host_tier_placed_ = 0;          // bytes the last pause that asked placed there
+  bool host_tier_keep_ = false;             // the grant allows keeping it after the resume (kTierKeep)
+  bool host_tier_kept_told_ = false;        // TIER_KEEP sent since the last ask
+  bool host_tier_reclaimed_ = false;        // TIER_RECLAIM came since the last ask
+  uint64_t ahead_version_ = 0;              // registry version ask_host_tier_ahead() saw last
+  int64_t ahead_quiet_since_ms_ = 0;        // ... and since when
+  uint64_t ahead_asked_bytes_ = 0;          // what it asked for last
+  uint64_t ahead_decided_version_ = ~0ull;  // registry version it last decided for
+  bool host_tier_asked_at_pause_ = false;   // a pause has asked for host-tier memory
+  uint64_t host_tier_placed_ = 0;           // bytes the last pause that asked placed there
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange or a host-tier ask ahead waited for
