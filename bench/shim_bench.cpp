@@ -246,6 +246,9 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     if (rc != 0) return json{{"error", "tmsdisk_resume returned " + std::to_string(rc)}};
     // Every word of every allocation must be back.
     CHECK_CU(verify_pattern(mem, &intact, r));
+    // Each pass on stderr as it ends: a run cut short by a time limit still leaves what it measured.
+    std::fprintf(stderr, "shim bench: pass %d of %d: %s\n", r + 1, repeat, pass.dump().c_str());
+    std::fflush(stderr);
     passes.push_back(pass);
   }
   // What the user waits for when bytes need not move (issue 9), on the same memory: a pause right

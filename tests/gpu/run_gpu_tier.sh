@@ -7,6 +7,7 @@
 # kept (host-tier-keep): both are reported.
 # Then four ranks of 4 GiB pause together under a budget for two: the tier never holds more than the
 # budget, and every rank's memory is checked after the resume.
+# About 6 minutes on an H200 node: give it a call of its own, or a limit of 400 s or more.
 #   tests/gpu/run_gpu_tier.sh BUNDLE_DIR OUT_DIR
 set -uo pipefail  # not -e: every section runs and reports
 bundle_dir=$1
