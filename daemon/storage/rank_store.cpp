@@ -220,7 +220,7 @@ struct RankStore::Impl {
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
   Status reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
-                        std::span<const proto::ChunkRun> host_runs);
+                        std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry);
   Status load_manifest();
   Status load_journal(uint64_t seed, uint64_t chunks);
   // Bytes in the data file of each root, as they are.
@@ -543,9 +543,11 @@ static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<co
 }
 
 Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
-                                       std::span<const proto::ChunkRun> host_runs) {
+                                       std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry) {
   if (removed) return make_error(ENOENT, "the rank's directory was removed");
-  if (paused) {
+  // Carrying blobs, the rank says that what it does not carry is resident again (as a resume's commit
+  // does for all of it): a committed pause may then give way to the new set.
+  if (paused && carry.empty()) {
     return make_error(EBUSY, fmt::format("rank has a committed pause (generation {}) that was not resumed; its files "
                                          "are the only copy of that memory. Resume before reserving a new set",
                                          generation));
@@ -576,6 +578,28 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   std::vector<proto::ChunkRun> runs(zero_runs.begin(), zero_runs.end());
   runs.insert(runs.end(), host_runs.begin(), host_runs.end());
   if (auto st = check_zero_runs(set, std::vector<proto::ChunkRun>(runs), chunk, runs); !st) return st;
+  // Carried blobs pass into the new set as they are: same size, every chunk sealed, data or zero or
+  // in the rank's host tier, none of it named again by this set's runs.
+  std::unordered_set<uint64_t> carried;
+  carried.reserve(carry.size());
+  for (const uint64_t id : carry) {
+    if (!carried.insert(id).second) return make_error(EINVAL, fmt::format("blob {} is carried twice", id));
+    auto in_set = std::find_if(set.begin(), set.end(), [id](const proto::BlobSize& b) { return b.id == id; });
+    auto it = index.find(id);
+    if (in_set == set.end() || it == index.end() || blobs[it->second].size != in_set->size)
+      return make_error(EINVAL, fmt::format("blob {} is carried but not held with that size in the set reserved now "
+                                            "and the one stored",
+                                            id));
+    const auto& records = blobs[it->second].records;
+    const auto unsealed = std::count_if(records.begin(), records.end(),
+                                        [](const ChunkRecord& r) { return r.state == ChunkState::Missing; });
+    if (unsealed > 0)
+      return make_error(EINVAL,
+                        fmt::format("blob {} cannot be carried: {} of its chunks were never written", id, unsealed));
+  }
+  for (const auto& r : runs)
+    if (carried.count(r.blob))
+      return make_error(EINVAL, fmt::format("a zero or host run names blob {}, which is carried as it is", r.blob));
 
   // The space the previous reservation gives back must be back before this one counts free space
   // and lays out, preallocates, truncates and punches ranges it may reuse: a punch that landed
@@ -660,13 +684,18 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
     return no_space_error(ENOSPC, fresh_data, n == 1 ? roots[0].path : "the roots together", avail_all);
 
   // The chunk records. A kept blob keeps what its file provably holds (ChunkRecord::held); a zero
-  // chunk holds nothing. Zero runs are few and sorted; the records are bounded by the sessions'
-  // caps (max-chunks-per-uid), no longer by the disk space a set needs.
+  // chunk holds nothing; a carried blob keeps its records whole, seals and states. Zero runs are few
+  // and sorted; the records are bounded by the sessions' caps (max-chunks-per-uid), no longer by the
+  // disk space a set needs.
   for (auto& s : next) {
     s.records.resize(s.chunks);
     auto it = index.find(s.id);
     if (it == index.end() || !kept[it->second]) continue;
     const auto& old = blobs[it->second].records;
+    if (carried.count(s.id)) {
+      s.records = old;
+      continue;
+    }
     for (uint64_t ci = 0; ci < s.chunks; ++ci)
       s.records[ci] = {.sum = old[ci].sum, .state = ChunkState::Missing, .held = old[ci].held};
   }
@@ -846,6 +875,7 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   blobs = std::move(next);
   index = std::move(next_index);
   writing = true;
+  paused = false;  // a pause that gave way to carrying (the new set's commit makes the next generation)
   recount();
   return {};
 }
@@ -865,9 +895,9 @@ void RankStore::Impl::recount() {
 }
 
 Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs,
-                          std::span<const proto::ChunkRun> host_runs) {
+                          std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry) {
   try {
-    return impl_->reserve_locked(blobs, zero_runs, host_runs);
+    return impl_->reserve_locked(blobs, zero_runs, host_runs, carry);
   } catch (const std::bad_alloc&) {
     return out_of_memory("reserving extents (set unchanged)");
   }

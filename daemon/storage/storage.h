@@ -144,8 +144,16 @@ class RankStore {
   // overlapping; and a new set while a committed pause has not been resumed (EBUSY): its data is
   // still the only copy. The chunks `host_runs` name are kept by the rank in its host-tier memory:
   // like zero chunks, nothing of them is stored (no run of either list may overlap another).
+  //
+  // `carry` names blobs that stay paused while the rest of the set changes (several parts of a rank
+  // paused one after another, issue 10): each must be in `blobs` with the size it is stored with and
+  // every chunk sealed (data, zero or host), and no run may name it; it passes into the new set
+  // untouched, its extents, states and checksums with it (the reservation's manifest records them,
+  // so a daemon restarted before the next commit still has them). Carrying, the rank says that what
+  // it does not carry is resident again, as a resumed commit says of everything: a committed pause
+  // then no longer refuses the new set (EBUSY without `carry`).
   Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs = {},
-                 std::span<const proto::ChunkRun> host_runs = {});
+                 std::span<const proto::ChunkRun> host_runs = {}, std::span<const uint64_t> carry = {});
   // Returns once the space the last reservation gives back is given back (at once if it is).
   // reserve() does this itself; for tests, and whatever must see the files' blocks as they will be.
   void wait_for_punches() noexcept;

@@ -1775,3 +1775,123 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
   CHECK(store.verify(1, kChunk, bytes));
   REQUIRE(store.remove());
 }
+
+namespace {
+
+// Writes `fill` over every chunk of `blob` and seals it, as a pause would.
+void write_and_seal(RankStore& store, uint64_t blob, uint64_t size, unsigned char fill) {
+  for (uint64_t off = 0; off < size; off += kChunk) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off));
+    write_chunk(store, blob, off, len, fill);
+    std::vector<uint8_t> bytes(len, fill);
+    REQUIRE(store.seal(blob, off, bytes));
+  }
+}
+
+// Every chunk of `blob` reads back as `fill` and verifies against its seal.
+void check_blob(RankStore& store, uint64_t blob, uint64_t size, unsigned char fill) {
+  for (uint64_t off = 0; off < size; off += kChunk) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off));
+    CHECK(chunk_is(store, blob, off, len, fill));
+    std::vector<uint8_t> bytes(len, fill);
+    auto v = store.verify(blob, off, bytes);
+    INFO((v ? std::string() : v.error().describe()));
+    CHECK(v);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a carried blob stays paused across new sets: its extents, seals and bytes pass untouched") {
+  TempDir a, b;
+  Roots roots = open_roots({a.path(), b.path()});
+  RankIdentity id = my_identity("carry", 1);
+  const uint64_t size1 = 3 * kChunk + 100, size2 = 2 * kChunk;
+  auto store = make_store(roots, id);
+  // Part A paused and committed.
+  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}}));
+  write_and_seal(*store, 1, size1, 0xa1);
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  const uint64_t generation = store->generation();
+  const uint64_t where = offset_of(*store, 1, kChunk, size1);
+  // Part B pauses while A stays paused: only a set that carries A may replace the committed one.
+  const std::vector<proto::BlobSize> both{{1, size1}, {2, size2}};
+  auto refused = store->reserve(both);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().errnum() == EBUSY);
+  const std::vector<uint64_t> carry_a{1};
+  REQUIRE(store->reserve(both, {}, {}, carry_a));
+  CHECK_FALSE(store->paused());
+  CHECK(store->holds_unresumed_data());  // A's chunks are still the only copy
+  CHECK(store->missing_chunks() == 2);   // B's, to be written
+  CHECK(offset_of(*store, 1, kChunk, size1) == where);
+  check_blob(*store, 1, size1, 0xa1);
+  write_and_seal(*store, 2, size2, 0xb2);
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  CHECK(store->generation() == generation + 1);
+  store.reset();  // the daemon restarts with both parts paused
+
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  INFO((adopted ? std::string() : adopted.error().describe()));
+  REQUIRE(adopted);
+  auto& again = **adopted;
+  CHECK(again.paused());
+  check_blob(again, 1, size1, 0xa1);
+  check_blob(again, 2, size2, 0xb2);
+  // A resumes while B stays paused: a set of B alone, carried; A's extents are recycled.
+  const std::vector<uint64_t> carry_b{2};
+  REQUIRE(again.reserve(std::vector<proto::BlobSize>{{2, size2}}, {}, {}, carry_b));
+  CHECK(again.missing_chunks() == 0);
+  CHECK_FALSE(again.locate(1, 0, kChunk));
+  check_blob(again, 2, size2, 0xb2);
+  REQUIRE(again.commit(proto::CommitState::Paused));
+  check_blob(again, 2, size2, 0xb2);
+  REQUIRE(again.remove());
+}
+
+TEST_CASE("a set that carries survives a daemon restart before its commit: the carried seals are in its record") {
+  TempDir a;
+  Roots roots = open_roots({a.path()});
+  RankIdentity id = my_identity("carry-restart", 1);
+  const uint64_t size1 = 2 * kChunk, size2 = kChunk;
+  {
+    auto store = make_store(roots, id);
+    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}}));
+    write_and_seal(*store, 1, size1, 0x11);
+    REQUIRE(store->commit(proto::CommitState::Paused));
+    const std::vector<uint64_t> carry{1};
+    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}, {2, size2}}, {}, {}, carry));
+  }  // dies before B is written
+  auto adopted = RankStore::adopt(roots, id, kChunk);
+  INFO((adopted ? std::string() : adopted.error().describe()));
+  REQUIRE(adopted);
+  auto& store = **adopted;
+  CHECK(store.record_problem().empty());
+  CHECK(store.missing_chunks() == 1);
+  CHECK(store.holds_unresumed_data());
+  check_blob(store, 1, size1, 0x11);
+  REQUIRE(store.remove());
+}
+
+TEST_CASE("carrying is refused for a blob not held as it is, with chunks never written, or named by a run") {
+  TempDir a;
+  Roots roots = open_roots({a.path()});
+  auto store = make_store(roots, my_identity("carry-refused", 1));
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}, {2, kChunk}};
+  REQUIRE(store->reserve(set));
+  write_and_seal(*store, 1, 2 * kChunk, 0x33);  // blob 2 never written
+  auto refused = [&](std::vector<proto::BlobSize> next, std::vector<uint64_t> carry,
+                     std::vector<proto::ChunkRun> zero = {}) {
+    auto st = store->reserve(next, zero, {}, carry);
+    REQUIRE_FALSE(st);
+    CHECK(st.error().errnum() == EINVAL);
+    return st.error().describe();
+  };
+  CHECK_THAT(refused(set, {3}), Catch::Contains("blob 3 is carried but not held"));
+  CHECK_THAT(refused({{1, kChunk}, {2, kChunk}}, {1}), Catch::Contains("blob 1 is carried but not held"));
+  CHECK_THAT(refused(set, {2}), Catch::Contains("1 of its chunks were never written"));
+  CHECK_THAT(refused(set, {1, 1}), Catch::Contains("carried twice"));
+  CHECK_THAT(refused(set, {1}, {{.blob = 1, .first_chunk = 0, .count = 1}}), Catch::Contains("carried as it is"));
+  // Refused without a change: blob 1 is where it was and verifies.
+  check_blob(*store, 1, 2 * kChunk, 0x33);
+}
