@@ -66,6 +66,7 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     s.pending_reserve.clear();
     s.pending_zero_runs.clear();
     s.pending_host_runs.clear();
+    s.pending_carry.clear();
     s.pending_chunks = 0;
   }
   // A refused set is dropped whole (its memory with it): the shim starts again with kReserveFirst.
@@ -73,6 +74,7 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     std::vector<proto::BlobSize>().swap(s.pending_reserve);
     std::vector<proto::ChunkRun>().swap(s.pending_zero_runs);
     std::vector<proto::ChunkRun>().swap(s.pending_host_runs);
+    std::vector<uint64_t>().swap(s.pending_carry);
     s.pending_chunks = 0;
     spdlog::warn("session {}: reservation refused: {}", s.id, why);
     return error_reply(code, why);
@@ -86,6 +88,10 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
       kMaxReserveZeroRuns)
     return refuse(E2BIG,
                   fmt::format("more than {} runs of zero or host-tier chunks in one reservation", kMaxReserveZeroRuns));
+  // Carried blobs are blobs of the set (the store checks each at the last message): no more of them
+  // than a set may hold.
+  if (s.pending_carry.size() + m.carry.size() > kMaxReserveBlobs)
+    return refuse(E2BIG, fmt::format("more than {} carried blobs in one reservation", kMaxReserveBlobs));
   const uint64_t chunk = s.store->chunk_bytes();
   uint64_t chunks_in_set = s.pending_chunks;
   for (const auto& b : m.blobs) chunks_in_set = add_saturated(chunks_in_set, b.size / chunk + (b.size % chunk != 0));
@@ -121,25 +127,28 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   s.pending_reserve.insert(s.pending_reserve.end(), m.blobs.begin(), m.blobs.end());
   s.pending_zero_runs.insert(s.pending_zero_runs.end(), m.zero_runs.begin(), m.zero_runs.end());
   s.pending_host_runs.insert(s.pending_host_runs.end(), m.host_runs.begin(), m.host_runs.end());
+  s.pending_carry.insert(s.pending_carry.end(), m.carry.begin(), m.carry.end());
   s.pending_chunks = chunks_in_set;
   if (!last) return proto::OkReply{};
   auto blobs = std::move(s.pending_reserve);
   auto zero_runs = std::move(s.pending_zero_runs);
   auto host_runs = std::move(s.pending_host_runs);
+  auto carry = std::move(s.pending_carry);
   s.pending_reserve.clear();
   s.pending_zero_runs.clear();
   s.pending_host_runs.clear();
+  s.pending_carry.clear();
   s.pending_chunks = 0;
   // The store checks the zero runs against the whole set (a run may name a blob of an earlier
   // message): refused, the set is dropped like any other refusal.
   const StorageTimer timer(s.id);
-  auto st = s.store->reserve(blobs, zero_runs, host_runs);
+  auto st = s.store->reserve(blobs, zero_runs, host_runs, carry);
   timer.done("reserving the pause's disk space");
   if (!st) {
     spdlog::warn("session {}: reservation refused: {}", s.id, st.error().describe());
     return error_reply(st.error().errnum(), st.error().describe());
   }
-  if (on_skipped) on_skipped(SkipReason::zero, s.store->zero_bytes());
+  if (on_skipped) on_skipped(SkipReason::zero, s.store->zero_bytes(carry));  // carried ones were counted before
   return proto::OkReply{};
 }
 

@@ -51,6 +51,7 @@ struct Session {
   std::vector<proto::BlobSize> pending_reserve;
   std::vector<proto::ChunkRun> pending_zero_runs;
   std::vector<proto::ChunkRun> pending_host_runs;
+  std::vector<uint64_t> pending_carry;  // blobs of the set being sent that stay paused as stored
   uint64_t pending_chunks = 0;
   // Host-tier memory the rank holds (granted, or handed back after a daemon restart) and a grant
   // being made for it (host_tier.h): both count against the node's budget until the session ends.

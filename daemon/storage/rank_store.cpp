@@ -1198,9 +1198,10 @@ uint64_t RankStore::chunk_count() const noexcept {
   return total;
 }
 
-uint64_t RankStore::zero_bytes() const noexcept {
+uint64_t RankStore::zero_bytes(std::span<const uint64_t> except) const noexcept {
   uint64_t total = 0;
   for (const auto& b : impl_->blobs) {
+    if (std::find(except.begin(), except.end(), b.id) != except.end()) continue;
     for (uint64_t ci = 0; ci < b.chunks; ++ci) {
       if (b.records[ci].state == ChunkState::Zero)
         total += std::min<uint64_t>(impl_->chunk, b.size - ci * impl_->chunk);

@@ -230,8 +230,9 @@ class RankStore {
   uint64_t missing_chunks() const noexcept;
   // Chunks of the reserved set, zero ones included (what the records cost: max-chunks-per-uid).
   uint64_t chunk_count() const noexcept;
-  // Bytes of the reserved set's zero chunks.
-  uint64_t zero_bytes() const noexcept;
+  // Bytes of the reserved set's zero chunks, but those of the blobs `except` names (carried ones,
+  // whose zero chunks an earlier pause reported).
+  uint64_t zero_bytes(std::span<const uint64_t> except = {}) const noexcept;
 
   // Commits the state: for Paused, requires every chunk written (or zero), fdatasyncs each data file, then
   // writes the manifest (the next generation, blobs, extents, checksums) to a temporary file,

@@ -262,6 +262,52 @@ TEST_CASE("the manifest is the one pause state: the daemon numbers pauses, answe
   REQUIRE(again.reserve(blobs));
 }
 
+TEST_CASE("a committed pause gives way to a set that carries it: two parts paused one after another, resumed apart") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "carry", .rank = 0});
+  const uint64_t token = c.welcome().token;
+  auto reserve = [&](std::vector<BlobSize> blobs, std::vector<uint64_t> carry) {
+    return c.call(proto::Reserve{
+        .flags = proto::kReserveFirst | proto::kReserveLast, .blobs = std::move(blobs), .carry = std::move(carry)});
+  };
+  const std::vector<BlobSize> a = {{1, 8 * MiB + 17}}, b = {{2, 6 * MiB}};
+  const std::vector<BlobSize> both = {{1, 8 * MiB + 17}, {2, 6 * MiB}};
+  // Part A pauses and commits; part B pauses after it, carrying A (which is not written again).
+  REQUIRE(c.reserve(a));
+  REQUIRE(c.write_all(a, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  auto refused = reserve(both, {});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().errnum() == EBUSY);
+  auto carried = reserve(both, {1});
+  INFO((carried ? std::string() : carried.error().describe()));
+  REQUIRE(carried);
+  REQUIRE(c.write_all(b, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  // Through a daemon restart, both parts are there.
+  d.proc.kill9();
+  c.close();
+  d.start();
+  c = d.shim({.job = "carry", .rank = 0, .token = token});
+  REQUIRE(c.welcome().restored == 1);
+  // A resumes alone: read back, then B carried on its own and committed paused again.
+  REQUIRE(c.read_all(a, check_pattern));
+  REQUIRE(reserve(b, {2}));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  REQUIRE(c.read_all(b, check_pattern));
+  proto::Read gone;
+  gone.slot = 0;
+  gone.length = 4 * MiB;
+  gone.blob = 1;
+  CHECK(expect_error(c, gone) != 0);  // A's extents went back with its resume
+  REQUIRE(c.commit(proto::CommitState::Resumed));
+  // A carried blob must be one the store holds, whole: refused otherwise.
+  auto unknown = reserve(both, {3});
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().errnum() == EINVAL);
+}
+
 TEST_CASE("a smaller set after a larger one recycles extents and drops vanished blobs") {
   Daemon d;
   d.start();

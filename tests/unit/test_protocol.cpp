@@ -183,6 +183,11 @@ TEST_CASE("every message type round-trips with its fields") {
   CHECK(round_trip(with_host).host_runs.at(0).count == 2);
   with_host.host_runs[0].count = 0;
   CHECK(decode_code(encode(9, with_host)) == EBADMSG);
+  // Blobs carried as they are stored (protocol 8).
+  Reserve carrying;
+  carrying.blobs = {{.id = 1, .size = 10 << 20}, {.id = 2, .size = 4096}};
+  carrying.carry = {1};
+  CHECK(round_trip(carrying).carry == std::vector<uint64_t>{1});
   // Host bytes are part of what a pause covered, beside zero and unchanged ones.
   CommandDone tiered;
   tiered.bytes = 10;

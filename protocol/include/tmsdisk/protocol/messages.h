@@ -424,16 +424,19 @@ struct Welcome {
 // The blobs a pause will write, the runs of their chunks that are all zero, and those the shim keeps
 // in its host-tier memory (a run names a blob of this message or of an earlier one of the same set;
 // no two runs, of either list, overlap). Such chunks take no disk space and are recorded at once: no
-// WRITE for them follows, and no READ may ask for them.
+// WRITE for them follows, and no READ may ask for them. `carry` names blobs of the set that stay
+// paused as the store holds them (another tag's pause, issue 10): nothing of them is written, and
+// the rank says that what it does not carry is resident again (RankStore::reserve).
 struct Reserve {
   static constexpr MsgType kType = MsgType::Reserve;
   uint8_t flags = 0;
   std::vector<BlobSize> blobs;
   std::vector<ChunkRun> zero_runs;
   std::vector<ChunkRun> host_runs;
+  std::vector<uint64_t> carry;
   template <class F>
   void fields(F&& f) {
-    f(flags), f(blobs), f(zero_runs), f(host_runs);
+    f(flags), f(blobs), f(zero_runs), f(host_runs), f(carry);
   }
   bool check(std::string& why) const;
 };
