@@ -432,7 +432,7 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
         r = pausing ? pause(progress, which) : resume(progress, (flags & proto::kAcceptLoss) != 0, which);
-        if (pausing && which.all && r.outcome == proto::Outcome::Done) whole_process_paused_ = true;
+        if (pausing && which.all && r.outcome == proto::Outcome::Done && !r.code()) whole_process_paused_ = true;
       }
       gated = true;
     }
@@ -549,6 +549,7 @@ constexpr const char* kDamageAdvice =
 OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
   std::vector<std::shared_ptr<Allocation>> resident, paused, damaged, discarding;
   std::vector<std::string> holding;  // tags outside the selection whose backed-up allocations are paused
+  std::vector<std::shared_ptr<Allocation>> carried;  // ... those allocations
   for (auto& a : registry().snapshot()) {
     if (a->pinned.load() >= 0 && a->state.load() == AllocState::Resident) continue;  // stays resident for good
     const bool is_paused = a->state.load() == AllocState::Paused;
@@ -556,6 +557,7 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
       if (is_paused && a->policy != Policy::Discard) {
         std::string name = tag_name(a->tag);
         if (std::find(holding.begin(), holding.end(), name) == holding.end()) holding.push_back(std::move(name));
+        carried.push_back(std::move(a));
       }
       continue;
     }
@@ -578,14 +580,20 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
     return OpResult::no_op(paused.empty() ? "no managed allocations to pause" : "already paused");
   }
   if (!resident.empty() && !holding.empty()) {
-    // The rank's backed-up pause (one reservation, one manifest) holds another tag's data: a new
-    // reservation would drop it. Discarded memory needs no reservation, so it is not refused.
-    std::string tags;
-    for (const auto& t : holding) tags += (tags.empty() ? "" : ", ") + t;
-    return OpResult{make_error(
-        EBUSY, fmt::format("tag {} cannot be paused with a backup while tag(s) {} hold this rank's backed-up pause "
-                           "(one per rank): resume {} first, or pause them together (without a tag: every allocation)",
-                           which.name, tags, tags))};
+    // The rank's backed-up pause (one reservation, one manifest) holds other tags' data: once committed,
+    // this pause's set carries it as it is stored. A pause of theirs that did not commit cannot be.
+    Result<bool> holds = committed_pause();
+    if (!holds) return failed(holds.error());
+    if (!*holds) {
+      std::string tags;
+      for (const auto& t : holding) tags += (tags.empty() ? "" : ", ") + t;
+      return OpResult{make_error(
+          EBUSY, fmt::format("tag {} cannot be paused with a backup while the pause of tag(s) {} did not complete: "
+                             "resume {} first",
+                             which.name, tags, tags))};
+    }
+  } else {
+    carried.clear();
   }
   OpResult dropped;
   if (!discarding.empty()) {
@@ -607,14 +615,12 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
         tags += (tags.empty() ? "" : ", ") + tag_name(a->tag);
     if (!tags.empty())
       return with_dropped(OpResult{make_error(
-          EBUSY, fmt::format("tag(s) {} hold this rank's backed-up pause (one per rank): resume them first, then "
-                             "pause everything",
-                             tags))});
+          EBUSY, fmt::format("tag(s) {} are paused: resume them first, then pause everything", tags))});
     return with_dropped(OpResult{make_error(
         EBUSY,
         fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))});
   }
-  if (*committed) {
+  if (*committed && carried.empty()) {
     // Every allocation is resident (a resume brought the data back but its commit failed, or what was
     // paused has been freed): the committed pause holds nothing the process still needs. Close it.
     TMS_INFO("tmsdiskd still records a committed pause though every allocation is resident; recording the resume");
@@ -633,16 +639,16 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
     }
     resident.insert(resident.end(), paused.begin(), paused.end());
   }
-  return with_dropped(pause_all(std::move(resident), progress));
+  return with_dropped(pause_all(std::move(resident), progress, std::move(carried)));
 }
 
 OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Selection& which) {
   std::vector<std::shared_ptr<Allocation>> paused, refilling;
-  bool others = false;  // backed-up allocations outside the selection stay paused
+  std::vector<std::shared_ptr<Allocation>> staying;  // backed-up allocations outside the selection stay paused
   for (auto& a : registry().snapshot()) {
     if (a->state.load() != AllocState::Paused) continue;
     if (!which.covers(*a)) {
-      others |= a->policy != Policy::Discard;
+      if (a->policy != Policy::Discard) staying.push_back(std::move(a));
       continue;
     }
     (a->policy == Policy::Discard ? refilling : paused).push_back(std::move(a));
@@ -656,7 +662,19 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Sele
     if (!*committed) return OpResult::no_op("nothing is paused");
   }
   OpResult r;
+  const bool others = !staying.empty();
+  const bool resuming = !paused.empty();
   if (!paused.empty() || refilling.empty()) r = resume_all(std::move(paused), progress, accept_loss, !others);
+  if (others && resuming && !r.code()) {
+    // The daemon's set still holds what was just resumed: it now carries only what stays paused, so
+    // that this tag's next pause (or another's) finds the others where they are and nothing stale.
+    if (Status st = reserve({}, staying); !st) {
+      TMS_WARN("the other tags' pause could not be recorded without this one (%s); it stays recorded with it",
+               st.error().message.c_str());
+    } else if (OpResult c = commit(proto::CommitState::Paused, 0, "the other tags stay paused"); c.code()) {
+      TMS_WARN("%s", c.message().c_str());
+    }
+  }
   if (!refilling.empty()) {
     OpResult z = refill(std::move(refilling));
     r.bytes += z.bytes;
@@ -852,9 +870,10 @@ void Engine::give_back_host_tier() {
     TMS_WARN("cannot tell tmsdiskd the host-tier memory is released: %s", st.error().message.c_str());
 }
 
-Status Engine::reserve(const std::vector<TransferJob>& jobs) {
+Status Engine::reserve(const std::vector<TransferJob>& jobs, const std::vector<std::shared_ptr<Allocation>>& carried) {
   // Blobs and their runs of zero and host chunks, in messages of at most kReserveBatch entries; a run
-  // follows its blob, in the same message or a later one.
+  // follows its blob, in the same message or a later one. Carried blobs (paused already, another
+  // tag's) are named in the set and in `carry`: the daemon keeps them as it stores them.
   proto::Reserve m;
   m.flags = proto::kReserveFirst;
   auto send = [&](bool last) -> Status {
@@ -870,7 +889,15 @@ Status Engine::reserve(const std::vector<TransferJob>& jobs) {
     m = proto::Reserve{};
     return {};
   };
-  auto full = [&] { return m.blobs.size() + m.zero_runs.size() + m.host_runs.size() >= kReserveBatch; };
+  auto full = [&] {
+    return m.blobs.size() + m.zero_runs.size() + m.host_runs.size() + m.carry.size() >= kReserveBatch;
+  };
+  for (const auto& a : carried) {
+    if (full())
+      if (Status st = send(false); !st) return st;
+    m.blobs.push_back({a->id, a->size});
+    m.carry.push_back(a->id);
+  }
   for (const TransferJob& j : jobs) {
     if (full())
       if (Status st = send(false); !st) return st;
@@ -931,7 +958,8 @@ Status Engine::synchronize_users(const std::vector<std::shared_ptr<Allocation>>&
   return {};
 }
 
-OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress) {
+OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress,
+                           std::vector<std::shared_ptr<Allocation>> carried) {
   const DriverApi& api = driver().api;
   set_state(proto::RankState::Pausing);
 
@@ -987,7 +1015,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // 3. What the node's host tier grants goes there by DMA; disk space for every other data chunk. The
   // reservation refused: nothing changed (the host-tier memory goes back).
   place_in_host_tier(jobs, resident.front()->ctx);
-  if (Status st = reserve(jobs); !st) return failed(st.error());
+  if (Status st = reserve(jobs, carried); !st) return failed(st.error());
 
   // 4./5. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
   // chunks are acknowledged.

@@ -173,7 +173,9 @@ class Engine {
   OpResult pause(ProgressReporter& progress, const Selection& which);
   // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
   OpResult resume(ProgressReporter& progress, bool accept_loss, const Selection& which);
-  OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress);
+  // `carried`: other tags' paused allocations, kept in the daemon's set as stored (Reserve.carry).
+  OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress,
+                     std::vector<std::shared_ptr<Allocation>> carried = {});
   // `last`: no backed-up allocation outside `paused` is paused, so the daemon records the resume once
   // all of them are back; else the rank's pause stays recorded for the rest.
   OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
@@ -215,7 +217,8 @@ class Engine {
   void give_back_host_tier();
   // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
   // chunks; refused: nothing changed.
-  Status reserve(const std::vector<TransferJob>& jobs);
+  // RESERVE of the jobs' blobs, and of `carried` ones (paused already) kept as the daemon stores them.
+  Status reserve(const std::vector<TransferJob>& jobs, const std::vector<std::shared_ptr<Allocation>>& carried = {});
   // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
   // says what already happened (for the message of a failure); `bytes` is what moved.
   OpResult commit(proto::CommitState state, uint64_t bytes, const char* done);

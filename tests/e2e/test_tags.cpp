@@ -177,7 +177,7 @@ TEST_CASE("an allocation made by another thread while this one has a tag active 
   CHECK(prog.cmd("check") == "ok 2");
 }
 
-TEST_CASE("a second backed-up tag is refused while another holds the rank's pause, saying what to do") {
+TEST_CASE("backed-up tags pause one after another and resume apart: the others stay paused, every byte comes back") {
   Node node;
   node.start_daemon();
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("two", 0));
@@ -188,20 +188,35 @@ TEST_CASE("a second backed-up tag is refused while another holds the rank's paus
   REQUIRE(prog.cmd("tag push b backup") == "ok");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 2 8388608 direct")).empty());
   REQUIRE(prog.cmd("tag pop") == "ok");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 3 4194304 direct")).empty());  // untagged, stays resident
   REQUIRE(node.control("pause", {"--job", "two", "--tag", "a"}).ok());
-  auto refused = node.control("pause", {"--job", "two", "--tag", "b"});
-  INFO(refused.text);
-  CHECK_FALSE(refused.ok());
-  CHECK(refused[0].error == EBUSY);
-  CHECK(refused[0].message.find("resume a first") != std::string::npos);
-  CHECK(prog.cmd("check 2") == "ok");  // nothing of b moved
-  // Nor may the whole process pause over it: it says which tag to resume.
+  // b pauses while a stays paused: only b's bytes move (a is carried as the daemon stores it).
+  auto second = node.control("pause", {"--job", "two", "--tag", "b"});
+  INFO(second.text);
+  REQUIRE(second.ok());
+  CHECK(second[0].bytes == 8 * MiB);
+  CHECK(second[0].moved_bytes == 8 * MiB);
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);
+  CHECK(prog.cmd("check 3") == "ok");  // the untagged memory runs on
+  // The whole process cannot pause over paused tags: it says which to resume.
   auto whole = node.pause("two");
   INFO(whole.text);
   CHECK_FALSE(whole.ok());
-  CHECK(whole[0].message.find("tag(s) a hold") != std::string::npos);
-  REQUIRE(node.control("resume", {"--job", "two", "--tag", "a"}).ok());
-  REQUIRE(node.control("pause", {"--job", "two", "--tag", "b"}).ok());
-  REQUIRE(node.control("resume", {"--job", "two"}).ok());
-  CHECK(prog.cmd("check") == "ok 2");
+  CHECK(whole[0].message.find("are paused: resume them first") != std::string::npos);
+  CHECK(prog.cmd("check 3") == "ok");  // refused, it held nothing back
+  // a comes back alone; b stays paused, and a pauses again beside it.
+  auto a_back = node.control("resume", {"--job", "two", "--tag", "a"});
+  INFO(a_back.text);
+  REQUIRE(a_back.ok());
+  CHECK(a_back[0].bytes == 8 * MiB);
+  CHECK(prog.cmd("check 1") == "ok");
+  CHECK(node.status().at(0).totals.paused == 8 * MiB);
+  CHECK(prog.cmd("edit 1 4096") == "ok");
+  REQUIRE(node.control("pause", {"--job", "two", "--tag", "a"}).ok());
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);
+  auto all_back = node.control("resume", {"--job", "two"});
+  INFO(all_back.text);
+  REQUIRE(all_back.ok());
+  CHECK(all_back[0].bytes == 16 * MiB);
+  CHECK(prog.cmd("check") == "ok 3");
 }

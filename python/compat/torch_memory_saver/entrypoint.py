@@ -21,7 +21,6 @@ ROCm and XPU.
 """
 
 import contextlib
-import errno
 import logging
 import os
 import sys
@@ -346,23 +345,11 @@ class _Impl:
                 tmsdisk.pause(self.tmsdisk_tag(tag))
                 return
             # Tag by tag, as TMS pauses: the rest of the process runs on (a tag's pause holds back only
-            # calls naming its memory), discarded tags first. tmsdisk backs up one tag at a time, so with
-            # several tags to back up it takes one pause of the whole process, which holds back every CUDA
-            # call until the resume; that only where nothing else is managed, else it refuses.
+            # calls naming its memory), discarded tags first; each backed-up tag's pause keeps the ones
+            # paused before it as they are.
             ours = self._ours()
-            rows = tmsdisk.tags()
-            resident = [r for r in rows if r.tag in ours and r.resident_bytes]
-            backed = sorted({r.tag for r in resident if r.policy == tmsdisk.BACKUP})
-            if len(backed) > 1:
-                if all(r.tag in ours for r in rows if r.allocations):
-                    tmsdisk.pause()
-                    return
-                raise tmsdisk.Error(
-                    errno.EBUSY, call,
-                    "tags %s hold memory to back up, and memory outside them must stay resident: tmsdisk backs "
-                    "up one tag at a time while the rest of the process runs; pause them one by one with a "
-                    "resume between, or allocate everything in regions so that pause() can pause the whole "
-                    "process" % ", ".join(backed))
+            resident = [r for r in tmsdisk.tags() if r.tag in ours and r.resident_bytes]
+            backed = {r.tag for r in resident if r.policy == tmsdisk.BACKUP}
             for name in sorted({r.tag for r in resident}, key=lambda t: (t in backed, t)):
                 tmsdisk.pause(name)
         except tmsdisk.Error as e:
