@@ -614,8 +614,8 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
       if (a->tag != kUntagged && tags.find(tag_name(a->tag)) == std::string::npos)
         tags += (tags.empty() ? "" : ", ") + tag_name(a->tag);
     if (!tags.empty())
-      return with_dropped(OpResult{make_error(
-          EBUSY, fmt::format("tag(s) {} are paused: resume them first, then pause everything", tags))});
+      return with_dropped(OpResult{
+          make_error(EBUSY, fmt::format("tag(s) {} are paused: resume them first, then pause everything", tags))});
     return with_dropped(OpResult{make_error(
         EBUSY,
         fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))});
