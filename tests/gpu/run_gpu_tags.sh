@@ -193,14 +193,13 @@ else
   example multi_device-preload multi pass - multi_device run preload
   example multi_device-torch multi pass - multi_device run torch
   example multi_device_torch_mode-torch multi pass - multi_device_torch_mode run torch
+  # Two backed-up tags paused one after the other, then resumed together.
+  example cpu_backup_multi_device_mmap_restore-preload multi pass - cpu_backup run_multi_device_mmap_restore preload
+  example cpu_backup_multi_device_mmap_restore-torch multi pass - cpu_backup run_multi_device_mmap_restore torch
   # Expected to fail: what tmsdisk's torch_memory_saver refuses by design, or TMS's C functions.
   nocopy="get_cpu_backup is refused (no host copy Python could read)"
   example cpu_backup-preload "" "$nocopy" - cpu_backup run preload
   example cpu_backup-torch "" "$nocopy" - cpu_backup run torch
-  example cpu_backup_multi_device_mmap_restore-preload multi \
-    "two backed-up tags paused one after the other: one backed-up pause per rank (EBUSY)" - cpu_backup run_multi_device_mmap_restore preload
-  example cpu_backup_multi_device_mmap_restore-torch multi \
-    "two backed-up tags paused one after the other: one backed-up pause per rank (EBUSY)" - cpu_backup run_multi_device_mmap_restore torch
   example cpu_backup_rss-torch "" "the process's RSS does not grow by a host copy (no host shadow)" - cpu_backup run_rss torch
   example cpu_backup_backend_from_env-preload "" "$nocopy" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env preload
   example cpu_backup_backend_from_env-torch "" "$nocopy" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env torch
