@@ -262,6 +262,19 @@ TEST_CASE("the manifest is the one pause state: the daemon numbers pauses, answe
   REQUIRE(again.reserve(blobs));
 }
 
+namespace {
+
+// A READ of the first 4 MiB of `blob` is refused (the blob is not in the stored set).
+bool read_of_first_chunk_refused(ShimClient& c, uint64_t blob) {
+  proto::Read gone;
+  gone.slot = 0;
+  gone.length = 4 * MiB;
+  gone.blob = blob;
+  return expect_error(c, gone) != 0;
+}
+
+}  // namespace
+
 TEST_CASE("a committed pause gives way to a set that carries it: two parts paused one after another, resumed apart") {
   Daemon d;
   d.start();
@@ -296,11 +309,7 @@ TEST_CASE("a committed pause gives way to a set that carries it: two parts pause
   REQUIRE(reserve(b, {2}));
   REQUIRE(c.commit(proto::CommitState::Paused));
   REQUIRE(c.read_all(b, check_pattern));
-  proto::Read gone;
-  gone.slot = 0;
-  gone.length = 4 * MiB;
-  gone.blob = 1;
-  CHECK(expect_error(c, gone) != 0);  // A's extents went back with its resume
+  CHECK(read_of_first_chunk_refused(c, 1));  // A's extents went back with its resume
   REQUIRE(c.commit(proto::CommitState::Resumed));
   // A carried blob must be one the store holds, whole: refused otherwise.
   auto unknown = reserve(both, {3});
@@ -319,11 +328,7 @@ TEST_CASE("a smaller set after a larger one recycles extents and drops vanished 
   REQUIRE(c.write_all(fewer, fill_pattern));
   REQUIRE(c.commit(proto::CommitState::Paused));
   REQUIRE(c.read_all(fewer, check_pattern));
-  proto::Read gone;
-  gone.slot = 0;
-  gone.length = 4 * MiB;
-  gone.blob = 1;
-  CHECK(expect_error(c, gone) != 0);
+  CHECK(read_of_first_chunk_refused(c, 1));
 }
 
 TEST_CASE("malformed, truncated, wrong-version and oversized messages are refused and the daemon keeps serving") {
