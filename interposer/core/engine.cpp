@@ -433,6 +433,9 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
         ProgressReporter progress(&session_, command_request);
         r = pausing ? pause(progress, which) : resume(progress, (flags & proto::kAcceptLoss) != 0, which);
         if (pausing && which.all && r.outcome == proto::Outcome::Done && !r.code()) whole_process_paused_ = true;
+        // A tag brought back alone after a whole pause: the program runs on with it, and only calls
+        // naming what is still paused wait, as after a pause of tags.
+        if (!pausing && !which.all && r.outcome == proto::Outcome::Done && !r.code()) whole_process_paused_ = false;
       }
       gated = true;
     }

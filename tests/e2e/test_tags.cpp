@@ -219,4 +219,11 @@ TEST_CASE("backed-up tags pause one after another and resume apart: the others s
   REQUIRE(all_back.ok());
   CHECK(all_back[0].bytes == 16 * MiB);
   CHECK(prog.cmd("check") == "ok 3");
+  // After a pause of the whole process, one tag brought back alone runs on while the others stay.
+  REQUIRE(node.pause("two").ok());
+  REQUIRE(node.control("resume", {"--job", "two", "--tag", "b"}).ok());
+  CHECK(prog.cmd("check 2") == "ok");
+  CHECK(node.status().at(0).totals.paused == 12 * MiB);
+  REQUIRE(node.control("resume", {"--job", "two"}).ok());
+  CHECK(prog.cmd("check") == "ok 3");
 }
