@@ -168,8 +168,8 @@ class Engine {
   };
   // What is paused or resident decides the work: a pause that finds allocations an earlier failed
   // pause left paused resumes those, then pauses all. Allocations under a discard policy are released
-  // without the daemon (discard()); the others make the rank's one backed-up pause: a second one while
-  // it holds paused data is refused, saying what to do.
+  // without the daemon (discard()); the others go into the rank's backed-up pause, whose reservation
+  // carries other tags' paused allocations as stored (a whole-process pause over them is refused).
   OpResult pause(ProgressReporter& progress, const Selection& which);
   // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
   OpResult resume(ProgressReporter& progress, bool accept_loss, const Selection& which);

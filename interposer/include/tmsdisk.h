@@ -126,10 +126,9 @@ int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) TMSDISK_NOEXCEPT;
  *             scratch, anything whose content is garbage between phases;
  *   RESIDENT  never paused (the driver's own allocation, counted as TMSDISK_UNMANAGED_RESIDENT).
  * After a pause of one tag, the rest of the program runs; CUDA calls naming paused memory wait for
- * its resume (TMSDISK_ON_TOUCH), kernels must not touch it. A rank keeps one backed-up pause at a
- * time: pausing a tag with BACKUP allocations while another tag's backed-up allocations are paused is
- * refused (-EBUSY, saying which); pause them together (tmsdisk_pause), or resume the other first.
- * Discarded memory needs no backup and is never refused for that. */
+ * its resume (TMSDISK_ON_TOUCH), kernels must not touch it. Tags with BACKUP allocations pause one
+ * after another and resume apart, each keeping the others paused; tmsdisk_pause() while some tag is
+ * paused is refused (-EBUSY, naming it): resume it first. */
 enum { TMSDISK_POLICY_BACKUP = 0, TMSDISK_POLICY_DISCARD = 1, TMSDISK_POLICY_RESIDENT = 2 };
 #define TMSDISK_TAG_MAX 63          /* tag names: 1 to 63 of A-Z a-z 0-9 _ . - */
 #define TMSDISK_UNTAGGED "untagged" /* the tag of allocations made outside any region */
