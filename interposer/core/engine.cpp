@@ -611,17 +611,10 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
   Result<bool> committed = committed_pause();
   if (!committed) return with_dropped(failed(committed.error()));
   if (*committed && !paused.empty()) {
-    // The daemon refuses a new reservation while a committed pause holds the only copy of data.
-    std::string tags;
-    for (const auto& a : paused)
-      if (a->tag != kUntagged && tags.find(tag_name(a->tag)) == std::string::npos)
-        tags += (tags.empty() ? "" : ", ") + tag_name(a->tag);
-    if (!tags.empty())
-      return with_dropped(OpResult{
-          make_error(EBUSY, fmt::format("tag(s) {} are paused: resume them first, then pause everything", tags))});
-    return with_dropped(OpResult{make_error(
-        EBUSY,
-        fmt::format("already paused; {} allocation(s) made since stay resident until a resume", resident.size()))});
+    // What is paused already (tags paused one by one, or memory a whole pause left behind) was stored by
+    // a committed pause: this one carries it as it is stored and saves only the rest.
+    carried.insert(carried.end(), paused.begin(), paused.end());
+    paused.clear();
   }
   if (*committed && carried.empty()) {
     // Every allocation is resident (a resume brought the data back but its commit failed, or what was

@@ -127,8 +127,8 @@ int tmsdisk_on_pause(void (*callback)(void* arg), void* arg) TMSDISK_NOEXCEPT;
  *   RESIDENT  never paused (the driver's own allocation, counted as TMSDISK_UNMANAGED_RESIDENT).
  * After a pause of one tag, the rest of the program runs; CUDA calls naming paused memory wait for
  * its resume (TMSDISK_ON_TOUCH), kernels must not touch it. Tags with BACKUP allocations pause one
- * after another and resume apart, each keeping the others paused; tmsdisk_pause() while some tag is
- * paused is refused (-EBUSY, naming it): resume it first. */
+ * after another and resume apart, each keeping the others paused as they are stored; tmsdisk_pause()
+ * while some tags are paused keeps them the same way and saves the rest. */
 enum { TMSDISK_POLICY_BACKUP = 0, TMSDISK_POLICY_DISCARD = 1, TMSDISK_POLICY_RESIDENT = 2 };
 #define TMSDISK_TAG_MAX 63          /* tag names: 1 to 63 of A-Z a-z 0-9 _ . - */
 #define TMSDISK_UNTAGGED "untagged" /* the tag of allocations made outside any region */

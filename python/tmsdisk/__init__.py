@@ -294,8 +294,8 @@ def pause(tag: Optional[str] = None) -> None:
 
     Blocks until done. A tag no allocation carries is nothing to do. Memory of `backup` tags is saved and
     released, that of `discard` tags released; virtual addresses stay valid. Raises Error (EBUSY when
-    another pause or resume runs, or when another tag's backed-up memory is paused: resume it first or
-    pause everything; ENOSPC when the disk has no room, nothing changed; ECONNREFUSED or ENOENT when no
+    another pause or resume runs, or when another tag's backed-up pause did not complete: resume it
+    first; ENOSPC when the disk has no room, nothing changed; ECONNREFUSED or ENOENT when no
     daemon answers...), with the shim's message.
     """
     if tag is None:
