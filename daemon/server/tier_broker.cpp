@@ -98,8 +98,7 @@ void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = {}, .flags = proto::kTierReleaseFirst},
                  -1);
   }
-  // The rank runs: it stays kept (reclaimable) while its memory is made and after.
-  s.host_tier_kept = true;
+  // The rank runs: once made, its memory is kept (reclaimable) from the start (see built()).
   s.host_tier_reclaimed = false;
   grant(s, request_id, std::move(plan), bytes, /*ahead=*/true);
 }
@@ -144,7 +143,6 @@ void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t 
     spdlog::info("session {}: host tier{}: {} of the {} asked for: {}", s.id, ahead ? " ahead of a pause" : "",
                  human_bytes(plan.bytes), human_bytes(asked), plan.note);
   if (plan.bytes == 0) {
-    if (ahead) s.host_tier_kept = false;
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = proto::wire_text(plan.note)}, -1);
   }
   try {
@@ -152,7 +150,6 @@ void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t 
     s.host_tier_pending = plan.bytes;
     s.host_tier_pending_ahead = ahead;
   } catch (const std::bad_alloc&) {
-    if (ahead) s.host_tier_kept = false;
     send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = "tmsdiskd is out of memory"}, -1);
   }
 }
@@ -166,7 +163,6 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
   }
   if (!s || s->conn_id != t.conn_id || !t.conn_id) return;  // the rank went meanwhile: the memory is freed
   if (!t.memory) {
-    if (ahead) s->host_tier_kept = false;
     spdlog::warn("session {}: cannot get {} of host-tier memory ({}); this pause goes to disk", s->id,
                  human_bytes(t.bytes), t.error.describe());
     return send_(s->conn_id, t.request_id,
@@ -175,6 +171,7 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
                  -1);
   }
   s->host_tier_bytes = t.bytes;
+  s->host_tier_kept = ahead;  // a pause's memory is in use; memory asked for ahead is kept until a pause
   spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use){}", s->id,
                human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_),
                ahead ? ", ahead of its first pause" : "");
