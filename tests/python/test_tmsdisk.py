@@ -149,6 +149,60 @@ class PackageTest(TmsdiskTestCase):
         _, out = self.run_child([sys.executable, "tmsdisk_app.py", "not-loaded"], env)
         self.assertIn("OK not-loaded", out)
 
+    def test_ray_recipe_an_actor_started_with_tmsctl_env_pauses_itself_and_from_outside(self):
+        """README "Ray": the actor gets `tmsctl env --json` as its environment, no wrapper command."""
+        done = subprocess.run([os.environ["TMSCTL"], "env", "--json", "--job", "rl-run"], env=self.child_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CHILD_TIMEOUT_S)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        env_vars = json.loads(done.stdout)
+        self.assertTrue(all(isinstance(v, str) for v in env_vars.values()), env_vars)  # runtime_env's shape
+        actor = subprocess.Popen([sys.executable, os.path.join(HERE, "tmsdisk_app.py"), "actor"],
+                                 env=dict(self.child_env(), **env_vars), cwd=HERE, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def answer():
+            ready, _, _ = select.select([actor.stdout], [], [], CHILD_TIMEOUT_S)
+            line = actor.stdout.readline().strip() if ready else ""
+            if not line:
+                actor.kill()
+                self.fail("the actor stopped answering; its output:\n%s\ndaemon log:\n%s" % (
+                    actor.communicate()[0], self.daemon.log()))
+            return line
+
+        def call(method):
+            actor.stdin.write(method + "\n")
+            actor.stdin.flush()
+            return answer()
+
+        def tmsctl(*args):
+            done = subprocess.run([os.environ["TMSCTL"], *args], env=self.child_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=CHILD_TIMEOUT_S)
+            self.assertEqual(done.returncode, 0, done.stdout)
+            return done.stdout
+
+        try:
+            self.assertEqual(answer(), "ready")
+            self.assertEqual(call("sleep"), "sleep: None")  # Ray calls the actor's method: it pauses itself
+            self.assertEqual(call("state"), "state: paused")
+            ranks = [r for r in json.loads(tmsctl("--json", "status")) if r["job"] == "rl-run"]
+            self.assertEqual([(r["pid"], r["state"], r["paused_bytes"]) for r in ranks],
+                             [(actor.pid, "paused", 12 << 20)])
+            self.assertEqual(call("wake_up"), "wake_up: None")
+            self.assertEqual(call("check"), "check: intact")
+            # The same actor, paused and resumed by job name from outside (one tmsctl per node).
+            tmsctl("pause", "--job", "rl-run")
+            self.assertEqual(call("state"), "state: paused")
+            tmsctl("resume", "--job", "rl-run")
+            self.assertEqual(call("check"), "check: intact")
+            actor.stdin.write("exit\n")
+            actor.stdin.flush()
+            self.assertEqual(answer(), "OK actor")
+            self.assertEqual(actor.wait(timeout=CHILD_TIMEOUT_S), 0)
+        finally:
+            if actor.poll() is None:
+                actor.kill()
+                actor.wait()
+
     def test_tmsctl_env_puts_the_package_on_the_path(self):
         done = subprocess.run([os.environ["TMSCTL"], "env", "--json"], env=self.child_env(), stdout=subprocess.PIPE,
                               check=True, timeout=CHILD_TIMEOUT_S)

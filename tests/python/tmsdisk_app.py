@@ -229,5 +229,32 @@ def scenario_not_loaded():
     print("OK not-loaded", flush=True)
 
 
+def scenario_actor():
+    """A Ray actor's stand-in, started with nothing but the environment `tmsctl env --json` printed (what
+    Ray's runtime_env={"env_vars": ...} gives an actor): each line on stdin is a method call, answered on
+    stdout. sleep/wake_up are the README's recipe (tmsdisk.pause()/resume() from inside); check verifies
+    the memory; `tmsctl pause --job` from outside must find the actor too."""
+    import tmsdisk
+
+    package_from_expected_dir(tmsdisk)
+    cuda = Driver()
+    weights_data = pattern(12 * MiB, 7)
+    weights = cuda.alloc(len(weights_data))
+    cuda.write(weights, weights_data)
+    methods = {
+        "sleep": tmsdisk.pause,
+        "wake_up": tmsdisk.resume,
+        "state": lambda: tmsdisk.status().state,
+        "check": lambda: "intact" if cuda.read(weights, len(weights_data)) == weights_data else "CHANGED",
+    }
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        if name == "exit":
+            break
+        print("%s: %s" % (name, methods[name]()), flush=True)
+    print("OK actor", flush=True)
+
+
 if __name__ == "__main__":
     globals()["scenario_" + sys.argv[1].replace("-", "_")]()
