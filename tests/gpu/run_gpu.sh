@@ -4,6 +4,7 @@
 # program and an unmodified PyTorch training script paused and resumed through tmsctl while a second
 # process takes the freed memory, then the shim and session benchmarks on the same directory.
 #   tests/gpu/run_gpu.sh BUNDLE_DIR OUT_DIR [TORCH_LAYERS]
+# Environment: GPU_BENCHES ("shim session": the benchmarks to run after the two programs; "" for none).
 set -uo pipefail  # not -e: every section runs and reports, whatever an earlier one did
 out=$2
 layers=${3:-6}
@@ -60,11 +61,13 @@ read -t 300 -r ready <&"${TORCH[0]}"
 } >>"$out/torch.txt" 2>&1
 wait $TORCH_PID 2>/dev/null || true
 
-echo "== 3. benchmarks on $work/root" | tee "$out/bench.txt"
+benches=" ${GPU_BENCHES-shim session} "
+echo "== 3. benchmarks on $work/root:$benches" | tee "$out/bench.txt"
 # Repeated passes, each beside a raw pass of its own: the disk drifts by more than what is measured.
-"$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib 8 --shim "$bundle/libtmsdisk.so" --repeat 3 --json \
+[[ $benches == *" shim "* ]] && { "$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib 8 --shim "$bundle/libtmsdisk.so" --repeat 3 --json \
   >"$out/shim-bench.json" 2>"$out/shim-bench.err" || echo "shim bench failed" >>"$out/bench.txt"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["ratios"]; print("shim bench:", json.dumps(r))' \
-  "$out/shim-bench.json" >>"$out/bench.txt" 2>&1 || true
-"$bundle/tmsdisk-session-bench" "$work/root" --gib 8 --repeat 3 >>"$out/bench.txt" 2>&1 || echo "session bench failed" >>"$out/bench.txt"
+  "$out/shim-bench.json" >>"$out/bench.txt" 2>&1 || true; }
+[[ $benches == *" session "* ]] && { "$bundle/tmsdisk-session-bench" "$work/root" --gib 8 --repeat 3 >>"$out/bench.txt" 2>&1 ||
+  echo "session bench failed" >>"$out/bench.txt"; }
 cat "$out/cuda.txt" "$out/torch.txt" "$out/bench.txt"

@@ -9,6 +9,7 @@
 # budget, and every rank's memory is checked after the resume.
 # About 6 minutes on an H200 node: give it a call of its own, or a limit of 400 s or more.
 #   tests/gpu/run_gpu_tier.sh BUNDLE_DIR OUT_DIR
+# Environment: TIER_CASES ("full half four": the parts to run; the full/half comparison needs both).
 set -uo pipefail  # not -e: every section runs and reports
 bundle_dir=$1
 out=$2
@@ -16,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/node.sh"
 gib=8
 report=$out/tier.txt
+cases=" ${TIER_CASES:-full half four} "
 : >"$report"
 
 bench() {  # BUDGET_MIB NAME
@@ -26,10 +28,10 @@ bench() {  # BUDGET_MIB NAME
   grep -h "host tier\|pause:\|resume:" "$out/bench-$2.err" | tail -8 >>"$report"
   stop_node
 }
-bench "$((gib * 1024 + 1024))" full
-bench "$((gib * 512))" half
+[[ $cases == *" full "* ]] && bench "$((gib * 1024 + 1024))" full
+[[ $cases == *" half "* ]] && bench "$((gib * 512))" half
 
-python3 - "$out" >>"$report" 2>&1 <<'PY'
+[[ $cases == *" full "* && $cases == *" half "* ]] && python3 - "$out" >>"$report" 2>&1 <<'PY'
 import json, sys
 out = sys.argv[1]
 full = json.load(open(f"{out}/bench-full.json"))
@@ -56,6 +58,7 @@ for op, raw in (("pause", "raw_write_gb_s"), ("resume", "raw_read_gb_s")):
           f"intact {h['intact']}")
 PY
 
+if [[ $cases != *" four "* ]]; then cat "$report"; exit 0; fi
 echo "== four ranks of 4 GiB, a budget for two (8 GiB)" | tee -a "$report"
 NODE_DAEMON_ARGS="--host-tier-mb 8192" start_node "$bundle_dir" "$out" tier-ranks || exit 1
 pids=()
