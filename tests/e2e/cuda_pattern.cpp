@@ -18,6 +18,9 @@
 //   tag push NAME backup|discard|resident this thread's next allocations carry NAME -> "ok" | "err ERRNO"
 //   tag pop                                                    -> "ok" | "err ERRNO"
 //   refill ID     writes its pattern again (after a discard)   -> "ok"
+//   device N      device N's primary context becomes current: the next allocations are on it
+//                 (each allocation is filled, checked and edited in its own context) -> "ok" | "err device"
+//   ordinal ID    the device its memory is on                  -> "ok N"
 //   exit
 //
 // Every answer is one line on stdout; errors are "err ..." lines, never a crash.
@@ -30,6 +33,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -41,6 +45,7 @@ namespace {
 
 struct Allocation {
   CUdeviceptr ptr = 0;
+  CUcontext ctx = nullptr;  // the context current when it was allocated
   uint64_t bytes = 0;
   bool sparse = false;                // only the first kPage bytes of every `stride` hold the pattern
   uint64_t stride = 0;                // 0 with sparse: nothing does
@@ -86,7 +91,26 @@ void expected(const Allocation& a, uint64_t id, uint64_t off, uint8_t* buf, uint
     buf[it->first - off] = it->second;
 }
 
+// Makes `a`'s context current for the scope (a program on several devices copies in each one's).
+class InContextOf {
+ public:
+  explicit InContextOf(const Allocation& a) {
+    if (cuCtxGetCurrent(&prev_) == CUDA_SUCCESS && a.ctx && a.ctx != prev_)
+      set_ = cuCtxSetCurrent(a.ctx) == CUDA_SUCCESS;
+  }
+  ~InContextOf() {
+    if (set_) cuCtxSetCurrent(prev_);
+  }
+  InContextOf(const InContextOf&) = delete;
+  InContextOf& operator=(const InContextOf&) = delete;
+
+ private:
+  CUcontext prev_ = nullptr;
+  bool set_ = false;
+};
+
 bool fill(const Allocation& a, uint64_t id) {
+  InContextOf in_ctx(a);
   std::vector<uint8_t> buf(std::min<uint64_t>(kStep, a.bytes));
   for (uint64_t off = 0; off < a.bytes; off += kStep) {
     const uint64_t n = std::min<uint64_t>(kStep, a.bytes - off);
@@ -100,6 +124,7 @@ bool fill(const Allocation& a, uint64_t id) {
 // of the copy that failed, whose result goes to *rc when given).
 template <class Expect>
 int64_t compare(const Allocation& a, Expect&& expect, CUresult* rc = nullptr) {
+  InContextOf in_ctx(a);
   std::vector<uint8_t> buf(std::min<uint64_t>(kStep, a.bytes));
   for (uint64_t off = 0; off < a.bytes; off += kStep) {
     const uint64_t n = std::min<uint64_t>(kStep, a.bytes - off);
@@ -154,6 +179,7 @@ int main() {
     return 1;
   }
   std::printf("ready\n");
+  std::vector<CUdevice> devices{dev};  // whose primary contexts this program retained
 
   std::map<uint64_t, Allocation> allocs;
   std::string line;
@@ -168,6 +194,7 @@ int main() {
       AllocFn fn = alloc_fn(path);
       Allocation a;
       a.bytes = bytes;
+      a.ctx = ctx;
       a.sparse = mode == "sparse";
       if (a.sparse) in >> a.stride;
       CUresult rc = CUDA_ERROR_NOT_FOUND;
@@ -233,6 +260,8 @@ int main() {
       in >> id >> off;
       auto it = allocs.find(id);
       uint8_t byte = 0;
+      std::optional<InContextOf> in_ctx;
+      if (it != allocs.end()) in_ctx.emplace(it->second);
       if (it == allocs.end() || off >= it->second.bytes ||
           cuMemcpyDtoH(&byte, it->second.ptr + off, 1) != CUDA_SUCCESS) {
         std::printf("err edit\n");
@@ -305,13 +334,46 @@ int main() {
         std::printf("ok\n");
       else
         std::printf("err %d\n", -rc);
+    } else if (cmd == "ordinal") {
+      uint64_t id = 0;
+      in >> id;
+      auto it = allocs.find(id);
+      int ordinal = -1;
+      if (it == allocs.end() ||
+          cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, it->second.ptr) != CUDA_SUCCESS)
+        std::printf("err ordinal\n");
+      else
+        std::printf("ok %d\n", ordinal);
+    } else if (cmd == "device") {
+      int n = -1;
+      in >> n;
+      CUdevice d;
+      CUcontext c;
+      if (cuDeviceGet(&d, n) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&c, d) != CUDA_SUCCESS) {
+        std::printf("err device\n");
+        continue;
+      }
+      if (cuCtxSetCurrent(c) != CUDA_SUCCESS) {
+        cuDevicePrimaryCtxRelease(d);
+        std::printf("err device\n");
+        continue;
+      }
+      if (std::find(devices.begin(), devices.end(), d) == devices.end())
+        devices.push_back(d);
+      else
+        cuDevicePrimaryCtxRelease(d);  // retained once per device, released at the end
+      ctx = c;
+      std::printf("ok\n");
     } else if (cmd == "exit") {
       break;
     } else {
       std::printf("err unknown command\n");
     }
   }
-  for (auto& [id, a] : allocs) cuMemFree(a.ptr);
-  cuDevicePrimaryCtxRelease(dev);
+  for (auto& [id, a] : allocs) {
+    InContextOf in_ctx(a);
+    cuMemFree(a.ptr);
+  }
+  for (CUdevice d : devices) cuDevicePrimaryCtxRelease(d);
   return 0;
 }

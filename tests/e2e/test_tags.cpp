@@ -177,7 +177,9 @@ TEST_CASE("an allocation made by another thread while this one has a tag active 
   CHECK(prog.cmd("check") == "ok 2");
 }
 
-TEST_CASE("backed-up tags pause one after another, then the whole process over them, and resume apart: the others stay paused, every byte comes back") {
+TEST_CASE(
+    "backed-up tags pause one after another, then the whole process over them, and resume apart: the others stay "
+    "paused, every byte comes back") {
   Node node;
   node.start_daemon();
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("two", 0));
@@ -227,4 +229,38 @@ TEST_CASE("backed-up tags pause one after another, then the whole process over t
   CHECK(node.status().at(0).totals.paused == 12 * MiB);
   REQUIRE(node.control("resume", {"--job", "two"}).ok());
   CHECK(prog.cmd("check") == "ok 3");
+}
+
+TEST_CASE("tags on two devices pause one after another and resume together from the other device") {
+  // torch_memory_saver's multi-device example: a tag per device, each paused with its own device current,
+  // all resumed with device 0 current; each allocation comes back on its own device, intact.
+  Node node;
+  node.start_daemon();
+  Env env = node.shim_env("devices", 0);
+  env["SIMCUDA_DEVICE_COUNT"] = std::to_string(2);  // (a literal here trips GCC 12's -Wrestrict)
+  Proc prog({CUDA_PATTERN_PATH}, env);
+  REQUIRE(prog.line() == "ready");
+  for (int device = 0; device < 2; ++device) {
+    const std::string n = std::to_string(device);
+    REQUIRE(prog.cmd("device " + n) == "ok");
+    REQUIRE(prog.cmd("tag push on_device_" + n + " backup") == "ok");
+    REQUIRE_FALSE(ok_addr(prog.cmd("alloc " + std::to_string(device + 1) + " 8388608 direct")).empty());
+    REQUIRE(prog.cmd("tag pop") == "ok");
+  }
+  REQUIRE(prog.cmd("device 0") == "ok");
+  REQUIRE(prog.cmd("api pause-tag on_device_0") == "ok");
+  REQUIRE(prog.cmd("device 1") == "ok");
+  REQUIRE(prog.cmd("api pause-tag on_device_1") == "ok");  // carries device 0's
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);
+  REQUIRE(prog.cmd("device 0") == "ok");
+  REQUIRE(prog.cmd("api resume") == "ok");
+  CHECK(node.status().at(0).totals.paused == 0);
+  CHECK(prog.cmd("check") == "ok 2");
+  CHECK(prog.cmd("ordinal 1") == "ok 0");
+  CHECK(prog.cmd("ordinal 2") == "ok 1");
+  // The whole process, both devices at once, and back.
+  REQUIRE(prog.cmd("api pause") == "ok");
+  CHECK(node.status().at(0).totals.paused == 16 * MiB);
+  REQUIRE(prog.cmd("api resume") == "ok");
+  CHECK(prog.cmd("check") == "ok 2");
 }
