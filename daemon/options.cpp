@@ -201,8 +201,9 @@ constexpr Setting kSettings[] = {
     {.name = "hash-threads",
      .value_name = "N",
      .target = [](DaemonOptions& o) -> Target { return &o.config.hash_threads; },
-     .help = "threads that hash the chunks of WRITEs (XXH3-128) to find those unchanged since the last pause, "
-             "side by side (0: one per two CPUs the daemon may run on, at least 2, at most 8)",
+     .help = "threads that hash chunks (XXH3-128) side by side: those of WRITEs, to find the ones unchanged since "
+             "the last pause, and those of READs, to verify them (0: one per two CPUs the daemon may run on, at "
+             "least 2, at most 8)",
      .min = 0,
      .max = 64},
     {.name = "metrics-file",

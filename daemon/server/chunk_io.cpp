@@ -178,7 +178,7 @@ std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, con
 }
 
 // Shared validation of WRITE and READ; on success the slot is marked busy and the WRITE handed to a
-// hash worker, or the READ queued.
+// hash worker, or the READ queued (its chunk goes to a hash worker once read: on_completions()).
 std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op) {
   StagingBuffer& buf = *s.staging;
   if (m.slot >= buf.slot_count())
@@ -208,7 +208,7 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
     bool queued = false;
     try {
       pending_.emplace(tag, p);
-      queued = hashers_.submit({.tag = tag, .bytes = buf.slot(m.slot), .length = m.length, .ticket = p.ticket});
+      queued = hashers_.submit({.tag = tag, .bytes = buf.slot(m.slot), .length = m.length, .xxh64 = p.ticket.xxh64});
     } catch (const std::bad_alloc&) {
       pending_.erase(tag);
       return error_reply(ENOMEM, "daemon out of memory queueing a chunk's hash");
@@ -218,9 +218,10 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
       return error_reply(ESHUTDOWN, "the daemon is stopping");
     }
   } else {
-    // A chunk never sealed is refused before any I/O; the store verifies the data once read.
-    if (auto sealed = s.store->expected_checksum(m.blob, m.offset); !sealed)
-      return error_reply(sealed.error().errnum(), sealed.error().describe());
+    // A chunk never sealed is refused before any I/O; the data is verified once read.
+    auto ticket = s.store->open_read(m.blob, m.offset, m.length);
+    if (!ticket) return error_reply(ticket.error().errnum(), ticket.error().describe());
+    p.read_xxh64 = ticket->xxh64;
     if (auto refused = queue_io(s, tag, p)) return refused;
   }
   buf.set_busy(m.slot, true);
@@ -250,7 +251,8 @@ std::optional<proto::Message> ChunkIo::queue_io(Session& s, uint64_t tag, Pendin
   return std::nullopt;
 }
 
-// The store seals a chunk once it is on disk and verifies one once it is back in the slot.
+// The store seals a chunk once it is on disk; a READ comes here only when it failed (one read
+// intact is verified by a hash worker first: settle_read()).
 proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
   const char* what = p.op == io::Op::Write ? "write" : "read";
   if (result < 0) {
@@ -268,10 +270,31 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
     if (on_moved) on_moved(p.op, p.length);
     return proto::Written{};
   }
-  auto sum = s.store->verify(p.blob, p.offset, s.staging->bytes_of(p.slot, p.length));
-  if (!sum) {
-    spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
-    return error_reply(sum.error().errnum(), sum.error().describe());
+  return error_reply(EIO, "internal: a READ's completion was not verified");  // on_completions() prevents it
+}
+
+std::optional<proto::Message> ChunkIo::verify_read(Session& s, uint64_t tag, Pending p) {
+  p.hashing = true;
+  bool queued = false;
+  try {
+    pending_.emplace(tag, p);
+    queued = hashers_.submit({.tag = tag, .bytes = s.staging->slot(p.slot), .length = p.length, .xxh64 = p.read_xxh64});
+  } catch (const std::bad_alloc&) {
+    pending_.erase(tag);
+    return error_reply(ENOMEM, "daemon out of memory queueing a chunk's verification");
+  }
+  if (!queued) {
+    pending_.erase(tag);
+    return error_reply(ESHUTDOWN, "the daemon is stopping");
+  }
+  return std::nullopt;
+}
+
+proto::Message ChunkIo::settle_read(Session& s, const Pending& p, const storage::Checksum128& sum) {
+  auto verified = s.store->settle_read(p.blob, p.offset, p.length, sum);
+  if (!verified) {
+    spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, verified.error().describe());
+    return error_reply(verified.error().errnum(), verified.error().describe());
   }
   if (on_moved) on_moved(p.op, p.length);
   return proto::ReadDone{};
@@ -295,6 +318,12 @@ void ChunkIo::on_completions(const std::function<void(Session&, uint64_t, const 
     pending_.erase(it);
     Session* s = sessions_.find(p.session_id);
     if (!s) continue;
+    if (p.op == io::Op::Read && done.result >= 0 && s->conn_id != 0) {
+      // Read: a hash worker verifies it (on_hashed() answers); the slot stays busy meanwhile.
+      auto refused = verify_read(*s, done.tag, p);
+      if (refused && release(*s, p)) reply(*s, p.request_id, *refused);
+      continue;
+    }
     if (release(*s, p)) reply(*s, p.request_id, finish(*s, p, done.result));
   }
 }
@@ -312,6 +341,11 @@ void ChunkIo::on_hashed(const std::function<void(Session&, uint64_t, const proto
     // A shim that has gone is answered nothing, and what its chunk holds stays unknown (open_write()).
     if (s->conn_id == 0) {
       release(*s, p);
+      continue;
+    }
+    if (p.op == io::Op::Read) {
+      const proto::Message answer = settle_read(*s, p, done.sum);
+      if (release(*s, p)) reply(*s, p.request_id, answer);
       continue;
     }
     auto plan = s->store->settle_write(p.blob, p.offset, p.length, p.ticket, done.sum);

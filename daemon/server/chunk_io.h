@@ -3,8 +3,9 @@
 // A WRITE or READ becomes one engine request on the session's staging slot; when it completes, the
 // store seals what was written or verifies what was read, and the reply goes back to the shim. A
 // WRITE is hashed first, by a hash worker (hash_workers.h), and one whose bytes the rank's file
-// already holds is answered then, Written{.unchanged = 1}, with no I/O (issue 9). From the WRITE to
-// its answer the slot is busy and counts as I/O in flight, hashing included.
+// already holds is answered then, Written{.unchanged = 1}, with no I/O (issue 9). A READ's chunk is
+// hashed by a hash worker once read, and the store compares that sum with the one it sealed. From the
+// request to its answer the slot is busy and counts as I/O in flight, hashing included.
 #pragma once
 
 #include <cstdint>
@@ -63,14 +64,14 @@ class ChunkIo {
   // Reaps the engine's completions and hands each reply to `reply` (session, request id, message).
   // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
   void on_completions(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
-  // The same for the WRITEs hashed: answered unchanged, or their write queued (its reply comes from
-  // on_completions()).
+  // The same for the chunks hashed: WRITEs answered unchanged, or their write queued (its reply comes
+  // from on_completions()); READs answered verified, or with the mismatch.
   void on_hashed(const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
   // Readable while on_hashed() has something to do (the event loop polls it).
   int hash_event_fd() const noexcept { return hashers_.event_fd(); }
   unsigned hash_threads() const noexcept { return hashers_.threads(); }
   // Waits for the chunks being hashed and stops the hash workers (the daemon stops: nothing reads a
-  // staging buffer after this). WRITEs still waiting for a worker are never answered.
+  // staging buffer after this). Requests still waiting for a worker are never answered.
   void stop_hashing() noexcept { hashers_.stop(); }
 
   // Told each chunk written or read and checked, with its length (the metrics' moved bytes).
@@ -87,8 +88,9 @@ class ChunkIo {
     uint64_t blob = 0;
     uint64_t offset = 0;
     uint32_t length = 0;
-    bool hashing = false;                    // a WRITE with its hash worker; else with the engine
+    bool hashing = false;                    // with its hash worker (a WRITE before, a READ after its I/O)
     storage::RankStore::WriteTicket ticket;  // a WRITE's, from RankStore::open_write()
+    bool read_xxh64 = false;                 // a READ's chunk is verified with XXH3-64 (RankStore::open_read())
     storage::Checksum128 sum;                // a write's, hashed before it started: sealed once it completes
   };
 
@@ -97,6 +99,11 @@ class ChunkIo {
   // success, else the error reply (nothing recorded).
   std::optional<proto::Message> queue_io(Session& s, uint64_t tag, Pending p);
   proto::Message finish(Session& s, const Pending& p, int result);
+  // Hands the chunk a READ has just read to a hash worker, recording `p` under `tag`; nullopt when
+  // queued (on_hashed() answers), else the error reply (nothing recorded).
+  std::optional<proto::Message> verify_read(Session& s, uint64_t tag, Pending p);
+  // The answer to a READ whose chunk hashed to `sum`: ReadDone, or the store's refusal.
+  proto::Message settle_read(Session& s, const Pending& p, const storage::Checksum128& sum);
   // The slot of `p` is free again and the session has one request fewer in flight; false (and the
   // session offered to SessionTable::maybe_destroy) when its shim has gone, so nobody is answered.
   bool release(Session& s, const Pending& p);
@@ -115,7 +122,7 @@ class ChunkIo {
   SessionTable& sessions_;
   uint32_t max_blobs_per_uid_;
   uint32_t max_chunks_per_uid_;
-  std::map<uint64_t, Pending> pending_;  // by tag: the engine's, or the hash worker's for a WRITE being hashed
+  std::map<uint64_t, Pending> pending_;  // by tag: the engine's, or the hash worker's for a chunk being hashed
   uint64_t next_tag_ = 1;
   std::vector<io::Completion> completions_;
   std::vector<HashWorkers::Done> hashed_;

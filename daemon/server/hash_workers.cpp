@@ -84,7 +84,7 @@ void HashWorkers::work() {
     queue_.pop_front();
     lock.unlock();
     if (before_hash_) before_hash_();
-    const Done done{job.tag, storage::RankStore::hash_chunk(job.ticket, {job.bytes, job.length})};
+    const Done done{job.tag, storage::RankStore::hash_chunk(job.xxh64, {job.bytes, job.length})};
     lock.lock();
     try {
       done_.push_back(done);

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hashes the chunks of WRITEs (XXH3-128, to find the unchanged ones, issue 9) on a few threads of
-// their own. On the event loop, one core's hashing speed was the speed of a pause whose chunks are
-// all unchanged (7 GB/s covered on an H200 node), whatever the number of ranks and of WRITEs in
-// flight. Here the WRITEs in flight are hashed side by side; the loop hears back through an eventfd
-// in its epoll set and decides, as before, whether each chunk must be written (chunk_io.h).
+// Hashes chunks (XXH3-128) on a few threads of their own: those of WRITEs, to find the unchanged ones
+// (issue 9), and those of READs just read, to verify them. On the event loop, one core's hashing speed
+// was the speed of a pause whose chunks are all unchanged (7 GB/s covered on an H200 node), and a
+// resume from a disk faster than about 3 GB/s read at 0.64-0.76 of it (a block device in host memory,
+// 2026-12-01), whatever the number of ranks and of requests in flight. Here the chunks in flight are
+// hashed side by side; the loop hears back through an eventfd in its epoll set and decides, as
+// before, whether each chunk must be written, or whether it was read intact (chunk_io.h).
 //
-// A job reads its WRITE's staging slot in place. The slot stays the daemon's until the WRITE is
+// A job reads its request's staging slot in place. The slot stays the daemon's until the request is
 // answered (the shim reuses it only then), and the session, with its staging buffer, stays while it
-// has a WRITE in flight (Session::io_in_flight), so the bytes neither change nor go away meanwhile.
+// has a request in flight (Session::io_in_flight), so the bytes neither change nor go away meanwhile.
 #pragma once
 
 #include <condition_variable>
@@ -35,7 +37,7 @@ class HashWorkers {
     uint64_t tag = 0;  // the caller's, handed back with the sum
     const uint8_t* bytes = nullptr;
     uint32_t length = 0;
-    storage::RankStore::WriteTicket ticket;  // how to hash (RankStore::hash_chunk)
+    bool xxh64 = false;  // how to hash (RankStore::hash_chunk): a version-1 record's XXH3-64
   };
   struct Done {
     uint64_t tag = 0;

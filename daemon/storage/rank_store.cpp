@@ -968,13 +968,11 @@ Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, 
 }
 
 Checksum128 RankStore::Impl::hash(std::span<const uint8_t> bytes) const {
-  WriteTicket ticket;
-  ticket.xxh64 = journal.version1_layout();
-  return RankStore::hash_chunk(ticket, bytes);
+  return RankStore::hash_chunk(journal.version1_layout(), bytes);
 }
 
-Checksum128 RankStore::hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> bytes) noexcept {
-  if (ticket.xxh64) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
+Checksum128 RankStore::hash_chunk(bool xxh64, std::span<const uint8_t> bytes) noexcept {
+  if (xxh64) return {XXH3_64bits(bytes.data(), bytes.size()), 0};
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
   return {h.low64, h.high64};
 }
@@ -1001,7 +999,7 @@ Result<RankStore::WritePlan> RankStore::begin_write(uint64_t blob, uint64_t offs
   const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
   auto ticket = open_write(blob, offset, length);
   if (!ticket) return std::move(ticket).error();
-  return settle_write(blob, offset, length, *ticket, hash_chunk(*ticket, bytes));
+  return settle_write(blob, offset, length, *ticket, hash_chunk(ticket->xxh64, bytes));
 }
 
 Result<RankStore::WriteTicket> RankStore::open_write(uint64_t blob, uint64_t offset, uint32_t length) {
@@ -1096,29 +1094,41 @@ Result<Checksum128> RankStore::expected_checksum(uint64_t blob, uint64_t offset)
 }
 
 Result<Checksum128> RankStore::verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
+  const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
+  auto ticket = open_read(blob, offset, length);
+  if (!ticket) return std::move(ticket).error();
+  return settle_read(blob, offset, length, hash_chunk(ticket->xxh64, bytes));
+}
+
+Result<RankStore::ReadTicket> RankStore::open_read(uint64_t blob, uint64_t offset, uint32_t length) const {
   try {
     uint64_t ci = 0;
-    auto found = impl_->find_chunk_of_length(blob, offset, bytes.size(), &ci);
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
+    if (!found) return std::move(found).error();
+    if (auto expected = expected_checksum(blob, offset); !expected) return std::move(expected).error();
+    // A version-1 record vouches with an XXH3-64; everything else with an XXH3-128. One pass either way.
+    return ReadTicket{.xxh64 = (*found)->records[ci].state == ChunkState::Data64};
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("opening a chunk's read");
+  }
+}
+
+Result<Checksum128> RankStore::settle_read(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum) {
+  try {
+    uint64_t ci = 0;
+    auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
     auto expected = expected_checksum(blob, offset);
     if (!expected) return expected;
-    ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
-    // A version-1 record vouches with an XXH3-64; everything else with an XXH3-128. One pass either way.
-    Checksum128 got;
-    if (rec.state == ChunkState::Data64) {
-      got = {XXH3_64bits(bytes.data(), bytes.size()), 0};
-    } else {
-      const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
-      got = {h.low64, h.high64};
-    }
-    if (got != *expected) {
-      // Whatever the file holds there, it is not what was sealed: never skip a write over it.
-      rec.held = false;
+    if (sum != *expected) {
+      // Whatever the file holds there, it is not what was sealed: never skip a write over it. (A sum of
+      // the other kind than the record's, the record rewritten meanwhile, lands here too: refused.)
+      const_cast<BlobState&>(**found).records[ci].held = false;
       return make_error(EBADMSG, fmt::format("checksum mismatch in blob {} at offset {}: the backup file is corrupted; "
                                              "the allocation stays paused and the file is kept",
                                              blob, offset));
     }
-    return got;
+    return sum;
   } catch (const std::bad_alloc&) {
     return out_of_memory("verifying a chunk");
   }

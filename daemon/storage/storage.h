@@ -200,8 +200,9 @@ class RankStore {
   };
   // Validates as locate() does.
   Result<WriteTicket> open_write(uint64_t blob, uint64_t offset, uint32_t length);
-  // The checksum the store seals `chunk`'s bytes with (one pass; any thread, no store state).
-  static Checksum128 hash_chunk(const WriteTicket& ticket, std::span<const uint8_t> chunk) noexcept;
+  // The checksum of `chunk`'s bytes, XXH3-128 or, with `xxh64` (a WriteTicket's or ReadTicket's), the
+  // XXH3-64 of a version-1 record (one pass; any thread, no store state).
+  static Checksum128 hash_chunk(bool xxh64, std::span<const uint8_t> chunk) noexcept;
   // begin_write()'s answer for the chunk open_write() gave `ticket` for, whose bytes hash to `sum`.
   Result<WritePlan> settle_write(uint64_t blob, uint64_t offset, uint32_t length, const WriteTicket& ticket,
                                  Checksum128 sum);
@@ -217,6 +218,16 @@ class RankStore {
   // no longer trusts what the file holds there), ENODATA if it was never written in this generation,
   // EUCLEAN if its record is lost (record_problem(), or its journal record is corrupt).
   Result<Checksum128> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
+  // verify() in three steps, for a caller that hashes elsewhere (the daemon's hash workers verify the
+  // READs in flight side by side, as they hash WRITEs): open_read() on the store's thread refuses a
+  // chunk there is nothing to verify against, as verify() would, and says how to hash it;
+  // hash_chunk() runs on any thread; settle_read() on the store's thread compares the sum with what
+  // is sealed then, with verify()'s answers.
+  struct ReadTicket {
+    bool xxh64 = false;  // sealed with an XXH3-64 (a version-1 record)
+  };
+  Result<ReadTicket> open_read(uint64_t blob, uint64_t offset, uint32_t length) const;
+  Result<Checksum128> settle_read(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum);
 
   // seal() with a given checksum (tests): the file is not known to hold bytes of that checksum, so it
   // never makes a later WRITE unchanged. Returns false (and records nothing) when (blob, offset) names

@@ -993,6 +993,116 @@ TEST_CASE("a shim that goes away while its WRITEs are being hashed leaves nothin
   CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
 }
 
+// (A chunk that no longer matches its seal is refused through the same workers: "a corrupted byte in a
+// backup file is detected on read".)
+TEST_CASE("READs in flight are verified side by side off the event loop, each answered once it is") {
+  HoldGate gate;
+  auto hold_reads = std::make_shared<std::atomic<bool>>(false);  // the WRITEs before them pass
+  LocalDaemon d([&](server::Config& c) {
+    c.hash_threads = 4;
+    c.before_hash = [hold_reads, hold = gate.hook()] {
+      if (hold_reads->load()) hold();
+    };
+  });
+  ReleaseAtEnd release_at_end{gate};
+  constexpr uint32_t kChunks = 16;
+  auto c = ShimClient::connect(
+      d.socket, {.job = "reads", .staging_budget_bytes = kChunks * kSmallChunk, .chunk_bytes = kSmallChunk});
+  REQUIRE(c);
+  const std::vector<BlobSize> blobs = {{1, uint64_t{kChunks} * kSmallChunk}};
+  REQUIRE(c->reserve(blobs));
+  for (uint32_t i = 0; i < kChunks; ++i) fill_pattern(1, uint64_t{i} * kSmallChunk, c->slot(i), kSmallChunk);
+  CHECK(write_all_at_once(*c, kChunks) == std::vector<int>(kChunks, 0));
+  REQUIRE(c->commit(proto::CommitState::Paused));
+
+  hold_reads->store(true);
+  for (uint32_t i = 0; i < kChunks; ++i) std::memset(c->slot(i), 0, kSmallChunk);
+  std::map<uint64_t, uint32_t> chunk_of;
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    auto id = c->send(proto::Read{{.slot = i, .length = kSmallChunk, .blob = 1, .offset = uint64_t{i} * kSmallChunk}});
+    REQUIRE(id);
+    chunk_of[*id] = i;
+  }
+  // Read, then four verified at once, one per worker, while the event loop serves others.
+  REQUIRE(gate.wait_entered(4));
+  CHECK(gate.most_at_once() == 4);
+  auto ctl = ctl::Client::connect(d.socket);
+  REQUIRE(ctl);
+  auto listed = ctl->list_sessions();
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);
+  CHECK_FALSE(readable(c->fd()));  // no READ answered before its chunk is verified
+  gate.release();
+  std::vector<int> answered(kChunks, 0);
+  for (uint32_t n = 0; n < kChunks; ++n) {
+    auto env = c->receive();
+    REQUIRE(env);
+    const auto* e = std::get_if<proto::ErrorReply>(&env->body);
+    INFO((e ? e->message : std::string()));
+    REQUIRE(std::holds_alternative<proto::ReadDone>(env->body));
+    auto it = chunk_of.find(env->request_id);
+    REQUIRE(it != chunk_of.end());
+    ++answered[it->second];
+  }
+  CHECK(answered == std::vector<int>(kChunks, 1));
+  for (uint32_t i = 0; i < kChunks; ++i) CHECK(check_pattern(1, uint64_t{i} * kSmallChunk, c->slot(i), kSmallChunk));
+}
+
+TEST_CASE("a rank that dies while its READs are being verified leaves nothing behind, and the daemon serves on") {
+  HoldGate gate;
+  auto hold_reads = std::make_shared<std::atomic<bool>>(false);  // the rank's WRITEs pass
+  LocalDaemon d([&](server::Config& c) {
+    c.hash_threads = 2;
+    c.before_hash = [hold_reads, hold = gate.hook()] {
+      if (hold_reads->load()) hold();
+    };
+  });
+  ReleaseAtEnd release_at_end{gate};
+  constexpr uint32_t kChunks = 8;
+  // The rank is another process, so that its files go once it is gone (a paused rank that lives on
+  // keeps them); pipes step it: it paused, then READs go out, then it dies.
+  int to_rank[2], from_rank[2];
+  REQUIRE(::pipe(to_rank) == 0);
+  REQUIRE(::pipe(from_rank) == 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    char go = 0;
+    auto c = ShimClient::connect(
+        d.socket, {.job = "gone", .staging_budget_bytes = kChunks * kSmallChunk, .chunk_bytes = kSmallChunk});
+    const std::vector<BlobSize> blobs = {{1, uint64_t{kChunks} * kSmallChunk}};
+    if (!c || !c->reserve(blobs) || !c->write_all(blobs, fill_pattern) || !c->commit(proto::CommitState::Paused))
+      ::_exit(1);
+    const std::string dir = c->welcome().rank_dir;
+    if (::write(from_rank[1], dir.c_str(), dir.size() + 1) != static_cast<ssize_t>(dir.size() + 1)) ::_exit(2);
+    if (::read(to_rank[0], &go, 1) != 1) ::_exit(3);
+    for (uint32_t i = 0; i < kChunks; ++i)
+      if (!c->send(proto::Read{{.slot = i, .length = kSmallChunk, .blob = 1, .offset = uint64_t{i} * kSmallChunk}}))
+        ::_exit(4);
+    if (::read(to_rank[0], &go, 1) != 1) ::_exit(5);
+    ::_exit(0);  // gone with chunks being verified (two) and the others read or waiting
+  }
+  char buf[4096] = {};
+  REQUIRE(::read(from_rank[0], buf, sizeof(buf) - 1) > 0);
+  const std::string dir = buf;
+  hold_reads->store(true);
+  REQUIRE(::write(to_rank[1], "r", 1) == 1);
+  REQUIRE(gate.wait_entered(2));
+  REQUIRE(::write(to_rank[1], "x", 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WEXITSTATUS(status) == 0);
+  for (int fd : {to_rank[0], to_rank[1], from_rank[0], from_rank[1]}) ::close(fd);
+  CHECK(fs::exists(dir));  // its staging pages are still being read: the session waits for them
+  gate.release();
+  CHECK(eventually([&] { return !fs::exists(dir); }));
+  auto next = ShimClient::connect(d.socket, small_session("next"));
+  REQUIRE(next);
+  REQUIRE(next->reserve({{1, 2 * kSmallChunk}}));
+  CHECK(next->write_all({{1, 2 * kSmallChunk}}, fill_pattern));
+  REQUIRE(next->commit(proto::CommitState::Paused));
+  CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
+}
+
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
   std::atomic<bool> fail_next_write{false};
   FaultyDaemon d([&](const io::Request& r, int raw) {

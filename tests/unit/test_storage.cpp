@@ -1640,7 +1640,7 @@ TEST_CASE(
   REQUIRE(store->reserve(set));
   // What a hash worker would do between open_write() and settle_write().
   auto hash = [](const RankStore::WriteTicket& t, uint8_t fill) {
-    return RankStore::hash_chunk(t, filled(kChunk, fill));
+    return RankStore::hash_chunk(t.xxh64, filled(kChunk, fill));
   };
 
   // The same bytes, hashed elsewhere: unchanged, sealed at once.
