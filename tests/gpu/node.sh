@@ -2,13 +2,14 @@
 # Sourced by the run_gpu*.sh checks: the environment they run in and a daemon on a fresh root.
 #
 # start_node BUNDLE_DIR OUT_DIR NAME
-#   Sets `bundle`, `tmsctl` and `work` (/var/tmp/tmsdisk-gpu-NAME), exports TMSDISK_*, and starts
+#   Sets `bundle`, `tmsctl` and `work` ($NODE_DISK/tmsdisk-gpu-NAME; NODE_DISK defaults to /var/tmp, a
+#   directory on the node's disk), exports TMSDISK_*, and starts
 #   tmsdiskd with its log in OUT_DIR/tmsdiskd-NAME.log (with the options in $NODE_DAEMON_ARGS, if
 #   set); it is stopped and `work` removed on exit, or by stop_node.
 start_node() {
   bundle=$(cd "$1" && pwd)
   mkdir -p "$2"
-  work=/var/tmp/tmsdisk-gpu-$3
+  work=${NODE_DISK:-/var/tmp}/tmsdisk-gpu-$3
   rm -rf "$work"
   mkdir -p "$work/root"
   export TMSDISK_SOCKET=$work/tmsdiskd.sock TMSDISK_LIBRARY=$bundle/libtmsdisk.so TMSDISK_DAEMON=$bundle/tmsdiskd

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Issue 9 on a GPU: tmsdisk side by side with torch_memory_saver's disk backup (TMS), the same PyTorch
-# program (tms_compare.py) under each, on one GPU and the same disk (/var/tmp, not tmpfs):
+# program (tms_compare.py) under each, on one GPU and the same disk (NODE_DISK, /var/tmp by default; not tmpfs):
 #   cache   16 GiB of tensors with PyTorch's own cache in play (5 GiB more freed into it), several
 #           pause/resume cycles, the tensors unchanged after the first; goal: tmsdisk <= 0.5 x TMS
 #   random  16 GiB of random tensors, new data before every pause, disk only (no host tier);
@@ -18,7 +18,8 @@
 # TMS_COMPARE_DEADLINE_S (no limit: seconds from the start after which no run starts, and each run is
 # stopped), TMS_COMPARE_TMS_HOOK (preload, or torch), TMS_COMPARE_HOST_TIER_MB (0: the cache case's
 # tmsdisk daemon gets a host tier of this many MiB, --host-tier-mb; the random case stays on disk),
-# TMS_COMPARE_CASES ("cache random": the cases to run).
+# TMS_COMPARE_CASES ("cache random": the cases to run), NODE_DISK (/var/tmp: the directory both tools'
+# files go under; tests/gpu/ram_disk.sh makes a faster block device to compare on).
 set -uo pipefail  # not -e: every run happens and reports
 bundle_dir=$1
 out=$2
@@ -43,8 +44,8 @@ export PYTHONUNBUFFERED=1
   uname -r
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   nvcc --version | tail -2
-  df -h /var/tmp | tail -1
-  findmnt -no FSTYPE,SOURCE --target /var/tmp || true
+  df -h "${NODE_DISK:-/var/tmp}" | tail -1
+  findmnt -no FSTYPE,SOURCE --target "${NODE_DISK:-/var/tmp}" || true
   grep -E 'MemTotal|MemAvailable' /proc/meminfo
   nproc
   echo "TMS commit: $(cat "$tms_src/COMMIT" 2>/dev/null || echo unknown)"
@@ -109,7 +110,7 @@ run_tmsdisk() {  # CASE CYCLES
   stop_node
 }
 run_tms() {  # CASE CYCLES
-  local case=$1 cycles=$2 t dir=/var/tmp/tms-compare-disk
+  local case=$1 cycles=$2 t dir=${NODE_DISK:-/var/tmp}/tms-compare-disk
   t=$(budget)
   if [ "$t" -eq 0 ]; then echo "tms $case: NOT RUN (out of time)" | tee -a "$out/runs.txt"; failed=1; return; fi
   if [ -z "$tms_so" ]; then echo "tms $case: NOT RUN (TMS did not build)" | tee -a "$out/runs.txt"; failed=1; return; fi
