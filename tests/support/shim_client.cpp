@@ -193,9 +193,13 @@ Status ShimClient::write_all(const std::vector<proto::BlobSize>& blobs,
 }
 
 Status ShimClient::read_all(const std::vector<proto::BlobSize>& blobs,
-                            const std::function<bool(uint64_t, uint64_t, const uint8_t*, uint32_t)>& verify) {
+                            const std::function<bool(uint64_t, uint64_t, const uint8_t*, uint32_t)>& verify,
+                            bool poison_slots) {
   return pipeline<proto::Read>(
-      *this, blobs, [&](uint32_t slot, uint64_t, uint64_t, uint32_t len) { std::memset(this->slot(slot), 0xEE, len); },
+      *this, blobs,
+      [&](uint32_t slot, uint64_t, uint64_t, uint32_t len) {
+        if (poison_slots) std::memset(this->slot(slot), 0xEE, len);
+      },
       [&](uint32_t slot, uint64_t blob, uint64_t off, uint32_t len) {
         return verify(blob, off, this->slot(slot), len);
       });
