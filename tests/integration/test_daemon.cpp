@@ -661,6 +661,12 @@ class HoldGate {
   std::function<void()> hook() const {
     return [st = state_] { hold(*st); };
   }
+  // ... that holds its callers only while `armed` is set.
+  std::function<void()> hook_while(std::shared_ptr<std::atomic<bool>> armed) const {
+    return [st = state_, armed = std::move(armed)] {
+      if (armed->load()) hold(*st);
+    };
+  }
   // A before_staging hook: holds the staging buffers of the HELLOs of `job` only, in the slow path.
   std::function<void(const std::string&)> staging_hook(std::string job) const {
     return [st = state_, job = std::move(job)](const std::string& of) {
@@ -851,6 +857,16 @@ namespace {
 
 constexpr uint32_t kSmallChunk = 64 << 10;
 
+// A new session pauses and resumes two chunks through the daemon at `socket`: it serves on.
+void check_serves_a_new_session(const std::string& socket) {
+  auto next = ShimClient::connect(socket, small_session("next"));
+  REQUIRE(next);
+  REQUIRE(next->reserve({{1, 2 * kSmallChunk}}));
+  CHECK(next->write_all({{1, 2 * kSmallChunk}}, fill_pattern));
+  REQUIRE(next->commit(proto::CommitState::Paused));
+  CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
+}
+
 // Sends a WRITE of every chunk of blob 1 (chunk i from slot i) without waiting for any answer.
 // Returns the chunk of each request id.
 std::map<uint64_t, uint32_t> send_writes(ShimClient& c, uint32_t chunks) {
@@ -985,12 +1001,7 @@ TEST_CASE("a shim that goes away while its WRITEs are being hashed leaves nothin
   CHECK(fs::exists(dir));  // its staging pages are still being read: the session waits for them
   gate.release();
   CHECK(eventually([&] { return !fs::exists(dir); }));
-  auto next = ShimClient::connect(d.socket, small_session("next"));
-  REQUIRE(next);
-  REQUIRE(next->reserve({{1, 2 * kSmallChunk}}));
-  CHECK(next->write_all({{1, 2 * kSmallChunk}}, fill_pattern));
-  REQUIRE(next->commit(proto::CommitState::Paused));
-  CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
+  check_serves_a_new_session(d.socket);
 }
 
 // (A chunk that no longer matches its seal is refused through the same workers: "a corrupted byte in a
@@ -1000,9 +1011,7 @@ TEST_CASE("READs in flight are verified side by side off the event loop, each an
   auto hold_reads = std::make_shared<std::atomic<bool>>(false);  // the WRITEs before them pass
   LocalDaemon d([&](server::Config& c) {
     c.hash_threads = 4;
-    c.before_hash = [hold_reads, hold = gate.hook()] {
-      if (hold_reads->load()) hold();
-    };
+    c.before_hash = gate.hook_while(hold_reads);
   });
   ReleaseAtEnd release_at_end{gate};
   constexpr uint32_t kChunks = 16;
@@ -1053,9 +1062,7 @@ TEST_CASE("a rank that dies while its READs are being verified leaves nothing be
   auto hold_reads = std::make_shared<std::atomic<bool>>(false);  // the rank's WRITEs pass
   LocalDaemon d([&](server::Config& c) {
     c.hash_threads = 2;
-    c.before_hash = [hold_reads, hold = gate.hook()] {
-      if (hold_reads->load()) hold();
-    };
+    c.before_hash = gate.hook_while(hold_reads);
   });
   ReleaseAtEnd release_at_end{gate};
   constexpr uint32_t kChunks = 8;
@@ -1095,12 +1102,7 @@ TEST_CASE("a rank that dies while its READs are being verified leaves nothing be
   CHECK(fs::exists(dir));  // its staging pages are still being read: the session waits for them
   gate.release();
   CHECK(eventually([&] { return !fs::exists(dir); }));
-  auto next = ShimClient::connect(d.socket, small_session("next"));
-  REQUIRE(next);
-  REQUIRE(next->reserve({{1, 2 * kSmallChunk}}));
-  CHECK(next->write_all({{1, 2 * kSmallChunk}}, fill_pattern));
-  REQUIRE(next->commit(proto::CommitState::Paused));
-  CHECK(next->read_all({{1, 2 * kSmallChunk}}, check_pattern));
+  check_serves_a_new_session(d.socket);
 }
 
 TEST_CASE("EIO during a write reaches the client - other sessions are unaffected - no files remain once it exits") {
