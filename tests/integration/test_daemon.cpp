@@ -907,6 +907,19 @@ bool readable(int fd) {
   return ::poll(&p, 1, 0) == 1;
 }
 
+// Four hash workers are held at once by `gate`, the event loop serves meanwhile (a control client
+// lists the one session), and the client at `client_fd` has no answer yet.
+void check_four_held_while_the_loop_serves(HoldGate& gate, const std::string& socket, int client_fd) {
+  REQUIRE(gate.wait_entered(4));
+  CHECK(gate.most_at_once() == 4);
+  auto ctl = ctl::Client::connect(socket);
+  REQUIRE(ctl);
+  auto listed = ctl->list_sessions();
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);
+  CHECK_FALSE(readable(client_fd));
+}
+
 }  // namespace
 
 TEST_CASE("WRITEs in flight are hashed side by side off the event loop, and answered unchanged exactly when they are") {
@@ -940,14 +953,7 @@ TEST_CASE("WRITEs in flight are hashed side by side off the event loop, and answ
   REQUIRE(c->reserve(blobs));
   fill();
   const auto first = send_writes(*c, kChunks);
-  REQUIRE(gate.wait_entered(4));
-  CHECK(gate.most_at_once() == 4);
-  auto ctl = ctl::Client::connect(d.socket);
-  REQUIRE(ctl);
-  auto listed = ctl->list_sessions();
-  REQUIRE(listed);
-  CHECK(listed->size() == 1);
-  CHECK_FALSE(readable(c->fd()));  // no WRITE answered while all are held
+  check_four_held_while_the_loop_serves(gate, d.socket, c->fd());  // no WRITE answered while all are held
   gate.release();
   CHECK(take_answers(*c, first) == std::vector<int>(kChunks, 0));  // nothing known: all written
   CHECK(gate.most_at_once() == 4);
@@ -1033,14 +1039,7 @@ TEST_CASE("READs in flight are verified side by side off the event loop, each an
     chunk_of[*id] = i;
   }
   // Read, then four verified at once, one per worker, while the event loop serves others.
-  REQUIRE(gate.wait_entered(4));
-  CHECK(gate.most_at_once() == 4);
-  auto ctl = ctl::Client::connect(d.socket);
-  REQUIRE(ctl);
-  auto listed = ctl->list_sessions();
-  REQUIRE(listed);
-  CHECK(listed->size() == 1);
-  CHECK_FALSE(readable(c->fd()));  // no READ answered before its chunk is verified
+  check_four_held_while_the_loop_serves(gate, d.socket, c->fd());  // no READ answered before it is verified
   gate.release();
   std::vector<int> answered(kChunks, 0);
   for (uint32_t n = 0; n < kChunks; ++n) {
