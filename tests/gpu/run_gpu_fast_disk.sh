@@ -38,6 +38,6 @@ rm -rf "$mnt/session"
 echo "== beside torch_memory_saver, random data, $gib GiB x $cycles (tms_compare.txt)" >>"$report"
 NODE_DISK=$mnt TMS_COMPARE_GIB=$gib TMS_COMPARE_CASES=random TMS_COMPARE_RANDOM_CYCLES=$cycles \
   "$here/run_gpu_tms_compare.sh" "$bundle" "$out/compare" "${3:-$here/../../gpu-extra/tms-src}" >"$out/compare.console" 2>&1
-grep -A8 "== case random" "$out/compare/tms_compare.txt" >>"$report" 2>&1
-grep "^random" "$out/compare/tms_compare.txt" | tail -1 >>"$report" 2>&1
+sed -n '/^== case random/,/^$/p' "$out/compare/tms_compare.txt" >>"$report" 2>&1
+grep "^random (goal" "$out/compare/tms_compare.txt" >>"$report" 2>&1
 cat "$report"
