@@ -1693,6 +1693,44 @@ TEST_CASE(
   REQUIRE(store->remove());
 }
 
+TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified, settle_read answers as verify") {
+  TempDir root;
+  Roots roots = open_roots({root.path()});
+  auto store = make_store(roots, my_identity("settle-read", 1));
+  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  REQUIRE(store->reserve(set));
+  CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x41)));
+  // Never written in this generation: refused before any I/O, as verify() refuses it.
+  auto unwritten = store->open_read(1, kChunk, kChunk);
+  REQUIRE_FALSE(unwritten);
+  CHECK(unwritten.error().errnum() == ENODATA);
+  CHECK_FALSE(store->open_read(1, 0, kChunk / 2));  // not the chunk's length
+  CHECK_FALSE(store->open_read(2, 0, kChunk));      // no such blob
+  CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x42)));
+  REQUIRE(store->commit(proto::CommitState::Paused));
+
+  // What a hash worker would do between open_read() and settle_read().
+  auto ticket = store->open_read(1, 0, kChunk);
+  REQUIRE(ticket);
+  CHECK_FALSE(ticket->xxh64);  // sealed with an XXH3-128
+  auto good = store->settle_read(1, 0, kChunk, RankStore::hash_chunk(ticket->xxh64, filled(kChunk, 0x41)));
+  REQUIRE(good);
+  CHECK(*good == *store->expected_checksum(1, 0));
+  // The right bytes hashed the other way (XXH3-64) are not taken for the XXH3-128 sealed; other bytes
+  // neither. EBADMSG, and the file is no longer trusted there (the next pause rewrites the chunk).
+  auto other_kind = store->settle_read(1, kChunk, kChunk, RankStore::hash_chunk(true, filled(kChunk, 0x42)));
+  REQUIRE_FALSE(other_kind);
+  CHECK(other_kind.error().errnum() == EBADMSG);
+  auto bad = store->settle_read(1, kChunk, kChunk, RankStore::hash_chunk(false, filled(kChunk, 0x43)));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().errnum() == EBADMSG);
+  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->reserve(set));
+  CHECK(write_through(*store, 1, 0, filled(kChunk, 0x41)));             // held there: unchanged
+  CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x42)));  // in doubt after the mismatch: written
+  REQUIRE(store->remove());
+}
+
 TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next generation is written as version 2") {
   TempDir root;
   Roots roots = open_roots({root.path()});
