@@ -195,7 +195,6 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
             .blob = m.blob,
             .offset = m.offset,
             .length = m.length,
-            .hashing = op == io::Op::Write,
             .ticket = {},
             .sum = {}};
   if (op == io::Op::Write) {
@@ -205,18 +204,7 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
     auto ticket = s.store->open_write(m.blob, m.offset, m.length);
     if (!ticket) return error_reply(ticket.error().errnum(), ticket.error().describe());
     p.ticket = *ticket;
-    bool queued = false;
-    try {
-      pending_.emplace(tag, p);
-      queued = hashers_.submit({.tag = tag, .bytes = buf.slot(m.slot), .length = m.length, .xxh64 = p.ticket.xxh64});
-    } catch (const std::bad_alloc&) {
-      pending_.erase(tag);
-      return error_reply(ENOMEM, "daemon out of memory queueing a chunk's hash");
-    }
-    if (!queued) {
-      pending_.erase(tag);
-      return error_reply(ESHUTDOWN, "the daemon is stopping");
-    }
+    if (auto refused = queue_hash(s, tag, p)) return refused;
   } else {
     // A chunk never sealed is refused before any I/O; the data is verified once read.
     auto ticket = s.store->open_read(m.blob, m.offset, m.length);
@@ -273,15 +261,16 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
   return error_reply(EIO, "internal: a READ's completion was not verified");  // on_completions() prevents it
 }
 
-std::optional<proto::Message> ChunkIo::verify_read(Session& s, uint64_t tag, Pending p) {
+std::optional<proto::Message> ChunkIo::queue_hash(Session& s, uint64_t tag, Pending p) {
   p.hashing = true;
+  const bool xxh64 = p.op == io::Op::Write ? p.ticket.xxh64 : p.read_xxh64;
   bool queued = false;
   try {
     pending_.emplace(tag, p);
-    queued = hashers_.submit({.tag = tag, .bytes = s.staging->slot(p.slot), .length = p.length, .xxh64 = p.read_xxh64});
+    queued = hashers_.submit({.tag = tag, .bytes = s.staging->slot(p.slot), .length = p.length, .xxh64 = xxh64});
   } catch (const std::bad_alloc&) {
     pending_.erase(tag);
-    return error_reply(ENOMEM, "daemon out of memory queueing a chunk's verification");
+    return error_reply(ENOMEM, "daemon out of memory queueing a chunk's hash");
   }
   if (!queued) {
     pending_.erase(tag);
@@ -320,7 +309,7 @@ void ChunkIo::on_completions(const std::function<void(Session&, uint64_t, const 
     if (!s) continue;
     if (p.op == io::Op::Read && done.result >= 0 && s->conn_id != 0) {
       // Read: a hash worker verifies it (on_hashed() answers); the slot stays busy meanwhile.
-      auto refused = verify_read(*s, done.tag, p);
+      auto refused = queue_hash(*s, done.tag, p);
       if (refused && release(*s, p)) reply(*s, p.request_id, *refused);
       continue;
     }

@@ -99,9 +99,10 @@ class ChunkIo {
   // success, else the error reply (nothing recorded).
   std::optional<proto::Message> queue_io(Session& s, uint64_t tag, Pending p);
   proto::Message finish(Session& s, const Pending& p, int result);
-  // Hands the chunk a READ has just read to a hash worker, recording `p` under `tag`; nullopt when
-  // queued (on_hashed() answers), else the error reply (nothing recorded).
-  std::optional<proto::Message> verify_read(Session& s, uint64_t tag, Pending p);
+  // Hands the slot of `p` to a hash worker (a WRITE's chunk before it is written, a READ's once read),
+  // recording `p` under `tag`; nullopt when queued (on_hashed() goes on), else the error reply
+  // (nothing recorded).
+  std::optional<proto::Message> queue_hash(Session& s, uint64_t tag, Pending p);
   // The answer to a READ whose chunk hashed to `sum`: ReadDone, or the store's refusal.
   proto::Message settle_read(Session& s, const Pending& p, const storage::Checksum128& sum);
   // The slot of `p` is free again and the session has one request fewer in flight; false (and the
