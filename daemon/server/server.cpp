@@ -223,8 +223,8 @@ struct Server::Impl {
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
                                        config.before_hash);
-    spdlog::info("hashing WRITEs' chunks on {} thread(s){}", chunks->hash_threads(),
-                 config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
+    spdlog::info("hashing chunks (WRITEs before their write, READs after their read) on {} thread(s){}",
+                 chunks->hash_threads(), config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
     router = std::make_unique<ControlRouter>(
         *sessions,
         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {

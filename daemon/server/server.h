@@ -39,12 +39,12 @@ struct Config {
   bool allow_tmpfs = false;
   unsigned sweep_interval_s = 60;  // 0: sweep only at startup and on `tmsctl gc`
   unsigned queue_depth = 64;
-  unsigned hash_threads = 0;         // threads hashing WRITEs' chunks; 0: automatic_hash_threads() (hash_workers.h)
-  bool exit_when_idle = false;       // embedded per-user daemon: stop after last session
-  unsigned idle_exit_s = 60;         // ... or when no session came this long after start
-  std::string metrics_file;          // Prometheus textfile (metrics.h); empty: none
-  unsigned metrics_interval_s = 15;  // ... written this often, and after each operation
-  int listen_fd = -1;                // an already-listening socket (systemd activation)
+  unsigned hash_threads = 0;  // threads hashing WRITEs' and READs' chunks; 0: automatic_hash_threads() (hash_workers.h)
+  bool exit_when_idle = false;                           // embedded per-user daemon: stop after last session
+  unsigned idle_exit_s = 60;                             // ... or when no session came this long after start
+  std::string metrics_file;                              // Prometheus textfile (metrics.h); empty: none
+  unsigned metrics_interval_s = 15;                      // ... written this often, and after each operation
+  int listen_fd = -1;                                    // an already-listening socket (systemd activation)
   std::function<int(const io::Request&, int)> io_fault;  // tests only: injected I/O faults
   // Tests only: runs on a staging worker before it builds the staging buffer of a HELLO (with its
   // job name), and may block there to hold that HELLO in the slow path. It must return before the

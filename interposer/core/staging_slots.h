@@ -26,7 +26,8 @@ struct Slot {
   int job = -1;          // index of the transfer job the chunk belongs to
   uint64_t offset = 0;   // of the chunk in its allocation
   uint32_t length = 0;
-  int ctx = -1;  // index of the context whose stream copies it (TransferPipeline)
+  int ctx = -1;   // index of the context whose stream copies it (TransferPipeline)
+  int lane = -1;  // of the pipeline's lanes, the one that started it
 };
 
 class StagingSlots {

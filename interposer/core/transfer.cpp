@@ -16,6 +16,23 @@ namespace tmsdisk::shim {
 namespace {
 
 constexpr int kTickMs = 100;  // the pipeline's poll interval; progress messages at most this often
+// To storage, the chunks are dealt into lanes that share the slots (see run()). Four lanes of eight
+// slots with the default staging; fewer where there are too few slots for each lane to keep two
+// requests in flight.
+constexpr std::size_t kMaxPauseLanes = 4;
+constexpr std::size_t kMinSlotsPerLane = 2;
+
+// One disk chunk of a job, in the order the pipeline deals them out.
+struct ChunkAt {
+  std::size_t job;
+  uint64_t offset;
+};
+
+// A lane: the chunks order[next, end) still to start.
+struct Lane {
+  std::size_t next;
+  std::size_t end;
+};
 
 Error cuda_error(const char* what, CUresult r) {
   return make_error(EIO, fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
@@ -218,15 +235,6 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     j.local_queued = false;
     steps.abandoned(j);
   };
-  // The next chunk of `j` that goes through the disk, from its next_offset.
-  auto skip_local = [&](TransferJob& j) {
-    while (j.next_offset < j.a->size) {
-      const uint64_t i = j.next_offset / chunk_bytes;
-      if (i >= j.place.size() || j.place[i] == ChunkPlace::Disk) break;
-      j.next_offset += chunk_bytes;
-    }
-  };
-
   *done_bytes = 0;
   if (unchanged_bytes) *unchanged_bytes = 0;
   // To storage, every job's host-tier copies go first, on its stream: its disk chunks' copies run
@@ -260,25 +268,62 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     }
     only_local.push_back(&j);
   }
-  std::size_t cursor = 0;
+  // The disk chunks, job after job, each job's in address order. To storage they are dealt into
+  // lanes, contiguous parts of that order, and each free slot goes to the lane that holds the fewest:
+  // the daemon answers an unchanged chunk once hashed but a changed one only once written, so where
+  // the changed chunks are clustered (a LoRA run's adapters in one region, a frozen base in the rest)
+  // their lane waits on the disk while the other lanes' chunks are hashed, and the pause takes the
+  // longer of the two instead of their sum. Each lane writes its part in file order. From storage
+  // every chunk is read: one lane, in order.
+  std::vector<ChunkAt> order;
+  for (std::size_t ji = 0; ji < jobs.size(); ++ji) {
+    const TransferJob& j = jobs[ji];
+    if (j.error || j.chunks == 0) continue;
+    for (uint64_t offset = 0; offset < j.a->size; offset += chunk_bytes) {
+      const uint64_t i = offset / chunk_bytes;
+      if (i >= j.place.size() || j.place[i] == ChunkPlace::Disk) order.push_back(ChunkAt{ji, offset});
+    }
+  }
+  const std::size_t lane_count =
+      out ? std::clamp<std::size_t>(slots_.count() / kMinSlotsPerLane, 1, kMaxPauseLanes) : std::size_t{1};
+  std::vector<Lane> lanes;
+  for (std::size_t k = 0; k < lane_count; ++k)
+    lanes.push_back(Lane{order.size() * k / lane_count, order.size() * (k + 1) / lane_count});
+  // The lane whose next chunk starts next: one with chunks left (a failed job's are skipped) and the
+  // fewest slots; -1 when every lane is done.
+  auto next_lane = [&]() -> int {
+    std::vector<uint32_t> held(lanes.size(), 0);
+    for (std::size_t s = 0; s < slots_.count(); ++s) {
+      const Slot& slot = slots_[s];
+      if (slot.state != SlotState::Free && slot.lane >= 0 && static_cast<std::size_t>(slot.lane) < held.size())
+        ++held[static_cast<std::size_t>(slot.lane)];
+    }
+    int best = -1;
+    for (std::size_t k = 0; k < lanes.size(); ++k) {
+      Lane& lane = lanes[k];
+      while (lane.next < lane.end && jobs[order[lane.next].job].error) ++lane.next;
+      if (lane.next == lane.end) continue;
+      if (best < 0 || held[k] < held[static_cast<std::size_t>(best)]) best = static_cast<int>(k);
+    }
+    return best;
+  };
+
   int64_t last_activity = now_ms();
   for (;;) {
     // 1. Start chunks while slots are free: to storage with the copy out of the device; from
     // storage with the READ (reads need no device memory, so they start at once).
     while (!fatal) {
-      while (cursor < jobs.size()) {
-        skip_local(jobs[cursor]);
-        if (!jobs[cursor].error && jobs[cursor].next_offset < jobs[cursor].a->size) break;
-        ++cursor;
-      }
-      if (cursor == jobs.size()) break;
+      const int k = next_lane();
+      if (k < 0) break;
       const int s = slots_.free_slot();
       if (s < 0) break;
-      TransferJob& j = jobs[cursor];
-      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - j.next_offset));
+      Lane& lane = lanes[static_cast<std::size_t>(k)];
+      const ChunkAt at = order[lane.next];
+      TransferJob& j = jobs[at.job];
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - at.offset));
       Slot& slot = slots_[static_cast<std::size_t>(s)];
       slot =
-          Slot{out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(cursor), j.next_offset, len, j.ctx};
+          Slot{out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(at.job), at.offset, len, j.ctx, k};
       Status started;
       if (out) {
         started = start_copy(dir, j, static_cast<std::size_t>(s));
@@ -292,7 +337,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
         fail_all(std::move(started).error());
         break;
       }
-      j.next_offset += len;
+      ++lane.next;
       ++j.in_flight;
     }
 
@@ -336,7 +381,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       if (j.error && j.in_flight == 0) abandon(j);
 
     if (!copying && !slots_.any(SlotState::InDaemon)) {
-      if (fatal || cursor == jobs.size()) break;
+      if (fatal || next_lane() < 0) break;
       if (slots_.free_slot() < 0) {
         fail_all(make_error(EBUSY, "every staging slot is still held by an earlier request the daemon never answered"));
         break;

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The transfer pipeline: moves allocations chunk by chunk between device memory and tmsdiskd through
 // the staging slots, with copies on the shim's own streams overlapping the daemon's I/O. It owns
-// slot scheduling, copy events, reply timeouts and connection loss; a direction says which way the
-// bytes go, and TransferSteps what the caller does per chunk and once an allocation is done.
+// slot scheduling (to storage, in lanes: a run of changed chunks waiting on the disk does not keep
+// the rest from being hashed), copy events, reply timeouts and connection loss; a direction says
+// which way the bytes go, and TransferSteps what the caller does per chunk and once an allocation
+// is done.
 //
 //   to storage:   device --copy--> slot --WRITE--> daemon, chunk done when WRITTEN
 //   from storage: daemon --READ--> slot --copy--> device, chunk done when the copy completes
@@ -28,8 +30,7 @@ enum class Direction : uint8_t { ToStorage, FromStorage };
 // One allocation moving through the pipeline.
 struct TransferJob {
   std::shared_ptr<Allocation> a;
-  int ctx = -1;              // TransferPipeline::context()
-  uint64_t next_offset = 0;  // first byte not yet handed to a slot
+  int ctx = -1;  // TransferPipeline::context()
   uint64_t chunks = 0;
   uint64_t done = 0;  // chunks acknowledged (to storage) or copied back (from storage)
   uint32_t in_flight = 0;

@@ -19,7 +19,10 @@
 # stopped), TMS_COMPARE_TMS_HOOK (preload, or torch), TMS_COMPARE_HOST_TIER_MB (0: the cache case's
 # tmsdisk daemon gets a host tier of this many MiB, --host-tier-mb; the random case stays on disk),
 # TMS_COMPARE_CASES ("cache random": the cases to run), NODE_DISK (/var/tmp: the directory both tools'
-# files go under; tests/gpu/ram_disk.sh makes a faster block device to compare on).
+# files go under; tests/gpu/ram_disk.sh makes a faster block device to compare on), TMS_COMPARE_RAW
+# (1: before each tool's random run, a raw O_DIRECT pass of the same size on the same disk,
+# tmsdisk-rawdisk, so that the report shows each resume against the disk's read ceiling of that
+# moment, and how low a ratio that ceiling lets any tool reach; 0: none).
 set -uo pipefail  # not -e: every run happens and reports
 bundle_dir=$1
 out=$2
@@ -32,6 +35,7 @@ tms_hook=${TMS_COMPARE_TMS_HOOK:-preload}
 host_tier_mb=${TMS_COMPARE_HOST_TIER_MB:-0}
 cases=${TMS_COMPARE_CASES:-cache random}
 deadline=$((SECONDS + ${TMS_COMPARE_DEADLINE_S:-100000}))
+raw_ceiling=${TMS_COMPARE_RAW:-1}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 . "$here/node.sh"
@@ -131,11 +135,26 @@ run_tms() {  # CASE CYCLES
   rm -rf "$dir"
 }
 
+# The disk's raw O_DIRECT ceiling for the random case's bytes, just before TOOL's run (raw-TOOL.txt).
+raw_pass() {  # TOOL
+  [ "$raw_ceiling" = 1 ] || return 0
+  local dir=${NODE_DISK:-/var/tmp}/tms-compare-raw t
+  t=$(budget)
+  [ "$t" -eq 0 ] && return 0
+  mkdir -p "$dir"
+  drop_caches >/dev/null
+  timeout "$t" "$(cd "$bundle_dir" && pwd)/tmsdisk-rawdisk" "$dir" --gib "$gib" --request-mib 8 --queue-depth 32 >"$out/raw-$1.txt" 2>&1 ||
+    echo "raw pass before $1: exit $?" | tee -a "$out/runs.txt"
+  rm -rf "$dir"
+}
+
 : >"$out/runs.txt"
 for c in $cases; do
   cycles=$cache_cycles
   [ "$c" = random ] && cycles=$random_cycles
+  [ "$c" = random ] && raw_pass tmsdisk
   run_tmsdisk "$c" "$cycles"
+  [ "$c" = random ] && raw_pass tms
   run_tms "$c" "$cycles"
 done
 
@@ -174,6 +193,44 @@ print("tmsdisk against torch_memory_saver's disk backup (TMS), one program (test
 print(f"TMS commit {commit}")
 for line in open(os.path.join(out, "machine.txt")):
     print("  " + line.rstrip())
+
+
+def raw_rates(tool):
+    """(write, read) GB/s of the raw pass before TOOL's run (raw_pass), or None."""
+    rates = {}
+    try:
+        for line in open(os.path.join(out, f"raw-{tool}.txt")):
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] in ("write", "read") and parts[2] == "GB/s":
+                rates[parts[0]] = float(parts[1])
+    except OSError:
+        return None
+    return (rates["write"], rates["read"]) if len(rates) == 2 else None
+
+
+def raw_ceiling(m_d, m_t, cycles):
+    """Each tool's resume against the disk's raw read of the same bytes just before its run: no
+    tool reads random data faster than the disk, so raw read s / TMS resume s is the lowest
+    resume ratio this disk allows."""
+    raw = {tool: raw_rates(tool) for tool in ("tmsdisk", "tms")}
+    if not all(raw.values()):
+        print("disk ceiling: no raw pass (TMS_COMPARE_RAW=0, or it failed)")
+        return
+    size = next(iter(m_d.values()))["live_bytes"]
+    print(f"disk ceiling (tmsdisk-rawdisk, {size / GiB:.0f} GiB, O_DIRECT 8 MiB x 32, just before each tool's run):")
+    for tool, ms in (("tmsdisk", m_d), ("tms", m_t)):
+        w, r = raw[tool]
+        resume = sum(ms[c]["resume_s"] for c in cycles) / len(cycles)
+        pause = sum(ms[c]["pause_s"] for c in cycles) / len(cycles)
+        print(f"  before {tool:>7}: raw write {w:.2f} GB/s, read {r:.2f} GB/s; {tool} pause {size / pause / 1e9:.2f} "
+              f"GB/s = {size / pause / 1e9 / w:.3f} of it, resume {size / resume / 1e9:.2f} GB/s = "
+              f"{size / resume / 1e9 / r:.3f} of it")
+    best_read = max(raw["tmsdisk"][1], raw["tms"][1])
+    tms_resume = sum(m_t[c]["resume_s"] for c in cycles) / len(cycles)
+    print(f"  lowest resume ratio the disk allows: raw read at the better pass's {best_read:.2f} GB/s over TMS's "
+          f"resume = {size / best_read / 1e9 / tms_resume:.3f}")
+
+
 verdicts = []
 for case, goal in GOALS.items():
     print()
@@ -225,6 +282,8 @@ for case, goal in GOALS.items():
     for label, cs in groups:
         rp, rr, rt = ratio(cs, "pause_s"), ratio(cs, "resume_s"), ratio(cs, "total")
         print(f"  {label}: pause {rp:.3f}, resume {rr:.3f}, pause+resume {rt:.3f}")
+    if case == "random":
+        raw_ceiling(m_d, m_t, cycles)
     rp, rr, rt = ratio(cycles, "pause_s"), ratio(cycles, "resume_s"), ratio(cycles, "total")
     intact = all(m["intact"] and m["ok"] for m in list(m_d.values()) + list(m_t.values()))
     complete = bool(done_d and done_t)

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "driver.h"
@@ -79,6 +80,10 @@ class FakeDaemon {
   std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
   std::atomic<int> resume_commit_error{0};     // the next COMMIT(resumed) fails with this (manifest not written)
   std::atomic<uint64_t> tier_grant_bytes{0};   // host-tier memory a TIER_ASK gets, at most (0: none)
+  // The blob of the next WRITE is one the disk is slow to take: its WRITEs are answered only once
+  // every other blob is written, or after 5 s (then hold_gave_up counts it: the shim sent nothing else).
+  std::atomic<bool> hold_first_written_blob{false};
+  std::atomic<int> hold_gave_up{0};
 
   std::atomic<int> writes{0};
   std::atomic<int> commits_paused{0};
@@ -90,7 +95,14 @@ class FakeDaemon {
   std::atomic<int> tier_asks{0};
   std::atomic<int> tier_releases{0};
   std::atomic<int> violations{0};
-  std::atomic<int> reads{0};  // READs answered (each one verified here against the sealed checksum)
+  std::atomic<int> reads{0};               // READs answered (each one verified here against the sealed checksum)
+  std::atomic<int> written_while_held{0};  // WRITEs answered while a held blob's WRITEs waited
+
+  // The WRITEs received since the last call, in the order they came: (blob, offset).
+  std::vector<std::pair<uint64_t, uint64_t>> take_write_order() {
+    std::lock_guard lock(mu_);
+    return std::exchange(write_order_, {});
+  }
 
   // Waits (up to 30 s) until `n` TIER_RELEASEs came; false if they did not.
   bool await_tier_releases(int n) {
@@ -287,6 +299,13 @@ class FakeDaemon {
             }
             busy_[m.slot] = true;
             pending_.push_back(Pending{id, is_write, m});
+            if (is_write) {
+              write_order_.emplace_back(m.blob, m.offset);
+              if (hold_first_written_blob.exchange(false)) {
+                held_blob_ = m.blob;
+                hold_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+              }
+            }
           } else if constexpr (std::is_same_v<T, proto::TierAsk>) {
             ++tier_asks;
             const uint64_t bytes = std::min<uint64_t>(tier_grant_bytes.load(), m.bytes) / kSlotBytes * kSlotBytes;
@@ -336,11 +355,31 @@ class FakeDaemon {
         env.body);
   }
 
+  // Whether the held blob's WRITEs still wait: another blob has a chunk to write.
+  bool holding_locked() {
+    if (held_blob_ == 0) return false;
+    bool others_left = false;
+    for (const auto& [id, b] : blobs_) {
+      if (id == held_blob_) continue;
+      for (std::size_t c = 0; c < b.written.size(); ++c) others_left |= !b.written[c] && !b.zero[c];
+    }
+    if (others_left && std::chrono::steady_clock::now() < hold_until_) return true;
+    if (others_left) ++hold_gave_up;
+    held_blob_ = 0;
+    return false;
+  }
+
   void answer_pending_locked() {
     // Newest first: the shim must match answers by request id, not by order.
+    std::vector<Pending> held;
     while (!pending_.empty()) {
       Pending p = pending_.back();
       pending_.pop_back();
+      if (p.write && p.ref.blob == held_blob_ && holding_locked()) {
+        held.push_back(p);
+        continue;
+      }
+      if (p.write && held_blob_ != 0) ++written_while_held;
       busy_[p.ref.slot] = false;
       Blob& b = blobs_[p.ref.blob];
       const uint64_t chunk = p.ref.offset / kSlotBytes;
@@ -369,6 +408,7 @@ class FakeDaemon {
         send_locked(p.id, proto::ReadDone{});
       }
     }
+    pending_.assign(held.rbegin(), held.rend());
   }
 
   std::string path_;
@@ -385,6 +425,9 @@ class FakeDaemon {
   std::vector<proto::ChunkRun> zero_runs_;
   std::vector<proto::ChunkRun> host_runs_;
   std::map<uint64_t, Blob> blobs_;
+  std::vector<std::pair<uint64_t, uint64_t>> write_order_;
+  uint64_t held_blob_ = 0;  // hold_first_written_blob: the blob whose WRITEs wait
+  std::chrono::steady_clock::time_point hold_until_;
   bool paused_ = false;
   uint64_t commands_sent_ = 0;
   uint64_t pending_command_ = 0;
@@ -599,6 +642,34 @@ TEST_CASE("pause and resume round trip, bit-exact, addresses unchanged") {
   a.free();
   b.free();
   c.free();
+}
+
+TEST_CASE("a pause's chunks go in lanes: one allocation waiting on the disk does not hold up the others") {
+  // Four slots make two lanes. Where the first allocation's WRITEs wait (changed chunks the daemon
+  // must write while the rest is unchanged and only hashed), the second allocation's chunks go on in
+  // the other lane instead of waiting behind them for free slots.
+  World& w = world();
+  Buffer a(4 * kSlotBytes, 50), b(4 * kSlotBytes, 51);
+  (void)w.daemon.take_write_order();
+  const int gave_up = w.daemon.hold_gave_up.load(), while_held = w.daemon.written_while_held.load();
+  w.daemon.hold_first_written_blob = true;
+  REQUIRE(api_pause() == 0);
+  CHECK(w.daemon.hold_gave_up.load() == gave_up);
+  CHECK(w.daemon.written_while_held.load() - while_held == 4);  // the other allocation, whole
+  // Each lane sends its part in address order (the file's order).
+  const auto order = w.daemon.take_write_order();
+  CHECK(order.size() == 8);
+  std::map<uint64_t, uint64_t> next;
+  for (const auto& [blob, offset] : order) {
+    CHECK(offset == next[blob]);
+    next[blob] = offset + kSlotBytes;
+  }
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+  b.free();
 }
 
 TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros (issue 9)") {
