@@ -27,7 +27,7 @@ struct Slot {
   uint64_t offset = 0;   // of the chunk in its allocation
   uint32_t length = 0;
   int ctx = -1;   // index of the context whose stream copies it (TransferPipeline)
-  int lane = -1;  // of the pipeline's lanes, the one that started it
+  int lane = -1;  // the pipeline lane that started it (of the run that did, also while Lost)
 };
 
 class StagingSlots {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -22,17 +23,66 @@ constexpr int kTickMs = 100;  // the pipeline's poll interval; progress messages
 constexpr std::size_t kMaxPauseLanes = 4;
 constexpr std::size_t kMinSlotsPerLane = 2;
 
-// One disk chunk of a job, in the order the pipeline deals them out.
-struct ChunkAt {
-  std::size_t job;
-  uint64_t offset;
+// A lane of the pipeline: a contiguous part of the disk chunks (job after job, each job's in address
+// order). `job` and `offset` name its next chunk once settled; `left` counts its chunks not started.
+struct Lane {
+  std::size_t job = 0;
+  uint64_t offset = 0;
+  uint64_t left = 0;
 };
 
-// A lane: the chunks order[next, end) still to start.
-struct Lane {
-  std::size_t next;
-  std::size_t end;
-};
+// Whether chunk `i` of `j` goes through the staging slots (what count_disk_chunks counts).
+bool on_disk(const TransferJob& j, uint64_t i) noexcept {
+  return i >= j.place.size() || j.place[i] == ChunkPlace::Disk;
+}
+
+// `count` lanes of (nearly) equal numbers of disk chunks, in order, each set on its first chunk.
+std::vector<Lane> deal_lanes(const std::vector<TransferJob>& jobs, std::size_t count, uint32_t chunk_bytes) {
+  uint64_t total = 0;
+  for (const TransferJob& j : jobs) total += j.chunks;
+  std::vector<Lane> lanes(count);
+  std::size_t job = 0;
+  uint64_t before = 0;  // disk chunks of the jobs before `job`
+  for (std::size_t k = 0; k < count; ++k) {
+    const uint64_t first = total * k / count;
+    lanes[k].left = total * (k + 1) / count - first;
+    while (job < jobs.size() && before + jobs[job].chunks <= first) before += jobs[job++].chunks;
+    lanes[k].job = job;
+    if (job == jobs.size()) continue;  // an empty lane (fewer chunks than lanes)
+    uint64_t i = 0;                    // the lane's first chunk: disk chunk number (first - before) of `job`
+    for (uint64_t skip = first - before;; ++i) {
+      if (!on_disk(jobs[job], i)) continue;
+      if (skip == 0) break;
+      --skip;
+    }
+    lanes[k].offset = i * chunk_bytes;
+  }
+  return lanes;
+}
+
+// Moves `lane` onto its next chunk to start, past chunks that do not go through the disk and those
+// of a job that failed (they never start); false once it has none left.
+bool settle(Lane& lane, const std::vector<TransferJob>& jobs, uint32_t chunk_bytes) noexcept {
+  while (lane.left > 0) {
+    if (lane.job >= jobs.size()) {  // cannot happen while the counts agree; never read past the jobs
+      lane.left = 0;
+      break;
+    }
+    const TransferJob& j = jobs[lane.job];
+    if (lane.offset >= j.a->size) {
+      ++lane.job;
+      lane.offset = 0;
+    } else if (!on_disk(j, lane.offset / chunk_bytes)) {
+      lane.offset += chunk_bytes;
+    } else if (j.error) {
+      --lane.left;
+      lane.offset += chunk_bytes;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
 
 Error cuda_error(const char* what, CUresult r) {
   return make_error(EIO, fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
@@ -213,14 +263,14 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
     slot = Slot{};
     --j.in_flight;
   };
-  // A chunk's last step is done. A job finishes once all are, unless it failed (or, to storage,
-  // anything failed: memory is released only while every step so far succeeded).
   // A job is done: its host chunks, which moved with it, count as done too.
   auto finish = [&](TransferJob& j) {
     if (Status st = steps.finished(j); !st) return fail_all(std::move(st).error());
     j.complete = true;
     if (j.host) *done_bytes += place_bytes(j, ChunkPlace::Host, chunk_bytes);
   };
+  // A chunk's last step is done. A job finishes once all are, unless it failed (or, to storage,
+  // anything failed: memory is released only while every step so far succeeded).
   auto chunk_done = [&](TransferJob& j, uint32_t len) {
     *done_bytes += len;
     if (++j.done != j.chunks || j.error || (out && fatal)) return;
@@ -273,38 +323,25 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
   // the daemon answers an unchanged chunk once hashed but a changed one only once written, so where
   // the changed chunks are clustered (a LoRA run's adapters in one region, a frozen base in the rest)
   // their lane waits on the disk while the other lanes' chunks are hashed, and the pause takes the
-  // longer of the two instead of their sum. Each lane writes its part in file order. From storage
+  // longer of the two instead of their sum. Each lane sends its part in address order. From storage
   // every chunk is read: one lane, in order.
-  std::vector<ChunkAt> order;
-  for (std::size_t ji = 0; ji < jobs.size(); ++ji) {
-    const TransferJob& j = jobs[ji];
-    if (j.error || j.chunks == 0) continue;
-    for (uint64_t offset = 0; offset < j.a->size; offset += chunk_bytes) {
-      const uint64_t i = offset / chunk_bytes;
-      if (i >= j.place.size() || j.place[i] == ChunkPlace::Disk) order.push_back(ChunkAt{ji, offset});
-    }
-  }
   const std::size_t lane_count =
       out ? std::clamp<std::size_t>(slots_.count() / kMinSlotsPerLane, 1, kMaxPauseLanes) : std::size_t{1};
-  std::vector<Lane> lanes;
-  for (std::size_t k = 0; k < lane_count; ++k)
-    lanes.push_back(Lane{order.size() * k / lane_count, order.size() * (k + 1) / lane_count});
-  // The lane whose next chunk starts next: one with chunks left (a failed job's are skipped) and the
-  // fewest slots; -1 when every lane is done.
+  std::vector<Lane> lanes = deal_lanes(jobs, lane_count, chunk_bytes);
+  // The lane whose next chunk starts next: one with chunks left and the fewest slots copying or in
+  // the daemon; -1 when every lane is done.
   auto next_lane = [&]() -> int {
-    std::vector<uint32_t> held(lanes.size(), 0);
+    std::array<uint32_t, kMaxPauseLanes> held{};
     for (std::size_t s = 0; s < slots_.count(); ++s) {
       const Slot& slot = slots_[s];
-      if (slot.state != SlotState::Free && slot.lane >= 0 && static_cast<std::size_t>(slot.lane) < held.size())
+      const bool busy = slot.state == SlotState::Copying || slot.state == SlotState::InDaemon;
+      if (busy && slot.lane >= 0 && static_cast<std::size_t>(slot.lane) < lanes.size())
         ++held[static_cast<std::size_t>(slot.lane)];
     }
     int best = -1;
-    for (std::size_t k = 0; k < lanes.size(); ++k) {
-      Lane& lane = lanes[k];
-      while (lane.next < lane.end && jobs[order[lane.next].job].error) ++lane.next;
-      if (lane.next == lane.end) continue;
-      if (best < 0 || held[k] < held[static_cast<std::size_t>(best)]) best = static_cast<int>(k);
-    }
+    for (std::size_t k = 0; k < lanes.size(); ++k)
+      if (settle(lanes[k], jobs, chunk_bytes) && (best < 0 || held[k] < held[static_cast<std::size_t>(best)]))
+        best = static_cast<int>(k);
     return best;
   };
 
@@ -318,12 +355,11 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       const int s = slots_.free_slot();
       if (s < 0) break;
       Lane& lane = lanes[static_cast<std::size_t>(k)];
-      const ChunkAt at = order[lane.next];
-      TransferJob& j = jobs[at.job];
-      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - at.offset));
+      TransferJob& j = jobs[lane.job];
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - lane.offset));
       Slot& slot = slots_[static_cast<std::size_t>(s)];
-      slot =
-          Slot{out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(at.job), at.offset, len, j.ctx, k};
+      slot = Slot{
+          out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(lane.job), lane.offset, len, j.ctx, k};
       Status started;
       if (out) {
         started = start_copy(dir, j, static_cast<std::size_t>(s));
@@ -337,7 +373,8 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
         fail_all(std::move(started).error());
         break;
       }
-      ++lane.next;
+      --lane.left;
+      lane.offset += chunk_bytes;
       ++j.in_flight;
     }
 

@@ -140,8 +140,9 @@ class TransferPipeline {
   Status queue_local(Direction dir, TransferJob& j);
   // Waits for everything queued on `ctx`'s stream.
   Status drain(int ctx);
-  // The daemon's next message, or, while copies run and nothing has arrived, the oldest copy's
-  // completion (then 0, so the caller harvests it instead of spinning).
+  // The daemon's next message, or, while copies run and nothing has arrived, the completion of the
+  // copy in the lowest-numbered slot still copying (then 0, so the caller harvests it instead of
+  // spinning).
   int next_message(proto::Envelope& env, bool copying);
 
   DaemonSession& session_;

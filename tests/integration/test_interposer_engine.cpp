@@ -653,10 +653,14 @@ TEST_CASE("a pause's chunks go in lanes: one allocation waiting on the disk does
   (void)w.daemon.take_write_order();
   const int gave_up = w.daemon.hold_gave_up.load(), while_held = w.daemon.written_while_held.load();
   w.daemon.hold_first_written_blob = true;
+  struct Unhold {  // a pause that sends no WRITE must not leave the next test's first blob held
+    World& w;
+    ~Unhold() { w.daemon.hold_first_written_blob = false; }
+  } unhold{w};
   REQUIRE(api_pause() == 0);
   CHECK(w.daemon.hold_gave_up.load() == gave_up);
   CHECK(w.daemon.written_while_held.load() - while_held == 4);  // the other allocation, whole
-  // Each lane sends its part in address order (the file's order).
+  // Each lane sends its part in address order; here each allocation is one lane.
   const auto order = w.daemon.take_write_order();
   CHECK(order.size() == 8);
   std::map<uint64_t, uint64_t> next;
@@ -670,6 +674,31 @@ TEST_CASE("a pause's chunks go in lanes: one allocation waiting on the disk does
   CHECK(w.daemon.violations.load() == 0);
   a.free();
   b.free();
+}
+
+TEST_CASE("a lane boundary inside one allocation: both halves go side by side, each in address order") {
+  // Four slots, two lanes over one allocation of eight chunks: the first slots go to chunks 0, 4, 1,
+  // 5 (the lane holding the fewest, the first on a tie), so chunk 4 is sent before chunk 3.
+  World& w = world();
+  Buffer a(8 * kSlotBytes, 52);
+  (void)w.daemon.take_write_order();
+  REQUIRE(api_pause() == 0);
+  const auto order = w.daemon.take_write_order();
+  REQUIRE(order.size() == 8);
+  std::vector<uint64_t> chunks;
+  for (const auto& [blob, offset] : order) {
+    CHECK(blob == a.id());
+    chunks.push_back(offset / kSlotBytes);
+  }
+  CHECK(std::vector<uint64_t>(chunks.begin(), chunks.begin() + 4) == std::vector<uint64_t>{0, 4, 1, 5});
+  std::vector<uint64_t> first_half, second_half;
+  for (uint64_t c : chunks) (c < 4 ? first_half : second_half).push_back(c);
+  CHECK(first_half == std::vector<uint64_t>{0, 1, 2, 3});
+  CHECK(second_half == std::vector<uint64_t>{4, 5, 6, 7});
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
 }
 
 TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros (issue 9)") {
