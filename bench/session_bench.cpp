@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   uint64_t staging_budget_mb = 256;
   uint32_t chunk_mb = 8;
   bool as_json = false;
+  bool allow_tmpfs = false;
   unsigned repeat = 3;
   unsigned unchanged_passes = 2;
   CLI::App app{"tmsdisk-session-bench: daemon session write/read bandwidth vs the raw O_DIRECT ceiling of DIR"};
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
                  "pauses of the same bytes after the last pass, each chunk unchanged (hashed, not written)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
+  app.add_flag("--allow-tmpfs", allow_tmpfs,
+               "let DIR be on tmpfs (the daemon's --allow-tmpfs): where O_DIRECT there is a memory copy (Linux "
+               ">= 6.6), what the daemon adds shows without a disk's limit");
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
   const uint64_t bytes = static_cast<uint64_t>(gib * (1ull << 30)) & ~((uint64_t{chunk_mb} << 20) - 1);
@@ -92,9 +96,18 @@ int main(int argc, char** argv) {
   const std::string socket = work / "d.sock";
   const char* daemon_env = std::getenv("TMSDISK_DAEMON");  // a carried build has no build tree
   const std::string daemon_path = daemon_env && *daemon_env ? daemon_env : TMSDISK_DAEMON_PATH;
-  if (daemon.start(daemon_path,
-                   {"--socket", socket, "--root", root, "--staging-budget-mb", std::to_string(staging_budget_mb),
-                    "--chunk-mb", std::to_string(chunk_mb), "--log-level", "warn"}) != 0) {
+  std::vector<std::string> daemon_args{"--socket",
+                                       socket,
+                                       "--root",
+                                       root,
+                                       "--staging-budget-mb",
+                                       std::to_string(staging_budget_mb),
+                                       "--chunk-mb",
+                                       std::to_string(chunk_mb),
+                                       "--log-level",
+                                       "warn"};
+  if (allow_tmpfs) daemon_args.push_back("--allow-tmpfs");
+  if (daemon.start(daemon_path, daemon_args) != 0) {
     std::fprintf(stderr, "tmsdiskd did not start:\n%s\n", daemon.log().c_str());
     return 1;
   }

@@ -17,8 +17,12 @@ start_node() {
   # cuBLAS workspaces are fixed so that deterministic runs can be compared digest for digest.
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
   tmsctl=$bundle/tmsctl
+  # A root on tmpfs (NODE_DISK=/dev/shm/...: run_gpu_fast_disk.sh's FAST_DEVICE=tmpfs) is refused
+  # unless allowed: there it stands in for a device faster than one reader.
+  local tmpfs=""
+  [ "$(stat -f -c %T "$work/root")" = tmpfs ] && tmpfs=--allow-tmpfs
   # shellcheck disable=SC2086  # NODE_DAEMON_ARGS is a list of options
-  "$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info ${NODE_DAEMON_ARGS:-} \
+  "$bundle/tmsdiskd" --root "$work/root" --socket "$TMSDISK_SOCKET" --log-level info $tmpfs ${NODE_DAEMON_ARGS:-} \
     2>"$2/tmsdiskd-$3.log" &
   node_daemon=$!
   trap 'kill $node_daemon 2>/dev/null; wait $node_daemon 2>/dev/null; rm -rf "$work"' EXIT
