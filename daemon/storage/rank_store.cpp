@@ -1124,8 +1124,9 @@ Result<Checksum128> RankStore::settle_read(uint64_t blob, uint64_t offset, uint3
       // Whatever the file holds there, it is not what was sealed: never skip a write over it. (A sum of
       // the other kind than the record's, the record rewritten meanwhile, lands here too: refused.)
       const_cast<BlobState&>(**found).records[ci].held = false;
-      return make_error(EBADMSG, fmt::format("checksum mismatch in blob {} at offset {}: the backup file is corrupted; "
-                                             "the allocation stays paused and the file is kept",
+      return make_error(EBADMSG, fmt::format("checksum mismatch in blob {} at offset {}: the bytes read are not what "
+                                             "was sealed (the backup file is damaged, or the staging slot was written "
+                                             "before the answer); the allocation stays paused and the file is kept",
                                              blob, offset));
     }
     return sum;

@@ -22,6 +22,7 @@
 #include "checksum_journal.h"
 #include "extent_allocator.h"
 #include "manifest.h"
+#include "manifest_v1.h"
 #include "punch_gate.h"
 #include "storage.h"
 #include "storage_fixtures.h"
@@ -30,6 +31,7 @@
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
+using storage_test::encode_manifest_v1;
 using storage_test::exists;
 using storage_test::mode_of;
 using storage_test::my_identity;
@@ -1217,36 +1219,6 @@ uint64_t allocated_bytes(const std::string& path) {
   return usage_of(path).blocks * 512;
 }
 
-void put_le(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-// `m` in the layout of version 1 (manifest.h): XXH3-64 sums (sums[i].low) and a bitmap of those
-// recorded, as a daemon before issue 9 wrote it.
-std::string encode_manifest_v1(const Manifest& m) {
-  std::string out;
-  put_le(out, kManifestMagic, 8);
-  put_le(out, 1, 4);
-  put_le(out, m.state, 4);
-  put_le(out, m.generation, 8);
-  put_le(out, m.chunk_bytes, 4);
-  put_le(out, m.data_end.size(), 4);
-  for (uint64_t end : m.data_end) put_le(out, end, 8);
-  put_le(out, m.blobs.size(), 8);
-  for (const auto& b : m.blobs) {
-    put_le(out, b.id, 8);
-    put_le(out, b.size, 8);
-    for (const auto& e : b.extents) put_le(out, e.offset, 8), put_le(out, e.length, 8);
-    for (const auto& s : b.sums) put_le(out, s.low, 8);
-    std::string bits((b.states.size() + 7) / 8, '\0');
-    for (std::size_t i = 0; i < b.states.size(); ++i)
-      if (is_data(b.states[i])) bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
-    out += bits;
-  }
-  put_le(out, XXH3_64bits(out.data(), out.size()), 8);
-  return out;
-}
-
 Manifest manifest_of(const std::string& dir) {
   std::string why;
   auto m = decode_manifest(read_text(dir + "/manifest"), why);
@@ -1762,6 +1734,11 @@ TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next g
   CHECK(store.paused());
   CHECK(store.verify(1, 0, chunk0));
   CHECK(store.verify(1, 2 * kChunk, tail));
+  // A READ verified on a hash worker: the ticket says which hash the chunk was sealed with.
+  auto ticket = store.open_read(1, kChunk, kChunk);
+  REQUIRE(ticket);
+  CHECK(ticket->xxh64);
+  CHECK(store.settle_read(1, kChunk, kChunk, RankStore::hash_chunk(ticket->xxh64, chunk0)));
   auto bad = store.verify(1, kChunk, filled(kChunk, 0x40));
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EBADMSG);
