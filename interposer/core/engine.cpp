@@ -431,11 +431,20 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
+        const uint64_t paused_before = registry().totals().paused_allocations;
         r = pausing ? pause(progress, which) : resume(progress, (flags & proto::kAcceptLoss) != 0, which);
-        if (pausing && which.all && r.outcome == proto::Outcome::Done && !r.code()) whole_process_paused_ = true;
+        // A pause of the whole process that paused anything holds the whole process, also when it failed
+        // part-way: what it released or discarded is unmapped, and the program never said its kernels
+        // would keep off it. (One refused before anything moved changes nothing.)
+        if (pausing && which.all && registry().totals().paused_allocations > paused_before)
+          whole_process_paused_ = untagged_held_ = true;
         // A tag brought back alone after a whole pause: the program runs on with it, and only calls
-        // naming what is still paused wait, as after a pause of tags.
-        if (!pausing && !which.all && r.outcome == proto::Outcome::Done && !r.code()) whole_process_paused_ = false;
+        // naming what is still paused wait, as after a pause of tags, unless untagged memory the whole
+        // pause took stays paused (settle_gate).
+        if (!pausing && !which.all && r.outcome == proto::Outcome::Done && !r.code()) {
+          whole_process_paused_ = false;
+          if (which.tag == kUntagged) untagged_held_ = false;
+        }
       }
       gated = true;
     }
@@ -677,6 +686,10 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Sele
     r.skipped.discarded_bytes += z.skipped.discarded_bytes;
     if (z.code() && !r.code()) r.status = std::move(z.status);
   }
+  if (!r.code() && untagged_held_ &&
+      std::any_of(staying.begin(), staying.end(), [](const auto& a) { return a->tag == kUntagged; }))
+    r.note = fmt::format("{}{}the process stays held while memory no tag covers is paused: resume the whole process",
+                         r.note, r.note.empty() ? "" : "; ");
   return r;
 }
 
@@ -1497,14 +1510,16 @@ proto::RankStats Engine::make_stats() {
 
 void Engine::settle_gate() noexcept {
   bool held_paused = false;  // paused for another reason than a damaged backup: the gate stays closed
-  if (registry().totals().paused_allocations == 0) whole_process_paused_ = false;
+  if (registry().totals().paused_allocations == 0) whole_process_paused_ = untagged_held_ = false;
   try {
     std::vector<gate::Range> lost;
     for (const auto& a : registry().snapshot()) {
       if (a->state.load() != AllocState::Paused) continue;
       // After a pause of part of the process (one tag), its memory is held back like lost memory:
-      // calls naming it wait (TMSDISK_ON_TOUCH), the rest of the program runs.
-      if (a->damage.load() != 0 || !whole_process_paused_)
+      // calls naming it wait (TMSDISK_ON_TOUCH), the rest of the program runs. Untagged memory a whole
+      // pause took holds the whole process while it is paused (untagged_held_).
+      const bool held = whole_process_paused_ || (untagged_held_ && a->tag == kUntagged);
+      if (a->damage.load() != 0 || !held)
         lost.push_back({a->base, a->mapped});
       else
         held_paused = true;

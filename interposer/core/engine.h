@@ -169,7 +169,7 @@ class Engine {
   // What is paused or resident decides the work: a pause that finds allocations an earlier failed
   // pause left paused resumes those, then pauses all. Allocations under a discard policy are released
   // without the daemon (discard()); the others go into the rank's backed-up pause, whose reservation
-  // carries other tags' paused allocations as stored (a whole-process pause over them is refused).
+  // carries other tags' paused allocations as stored (a whole-process pause over them too).
   OpResult pause(ProgressReporter& progress, const Selection& which);
   // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
   OpResult resume(ProgressReporter& progress, bool accept_loss, const Selection& which);
@@ -255,10 +255,15 @@ class Engine {
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
   HostTier host_tier_;
-  // The last pause covered every allocation: until nothing is paused, the gate holds every CUDA call
-  // (settle_gate). After a pause of one tag only calls naming paused memory are held: the program
-  // asked for part of its memory to go, as with torch_memory_saver, and runs on with the rest.
+  // The last pause covered every allocation (and paused some, a failed one too): until nothing is
+  // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
+  // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
+  // as with torch_memory_saver, and runs on with the rest.
   bool whole_process_paused_ = false;
+  // A whole pause took untagged memory (outside every region): any kernel may reach it (a caching
+  // allocator hands it out again), so every call stays held while it is paused, a tag resumed alone
+  // or not, until a resume covers it (the whole process, or the tag `untagged`).
+  bool untagged_held_ = false;
   bool host_tier_keep_ = false;             // the grant allows keeping it after the resume (kTierKeep)
   bool host_tier_kept_told_ = false;        // TIER_KEEP sent since the last ask
   bool host_tier_reclaimed_ = false;        // TIER_RECLAIM came since the last ask

@@ -323,7 +323,7 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
   // the daemon answers an unchanged chunk once hashed but a changed one only once written, so where
   // the changed chunks are clustered (a LoRA run's adapters in one region, a frozen base in the rest)
   // their lane waits on the disk while the other lanes' chunks are hashed, and the pause takes the
-  // longer of the two instead of their sum. Each lane sends its part in address order. From storage
+  // longer of the two instead of their sum. Each lane starts its part in address order. From storage
   // every chunk is read: one lane, in order.
   const std::size_t lane_count =
       out ? std::clamp<std::size_t>(slots_.count() / kMinSlotsPerLane, 1, kMaxPauseLanes) : std::size_t{1};

@@ -110,6 +110,11 @@ def scenario_tags():
     tmsdisk.pause()
     assert tag_row(tmsdisk.status(), "untagged", "backup").paused_bytes == len(free_data)
     tmsdisk.resume("weights")
+    # The untagged memory the whole pause took stays paused, and any kernel may reach it: every call
+    # is held (under --on-touch fail: refused) until it is back, here by its own tag.
+    e = expect_error(CudaError, cuda.read, weights, len(weights_data))
+    assert e.code == CUDA_ERROR_NOT_PERMITTED, e
+    tmsdisk.resume("untagged")
     assert cuda.read(weights, len(weights_data)) == weights_data
     assert tag_row(tmsdisk.status(), "optimizer", "backup").paused_bytes == 4 * MiB
     tmsdisk.resume()
