@@ -190,11 +190,15 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
   s.staging = std::move(staging);
   s.staging_charge = o.staging_charge;
 
-  // The orphan this rank reconnects to: its files are adopted below, from disk, by a fresh store.
+  // The orphan this rank reconnects to: its files are adopted below, from disk, by a fresh store. The
+  // host-tier memory it holds stays the rank's and stays counted against the node's budget: a rank
+  // that finds its session adopted hands nothing over again (TIER_ADOPT is for a new daemon).
   uint64_t adopted = 0;
   for (auto& [sid, other] : sessions_) {
     if (other.relative_dir != o.relative_dir) continue;
     adopted = sid;
+    s.host_tier_bytes = other.host_tier_bytes;
+    s.host_tier_kept = other.host_tier_kept;
     forget_orphan(sid);
     break;
   }

@@ -89,7 +89,9 @@ void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
   TierPlan plan = plan_for(s, bytes);
   if (const uint64_t held = s.host_tier_bytes) {
     // Kept already: enough for now, or to be made again larger (the rank releases, then asks again).
-    if (held >= plan.bytes)
+    // Asked back meanwhile (a TIER_RECLAIM crossed this ask, and the rank forgets it once answered):
+    // released as the reclaim asks, or a pausing rank would wait for it in vain.
+    if (held >= plan.bytes && !s.host_tier_reclaimed)
       return send_(s.conn_id, request_id,
                    proto::TierGrant{
                        .bytes = held, .note = {}, .flags = static_cast<uint8_t>(proto::kTierReuse | proto::kTierKeep)},

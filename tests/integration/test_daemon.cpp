@@ -634,6 +634,38 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a rank that reconnects to the same daemon keeps its host-tier memory counted against the budget") {
+  // The rank holds the memory (its descriptor); the daemon's count of it must survive the rank's
+  // session turning orphan and being taken over, or other ranks are granted past the budget.
+  Daemon d;
+  d.start({"--host-tier-mb", "16", "--host-tier-ahead=false"});
+  auto c = d.shim({.job = "tierback"});
+  const uint64_t token = c.welcome().token;
+  UniqueFd memory;
+  auto granted = c.call(proto::TierAsk{.bytes = 8 * MiB, .flags = 0}, -1, &memory);
+  INFO((granted ? "" : granted.error().describe()));
+  REQUIRE(granted);
+  REQUIRE(std::holds_alternative<proto::TierGrant>(*granted));
+  const uint64_t bytes = std::get<proto::TierGrant>(*granted).bytes;
+  REQUIRE(bytes == 8 * MiB);
+  REQUIRE(memory);
+  const std::vector<BlobSize> blobs = {{1, 4 * MiB}};
+  REQUIRE(c.reserve(blobs));
+  REQUIRE(c.write_all(blobs, fill_pattern));
+  REQUIRE(c.commit(proto::CommitState::Paused));
+  c.close();  // the process lives: an orphan, with the memory still the rank's
+  REQUIRE(eventually([&] { return d.one_orphan(); }));
+  CHECK(d.sessions().at(0).host_tier_bytes == bytes);
+  auto again = d.shim({.job = "tierback", .token = token});
+  CHECK(again.welcome().adopted == 1);
+  auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].host_tier_bytes == bytes);
+  ctl::Client::HostTier node;
+  REQUIRE(d.control().list_sessions(ctl::Deadline::fixed(ctl::kAnswerLimit), &node));
+  CHECK(node.used_bytes == bytes);
+}
+
 TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones") {
   Daemon d;
   d.start();
