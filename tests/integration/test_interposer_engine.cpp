@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -521,6 +522,14 @@ struct Buffer {
   }
 };
 
+// Resumes, then every buffer must be intact and the daemon must have seen no violation; frees them.
+void resume_check_free(World& w, std::initializer_list<Buffer*> buffers) {
+  REQUIRE(api_resume() == 0);
+  for (Buffer* b : buffers) CHECK(b->intact());
+  CHECK(w.daemon.violations.load() == 0);
+  for (Buffer* b : buffers) b->free();
+}
+
 struct tmsdisk_status status() {
   struct tmsdisk_status st {};
   REQUIRE(api_status(&st, sizeof(st)) == 0);
@@ -666,12 +675,7 @@ TEST_CASE("a pause's chunks go in lanes: one allocation waiting on the disk does
   std::sort(order.begin(), order.end());
   CHECK(std::adjacent_find(order.begin(), order.end()) == order.end());
   CHECK(order.size() == 8);
-  REQUIRE(api_resume() == 0);
-  CHECK(a.intact());
-  CHECK(b.intact());
-  CHECK(w.daemon.violations.load() == 0);
-  a.free();
-  b.free();
+  resume_check_free(w, {&a, &b});
 }
 
 TEST_CASE("a lane boundary inside one allocation: both halves go side by side") {
@@ -693,10 +697,7 @@ TEST_CASE("a lane boundary inside one allocation: both halves go side by side") 
   CHECK(std::find(chunks.begin(), chunks.end(), 4) < std::find(chunks.begin(), chunks.end(), 3));
   std::sort(chunks.begin(), chunks.end());
   CHECK(chunks == std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7});  // each once
-  REQUIRE(api_resume() == 0);
-  CHECK(a.intact());
-  CHECK(w.daemon.violations.load() == 0);
-  a.free();
+  resume_check_free(w, {&a});
 }
 
 TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros (issue 9)") {
@@ -844,12 +845,7 @@ TEST_CASE("after a resume whose commit failed, the next pause pauses: the daemon
   CHECK(w.daemon.commits_paused.load() == paused_before + 1);
   CHECK_FALSE(a.mapped());
   CHECK_FALSE(b.mapped());
-  REQUIRE(api_resume() == 0);
-  CHECK(a.intact());
-  CHECK(b.intact());
-  CHECK(w.daemon.violations.load() == 0);
-  a.free();
-  b.free();
+  resume_check_free(w, {&a, &b});
 }
 
 TEST_CASE("after a resume whose commit failed, a resume finds nothing paused and records the resume") {
@@ -936,13 +932,8 @@ TEST_CASE("a pause of the whole process that fails part-way holds every call, ta
   w.daemon.fail_write_at = -1;
   CHECK(status().paused_allocations >= 1);
   CHECK(gate::is_closed());
-  REQUIRE(api_resume() == 0);
+  resume_check_free(w, {&a, &b, &c});
   CHECK_FALSE(gate::is_closed());
-  for (const Buffer* buf : {&a, &b, &c}) CHECK(buf->intact());
-  CHECK(w.daemon.violations.load() == 0);
-  a.free();
-  b.free();
-  c.free();
 }
 
 TEST_CASE("a checksum mismatch keeps that allocation paused and the others come back") {
