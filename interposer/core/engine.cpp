@@ -1061,6 +1061,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   };
   if (std::optional<Error> fail =
           pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes, &unchanged_bytes)) {
+    if (!carried.empty()) record_paused_after_failure(std::move(carried), jobs);
     return result(make_error(fail->errnum(), released ? fmt::format("{}; {} of {} allocation(s) are paused, the "
                                                                     "others stay resident",
                                                                     fail->message, released, jobs.size())
@@ -1071,6 +1072,22 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
   if (committed.code()) return result(std::move(committed.status));
   return result({});
+}
+
+void Engine::record_paused_after_failure(std::vector<std::shared_ptr<Allocation>> paused,
+                                         const std::vector<TransferJob>& jobs) {
+  // This pause's reservation took the place of the committed pause that held the tags it carried.
+  // Record again what is paused now, as resume() does for the tags that stay: the carried tags and
+  // what this pause released (every chunk of it sealed). Otherwise a tag's next pause is refused and
+  // a whole pause first brings everything back, which may need the device memory they freed.
+  for (const TransferJob& j : jobs)
+    if (j.a->state.load() == AllocState::Paused) paused.push_back(j.a);
+  if (Status st = reserve({}, paused); !st) {
+    TMS_WARN("what stays paused after the failed pause could not be recorded again (%s); a resume restores it",
+             st.error().message.c_str());
+  } else if (OpResult c = commit(proto::CommitState::Paused, 0, "what stays paused after a failed pause"); c.code()) {
+    TMS_WARN("%s", c.message().c_str());
+  }
 }
 
 namespace {

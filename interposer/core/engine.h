@@ -174,8 +174,12 @@ class Engine {
   // accept_loss: allocations whose backup is damaged get zero-filled memory instead of staying paused.
   OpResult resume(ProgressReporter& progress, bool accept_loss, const Selection& which);
   // `carried`: other tags' paused allocations, kept in the daemon's set as stored (Reserve.carry).
+  // A failure after the reservation records the carried ones again (record_paused_after_failure).
   OpResult pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress,
                      std::vector<std::shared_ptr<Allocation>> carried = {});
+  // After a failed pause that carried `paused`: a committed pause of them and of what it released.
+  void record_paused_after_failure(std::vector<std::shared_ptr<Allocation>> paused,
+                                   const std::vector<TransferJob>& jobs);
   // `last`: no backed-up allocation outside `paused` is paused, so the daemon records the resume once
   // all of them are back; else the rank's pause stays recorded for the rest.
   OpResult resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,

@@ -94,6 +94,7 @@ class FakeDaemon {
   std::atomic<int> reports{0};
   std::atomic<int> zero_runs{0};    // runs of zero chunks reserved
   std::atomic<int> host_chunks{0};  // chunks reserved as kept in the host tier
+  std::atomic<int> carried{0};      // blobs a reservation kept as stored (Reserve.carry)
   std::atomic<int> tier_asks{0};
   std::atomic<int> tier_releases{0};
   std::atomic<int> violations{0};
@@ -241,15 +242,29 @@ class FakeDaemon {
               reserve_set_.clear();
               zero_runs_.clear();
               host_runs_.clear();
+              carry_.clear();
             }
             reserve_set_.insert(reserve_set_.end(), m.blobs.begin(), m.blobs.end());
             zero_runs_.insert(zero_runs_.end(), m.zero_runs.begin(), m.zero_runs.end());
             host_runs_.insert(host_runs_.end(), m.host_runs.begin(), m.host_runs.end());
+            carry_.insert(carry_.end(), m.carry.begin(), m.carry.end());
             if (!(m.flags & proto::kReserveLast)) return send_locked(id, proto::OkReply{});
             if (int e = reserve_error.load()) return error_locked(id, e, "no space left (test)");
-            if (paused_) return error_locked(id, EBUSY, "a committed pause holds the only copy");
+            if (paused_ && carry_.empty()) return error_locked(id, EBUSY, "a committed pause holds the only copy");
             std::map<uint64_t, Blob> next;
+            // Carried blobs stay as stored: every chunk of them written in the set before.
+            for (uint64_t c : carry_) {
+              auto old = blobs_.find(c);
+              if (old == blobs_.end() || std::find(old->second.written.begin(), old->second.written.end(), false) !=
+                                             old->second.written.end()) {
+                ++violations;
+                return error_locked(id, EINVAL, "carried blob not stored whole");
+              }
+              next.emplace(c, old->second);
+              ++carried;
+            }
             for (const auto& b : reserve_set_) {
+              if (next.count(b.id)) continue;
               Blob nb;
               nb.size = b.size;
               nb.data.assign(b.size, 0);
@@ -286,6 +301,7 @@ class FakeDaemon {
               }
             }
             blobs_ = std::move(next);
+            paused_ = false;  // the set being written took the committed pause's place
             send_locked(id, proto::OkReply{});
           } else if constexpr (std::is_same_v<T, proto::Write> || std::is_same_v<T, proto::Read>) {
             constexpr bool is_write = std::is_same_v<T, proto::Write>;
@@ -426,6 +442,7 @@ class FakeDaemon {
   std::vector<proto::BlobSize> reserve_set_;
   std::vector<proto::ChunkRun> zero_runs_;
   std::vector<proto::ChunkRun> host_runs_;
+  std::vector<uint64_t> carry_;
   std::map<uint64_t, Blob> blobs_;
   std::vector<std::pair<uint64_t, uint64_t>> write_order_;
   uint64_t held_blob_ = 0;  // hold_first_written_blob: the blob whose WRITEs wait
@@ -934,6 +951,30 @@ TEST_CASE("a pause of the whole process that fails part-way holds every call, ta
   CHECK(gate::is_closed());
   resume_check_free(w, {&a, &b, &c});
   CHECK_FALSE(gate::is_closed());
+}
+
+TEST_CASE("a pause carrying a paused tag that fails part-way records again what stays paused") {
+  // Its reservation took the place of the tag's committed pause: recorded again with what it
+  // released, the next pause carries both and moves only the rest (nothing is read back first).
+  World& w = world();
+  REQUIRE(api_tag_push("early", TMSDISK_POLICY_BACKUP) == 0);
+  Buffer a(2 * kSlotBytes, 14);
+  REQUIRE(api_tag_pop() == 0);
+  Buffer b(2 * kSlotBytes, 15), c(2 * kSlotBytes, 16);
+  REQUIRE(api_pause_tag("early") == 0);
+  const int carried = w.daemon.carried.load(), commits = w.daemon.commits_paused.load();
+  w.daemon.fail_write_at = w.daemon.writes.load() + 3;  // the last of b's and c's four chunks
+  CHECK(api_pause() == -EIO);
+  w.daemon.fail_write_at = -1;
+  CHECK_FALSE(a.mapped());
+  CHECK(b.mapped() != c.mapped());                       // one released, one resident
+  CHECK(w.daemon.carried.load() - carried == 1 + 2);     // a in the failed pause, a and one more after
+  CHECK(w.daemon.commits_paused.load() == commits + 1);  // recorded again
+  const int reads = w.daemon.reads.load();
+  REQUIRE(api_pause() == 0);  // carries a and the released one, pauses the last
+  CHECK(w.daemon.reads.load() == reads);
+  for (const Buffer* buf : {&a, &b, &c}) CHECK_FALSE(buf->mapped());
+  resume_check_free(w, {&a, &b, &c});
 }
 
 TEST_CASE("a checksum mismatch keeps that allocation paused and the others come back") {
