@@ -431,12 +431,17 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
       } else {
         std::unique_lock lock(op_lock_);
         ProgressReporter progress(&session_, command_request);
-        const uint64_t paused_before = registry().totals().paused_allocations;
+        std::vector<std::shared_ptr<Allocation>> resident_before;
+        if (pausing && which.all)
+          for (auto& a : registry().snapshot())
+            if (a->state.load() == AllocState::Resident) resident_before.push_back(std::move(a));
         r = pausing ? pause(progress, which) : resume(progress, (flags & proto::kAcceptLoss) != 0, which);
         // A pause of the whole process that paused anything holds the whole process, also when it failed
         // part-way: what it released or discarded is unmapped, and the program never said its kernels
-        // would keep off it. (One refused before anything moved changes nothing.)
-        if (pausing && which.all && registry().totals().paused_allocations > paused_before)
+        // would keep off it. (One refused before anything moved changes nothing; what an earlier failed
+        // pause left paused and this one restored and paused again was paused already.)
+        if (std::any_of(resident_before.begin(), resident_before.end(),
+                        [](const auto& a) { return a->state.load() == AllocState::Paused; }))
           whole_process_paused_ = untagged_held_ = true;
         // A tag brought back alone after a whole pause: the program runs on with it, and only calls
         // naming what is still paused wait, as after a pause of tags, unless untagged memory the whole
@@ -686,10 +691,13 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Sele
     r.skipped.discarded_bytes += z.skipped.discarded_bytes;
     if (z.code() && !r.code()) r.status = std::move(z.status);
   }
-  if (!r.code() && untagged_held_ &&
-      std::any_of(staying.begin(), staying.end(), [](const auto& a) { return a->tag == kUntagged; }))
+  if (!r.code() && untagged_held_ && std::any_of(staying.begin(), staying.end(), [](const auto& a) {
+        return a->tag == kUntagged && a->damage.load() == 0;
+      })) {
     r.note = fmt::format("{}{}the process stays held while memory no tag covers is paused: resume the whole process",
                          r.note, r.note.empty() ? "" : "; ");
+    TMS_WARN("tag %s resumed; %s", which.name.c_str(), r.note.c_str());
+  }
   return r;
 }
 
@@ -790,7 +798,9 @@ uint64_t Engine::obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext 
     }
     if (grant->flags & proto::kTierReuse) {
       if (!host_tier_.held()) {
+        // It still counts memory this rank let go of while disconnected: it counts it no more.
         TMS_WARN("tmsdiskd says to reuse host-tier memory this rank does not hold; %s", fallback);
+        give_back_host_tier();
         return 0;
       }
       return std::min(grant->bytes, host_tier_.bytes());
@@ -873,7 +883,8 @@ void Engine::give_back_host_tier() {
   host_tier_.release();
   host_tier_kept_told_ = false;
   host_tier_reclaimed_ = false;
-  if (!session_.connected()) return;  // the daemon counts it no more once the session is gone
+  // Not connected: a daemon that adopts this session on reconnect is told then (connect_session).
+  if (!session_.connected()) return;
   proto::Envelope reply;
   if (Status st = exchange(proto::TierRelease{}, -1, reply, nullptr); !st)
     TMS_WARN("cannot tell tmsdiskd the host-tier memory is released: %s", st.error().message.c_str());
@@ -1061,7 +1072,9 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   };
   if (std::optional<Error> fail =
           pipeline_.run(Direction::ToStorage, jobs, steps, progress, &done_bytes, &unchanged_bytes)) {
-    if (!carried.empty()) record_paused_after_failure(std::move(carried), jobs);
+    // (Not with a daemon that stopped answering or is gone: another exchange would only wait.)
+    if (!carried.empty() && fail->errnum() != ETIMEDOUT && session_.connected())
+      record_paused_after_failure(std::move(carried), jobs);
     return result(make_error(fail->errnum(), released ? fmt::format("{}; {} of {} allocation(s) are paused, the "
                                                                     "others stay resident",
                                                                     fail->message, released, jobs.size())
@@ -1414,6 +1427,10 @@ Status Engine::connect_session() {
     ahead_asked_bytes_ = 0;
     ahead_decided_version_ = ~0ull;
   }
+  if (config().host_tier && welcome.adopted && !host_tier_.held()) {
+    // The daemon kept our session, and counts host-tier memory we may have let go of meanwhile.
+    give_back_host_tier();
+  }
   if (host_tier_.held() && !welcome.adopted) {
     // A new daemon (or one that dropped our session): it counts our host-tier memory, which holds
     // paused chunks, again.
@@ -1530,6 +1547,11 @@ void Engine::settle_gate() noexcept {
   if (registry().totals().paused_allocations == 0) whole_process_paused_ = untagged_held_ = false;
   try {
     std::vector<gate::Range> lost;
+    bool sound_paused = false;  // paused with an intact backup: what the flags are about
+    for (const auto& a : registry().snapshot())
+      sound_paused |= a->state.load() == AllocState::Paused && a->damage.load() == 0;
+    // Only damaged memory left (a resume restored the rest): it is lost, not paused by anyone's pause.
+    if (!sound_paused) whole_process_paused_ = untagged_held_ = false;
     for (const auto& a : registry().snapshot()) {
       if (a->state.load() != AllocState::Paused) continue;
       // After a pause of part of the process (one tag), its memory is held back like lost memory:

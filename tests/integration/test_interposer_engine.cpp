@@ -1057,6 +1057,28 @@ TEST_CASE("after a checksum mismatch the process runs: only the damaged range is
   b.free();
 }
 
+TEST_CASE("after a whole resume that leaves only damaged memory, a tag's pause holds only calls naming it") {
+  // The whole pause is over: what it left is lost, not paused by anyone. A tag paused now is the
+  // program's own request, and the rest of it runs on.
+  World& w = world();
+  REQUIRE(api_tag_push("after-loss", TMSDISK_POLICY_BACKUP) == 0);
+  Buffer c(kSlotBytes, 23);
+  REQUIRE(api_tag_pop() == 0);
+  Buffer a(kSlotBytes, 21), b(kSlotBytes, 22);
+  REQUIRE(api_pause() == 0);
+  w.daemon.corrupt_blob = b.id();
+  CHECK(api_resume() == -EBADMSG);
+  w.daemon.corrupt_blob = 0;
+  REQUIRE_FALSE(gate::is_closed());
+  REQUIRE(api_pause_tag("after-loss") == 0);
+  CHECK_FALSE(c.mapped());
+  CHECK_FALSE(gate::is_closed());
+  std::vector<uint8_t> got(a.size);
+  REQUIRE(hook::cuMemcpyDtoH_v2(got.data(), a.ptr, a.size) == CUDA_SUCCESS);
+  CHECK(got == a.expected());
+  resume_check_free(w, {&a, &b, &c});  // b's chunk reads clean now: a plain resume retries it
+}
+
 TEST_CASE("freeing the damaged allocation leaves the rank running and closes the daemon's pause") {
   World& w = world();
   Buffer a(kSlotBytes, 20), b(kSlotBytes, 21);
