@@ -1547,12 +1547,12 @@ void Engine::settle_gate() noexcept {
   if (registry().totals().paused_allocations == 0) whole_process_paused_ = untagged_held_ = false;
   try {
     std::vector<gate::Range> lost;
-    bool sound_paused = false;  // paused with an intact backup: what the flags are about
-    for (const auto& a : registry().snapshot())
-      sound_paused |= a->state.load() == AllocState::Paused && a->damage.load() == 0;
+    const auto allocations = registry().snapshot();
     // Only damaged memory left (a resume restored the rest): it is lost, not paused by anyone's pause.
-    if (!sound_paused) whole_process_paused_ = untagged_held_ = false;
-    for (const auto& a : registry().snapshot()) {
+    if (std::none_of(allocations.begin(), allocations.end(),
+                     [](const auto& a) { return a->state.load() == AllocState::Paused && a->damage.load() == 0; }))
+      whole_process_paused_ = untagged_held_ = false;
+    for (const auto& a : allocations) {
       if (a->state.load() != AllocState::Paused) continue;
       // After a pause of part of the process (one tag), its memory is held back like lost memory:
       // calls naming it wait (TMSDISK_ON_TOUCH), the rest of the program runs. Untagged memory a whole

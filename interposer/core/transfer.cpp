@@ -107,7 +107,7 @@ void count_disk_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
   const uint64_t size = j.a->size;
   const uint64_t all = chunk_bytes ? (size + chunk_bytes - 1) / chunk_bytes : 0;
   uint64_t elsewhere = 0;
-  for (uint64_t i = 0; i < j.place.size() && i < all; ++i) elsewhere += j.place[i] != ChunkPlace::Disk ? 1 : 0;
+  for (uint64_t i = 0; i < j.place.size() && i < all; ++i) elsewhere += on_disk(j, i) ? 0 : 1;
   j.chunks = all - elsewhere;
 }
 
