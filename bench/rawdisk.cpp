@@ -50,7 +50,7 @@ Result<UniqueFd> open_unlinked(const std::string& dir, int flags) {
 // One sequential pass over [0, total) with `buffers.size()` requests in flight. A read checks the
 // offset stamped at the start of each request by the write, so a misdirected request cannot pass.
 Result<double> sequential_pass(io::Engine& engine, io::Op op, int fd, const std::vector<AlignedPtr>& buffers,
-                               const std::vector<int>& buf_index, uint64_t total, uint32_t request_bytes) {
+                               const std::vector<int>& buf_index, uint64_t total, uint32_t request_bytes, bool async) {
   std::vector<uint64_t> offset_of(buffers.size());
   uint64_t next = 0;
   int first_error = 0;
@@ -59,7 +59,7 @@ Result<double> sequential_pass(io::Engine& engine, io::Op op, int fd, const std:
     auto len = static_cast<uint32_t>(std::min<uint64_t>(request_bytes, total - next));
     if (op == io::Op::Write) std::memcpy(buffers[b].get(), &next, sizeof(next));
     offset_of[b] = next;
-    engine.queue(io::Request{op, fd, buffers[b].get(), b < buf_index.size() ? buf_index[b] : -1, len, next, b});
+    engine.queue(io::Request{op, fd, buffers[b].get(), b < buf_index.size() ? buf_index[b] : -1, len, next, b, async});
     next += len;
   };
 
@@ -103,8 +103,9 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
 
     struct statfs sf {};
     if (::statfs(dir.c_str(), &sf) != 0) return errno_error("examining " + dir);
-    if (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC)
-      r.notes += dir + " is in memory (tmpfs/ramfs), not a disk. ";
+    // In memory, requests go to the kernel's workers as the daemon sends them (io::Request::async).
+    const bool in_memory = sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC;
+    if (in_memory) r.notes += dir + " is in memory (tmpfs/ramfs), not a disk: requests run in io_uring's workers. ";
 
     auto fd = open_unlinked(dir, O_DIRECT);
     r.direct_io = fd.ok();
@@ -160,7 +161,8 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
       }
       buf_index.push_back(idx);
     }
-    auto write = sequential_pass(**engine, io::Op::Write, fd->get(), buffers, buf_index, r.bytes, request_bytes);
+    auto write =
+        sequential_pass(**engine, io::Op::Write, fd->get(), buffers, buf_index, r.bytes, request_bytes, in_memory);
     if (!write) return std::move(write).error();
     r.write_bytes_per_s = *write;
     // Written back by the fdatasync above; for buffered I/O this makes the read come from the device.
@@ -169,7 +171,8 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
     // flushing underneath and the first pass reads slower than the device can (seen on the H200
     // node's virtio disk). A higher ceiling only makes the ratios against it more pessimistic.
     for (int pass = 0; pass < 2; ++pass) {
-      auto read = sequential_pass(**engine, io::Op::Read, fd->get(), buffers, buf_index, r.bytes, request_bytes);
+      auto read =
+          sequential_pass(**engine, io::Op::Read, fd->get(), buffers, buf_index, r.bytes, request_bytes, in_memory);
       if (!read) return std::move(read).error();
       r.read_bytes_per_s = std::max(r.read_bytes_per_s, *read);
     }

@@ -226,6 +226,7 @@ struct Engine::Impl {
       else
         io_uring_prep_write(sqe, r.fd, r.buf, r.length, r.offset);
     }
+    if (r.async) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     io_uring_sqe_set_data64(sqe, idx);
   }
 

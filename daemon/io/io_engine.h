@@ -37,6 +37,10 @@ struct Request {
   uint32_t length = 0;
   uint64_t offset = 0;
   uint64_t tag = 0;  // caller's cookie, returned in the completion
+  // Run in one of the kernel's io_uring workers instead of trying it first inside submit(). For a
+  // file in memory (tmpfs) the kernel otherwise does every copy on the submitting thread, one
+  // request after another: a worker each lets them run in parallel. Harmless but useless on a disk.
+  bool async = false;
 };
 
 struct Completion {

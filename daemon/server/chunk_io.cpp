@@ -228,6 +228,7 @@ std::optional<proto::Message> ChunkIo::queue_io(Session& s, uint64_t tag, Pendin
   req.length = loc->io_length;
   req.offset = loc->file_offset;
   req.tag = tag;
+  req.async = loc->in_memory;
   p.hashing = false;
   try {
     pending_.emplace(tag, p);

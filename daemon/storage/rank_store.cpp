@@ -142,7 +142,8 @@ struct RootFiles {
   UniqueFd rank_dir;
   UniqueFd data;
   bool direct_io = true;
-  bool gone = false;  // rank directory removed
+  bool in_memory = false;  // the root's Root::in_memory
+  bool gone = false;       // rank directory removed
   ExtentAllocator alloc{kIoAlignment};
   // Of alloc.used_bytes(), the ranges of zero and host-tier chunks: holes in the file, no disk space.
   uint64_t off_disk_bytes = 0;
@@ -286,6 +287,7 @@ std::unique_ptr<RankStore::Impl> new_impl(const Roots& roots, const RankIdentity
   for (std::size_t i = 0; i < roots.size(); ++i) {
     impl->roots[i].path = roots[i].path;
     impl->roots[i].rank_path = join_path(roots[i].path, impl->relative);
+    impl->roots[i].in_memory = roots[i].in_memory;
   }
   impl->dir_path = impl->roots[0].rank_path;
   return impl;
@@ -987,6 +989,7 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
     Location loc;
     loc.fd = rf.data.get();
     loc.direct_io = rf.direct_io;
+    loc.in_memory = rf.in_memory;
     loc.file_offset = range.offset;
     loc.io_length = static_cast<uint32_t>(round_up(length, kIoAlignment));
     return loc;

@@ -64,6 +64,7 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
                                   "directory on local NVMe, or pass --allow-tmpfs (allow-tmpfs = true in the config "
                                   "file) to accept this anyway");
   }
+  root.in_memory = magic == TMPFS_MAGIC || magic == RAMFS_MAGIC;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error("cannot stat storage root " + root.path);
   root.dev = st.st_dev;

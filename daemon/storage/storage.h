@@ -39,10 +39,11 @@ inline constexpr uint32_t kIoAlignment = 4096;
 // other component is built here from numbers.
 
 struct Root {
-  std::string path;       // as configured, made absolute and lexically normalised
-  UniqueFd dir;           // O_PATH|O_DIRECTORY handle every operation is relative to
-  bool direct_io = true;  // false when the filesystem refused O_DIRECT (buffered fallback, logged)
-  dev_t dev = 0;          // filesystem of the root: equal values mean no striping benefit
+  std::string path;        // as configured, made absolute and lexically normalised
+  UniqueFd dir;            // O_PATH|O_DIRECTORY handle every operation is relative to
+  bool direct_io = true;   // false when the filesystem refused O_DIRECT (buffered fallback, logged)
+  bool in_memory = false;  // tmpfs or ramfs (--allow-tmpfs): every read and write is a memory copy
+  dev_t dev = 0;           // filesystem of the root: equal values mean no striping benefit
 };
 
 class Roots {
@@ -165,6 +166,7 @@ class RankStore {
   struct Location {
     int fd = -1;
     bool direct_io = true;
+    bool in_memory = false;  // the root's Root::in_memory
     uint64_t file_offset = 0;
     uint32_t io_length = 0;
   };

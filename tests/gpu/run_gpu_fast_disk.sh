@@ -9,9 +9,11 @@
 #   tests/gpu/run_gpu_fast_disk.sh BUNDLE_DIR OUT_DIR [TMS_SRC_DIR]
 # Environment: FAST_GIB (8: GiB the comparison moves; the device holds both tools' files),
 # FAST_CYCLES (2), FAST_SESSION_GIB (4), FAST_DEVICE (loop: ext4 on a loop device over /dev/shm,
-# which reads at about 4.5 GB/s on an H200 node, about as fast as one buffered reader; tmpfs: a
-# directory in /dev/shm itself, where O_DIRECT is a memory copy (Linux >= 6.6) and the daemon runs
-# with --allow-tmpfs, standing in for an NVMe array faster than one reader).
+# which reads at about 4.5 GB/s on an H200 node, about as fast as one buffered reader; stripe: the
+# same over FAST_STRIPES (4) loop devices striped into one (dmsetup or mdadm), a block device that
+# serves requests in parallel like an NVMe array, faster than one reader; tmpfs: a directory in
+# /dev/shm itself, where O_DIRECT is a memory copy (Linux >= 6.6) done by the thread that submits it,
+# and the daemon runs with --allow-tmpfs).
 set -uo pipefail  # not -e: every part runs and reports
 bundle_dir=$1
 out=$2
@@ -26,9 +28,11 @@ out=$(cd "$out" && pwd)
 report=$out/fast_disk.txt
 tmpfs_flag=()
 case $device in
-  loop)
+  loop | stripe)
     mnt=/mnt/tmsdisk-fast
-    "$here/ram_disk.sh" "$mnt" $((3 * gib + 8)) >"$report" 2>&1 || { cat "$report"; exit 1; }
+    stripes=1
+    [ "$device" = stripe ] && stripes=${FAST_STRIPES:-4}
+    RAM_DISK_STRIPES=$stripes "$here/ram_disk.sh" "$mnt" $((3 * gib + 8)) >"$report" 2>&1 || { cat "$report"; exit 1; }
     trap '"$here/ram_disk.sh" --remove "$mnt"' EXIT
     ;;
   tmpfs)
@@ -41,7 +45,7 @@ case $device in
     trap 'rm -rf "$mnt"' EXIT
     ;;
   *)
-    echo "FAST_DEVICE must be loop or tmpfs, not '$device'" >&2
+    echo "FAST_DEVICE must be loop, stripe or tmpfs, not '$device'" >&2
     exit 2
     ;;
 esac

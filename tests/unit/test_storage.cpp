@@ -284,6 +284,7 @@ TEST_CASE("create makes the rank directory with its modes, owner and data file; 
   int flags = ::fcntl(loc->fd, F_GETFL);
   CHECK(((flags & O_DIRECT) != 0) == loc->direct_io);
   CHECK(loc->direct_io == roots[0].direct_io);
+  CHECK(loc->in_memory == roots[0].in_memory);  // the test roots are on a disk unless TMSDISK_TEST_TMP says otherwise
 
   // A second rank of the same job keeps the job directory alive when the first goes.
   auto other = make_store(roots, my_identity("job1", 4));

@@ -57,6 +57,9 @@ TEST_CASE("a tmpfs root works when explicitly allowed") {
   REQUIRE((*store)->reserve(std::vector<proto::BlobSize>{{1, 100000}}));
   auto loc = (*store)->locate(1, 65536, 100000 - 65536);
   REQUIRE(loc);
+  // In memory: the daemon sends its requests to io_uring's workers (io::Request::async).
+  CHECK((*r)[0].in_memory);
+  CHECK(loc->in_memory);
   // Older kernels' tmpfs refuses O_DIRECT: then the fallback is buffered and says so.
   CHECK(((::fcntl(loc->fd, F_GETFL) & O_DIRECT) != 0) == loc->direct_io);
   if (!loc->direct_io) CHECK_FALSE((*r)[0].direct_io);
