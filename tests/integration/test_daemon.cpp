@@ -666,6 +666,59 @@ TEST_CASE("a rank that reconnects to the same daemon keeps its host-tier memory 
   CHECK(node.used_bytes == bytes);
 }
 
+namespace {
+
+// True once `fd` has something to read, within `ms`: a wait for a message the test is sure comes (a
+// receive() would block for good if it did not).
+bool arrives_within(int fd, int ms) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+}  // namespace
+
+TEST_CASE("an ask ahead that crosses a TIER_RECLAIM is told to release, and the pausing rank gets the memory") {
+  // The rank forgets a reclaim once it answered an ask of its own; told to reuse, it would keep the
+  // memory and the pausing rank would wait the whole kReclaimWait for nothing.
+  Daemon d;
+  d.start({"--host-tier-mb", "16"});  // keep and ahead on (the defaults)
+  auto kept = d.shim({.job = "kept"});
+  UniqueFd memory;
+  auto ahead = kept.call(proto::TierAsk{.bytes = 16 * MiB, .flags = proto::kTierAskAhead}, -1, &memory);
+  INFO((ahead ? "" : ahead.error().describe()));
+  REQUIRE(ahead);
+  REQUIRE(std::holds_alternative<proto::TierGrant>(*ahead));
+  REQUIRE(std::get<proto::TierGrant>(*ahead).bytes == 16 * MiB);
+  REQUIRE(memory);
+
+  // A second rank pauses: the budget is all kept by the first, so the daemon asks for it back.
+  auto pausing = d.shim({.job = "pausing"});
+  auto pause_ask = pausing.send(proto::TierAsk{.bytes = 16 * MiB, .flags = 0});
+  REQUIRE(pause_ask);
+  REQUIRE(arrives_within(kept.fd(), 10000));
+  auto reclaim = kept.receive();
+  REQUIRE(reclaim);
+  CHECK(std::holds_alternative<proto::TierReclaim>(reclaim->body));
+  CHECK((reclaim->request_id & proto::kDaemonRequestBit) != 0);
+
+  // The first rank asks ahead again before it acted on the reclaim (it crossed on the wire).
+  auto again = kept.call(proto::TierAsk{.bytes = 16 * MiB, .flags = proto::kTierAskAhead});
+  REQUIRE(again);
+  REQUIRE(std::holds_alternative<proto::TierGrant>(*again));
+  CHECK(std::get<proto::TierGrant>(*again).flags == proto::kTierReleaseFirst);
+  CHECK(std::get<proto::TierGrant>(*again).bytes == 0);
+  REQUIRE(kept.call(proto::TierRelease{}));
+  memory.reset();
+
+  // The pausing rank's ask is answered with memory, not after the wait with none.
+  REQUIRE(arrives_within(pausing.fd(), 10000));
+  auto granted = pausing.receive();
+  REQUIRE(granted);
+  CHECK(granted->request_id == *pause_ask);
+  REQUIRE(std::holds_alternative<proto::TierGrant>(granted->body));
+  CHECK(std::get<proto::TierGrant>(granted->body).bytes > 0);
+}
+
 TEST_CASE("the daemon's gc removes directories of dead ranks and keeps live ones") {
   Daemon d;
   d.start();

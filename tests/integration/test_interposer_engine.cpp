@@ -82,6 +82,9 @@ class FakeDaemon {
   std::atomic<bool> pause_on_ipc_open{false};  // an IPC_OPEN is answered after a pause COMMAND, with ENOENT
   std::atomic<int> resume_commit_error{0};     // the next COMMIT(resumed) fails with this (manifest not written)
   std::atomic<uint64_t> tier_grant_bytes{0};   // host-tier memory a TIER_ASK gets, at most (0: none)
+  // The next TIER_ASK is told to reuse memory the rank kept (kTierReuse, no memory rides along), as a
+  // daemon that still counts memory the rank let go of while it was disconnected would.
+  std::atomic<bool> tier_say_reuse{false};
   // The blob of the next WRITE is one the disk is slow to take: its WRITEs are answered only once
   // every other blob is written, or after 5 s (then hold_gave_up counts it: the shim sent nothing else).
   std::atomic<bool> hold_first_written_blob{false};
@@ -326,6 +329,8 @@ class FakeDaemon {
             }
           } else if constexpr (std::is_same_v<T, proto::TierAsk>) {
             ++tier_asks;
+            if (tier_say_reuse.exchange(false))
+              return send_locked(id, proto::TierGrant{.bytes = m.bytes, .note = {}, .flags = proto::kTierReuse});
             const uint64_t bytes = std::min<uint64_t>(tier_grant_bytes.load(), m.bytes) / kSlotBytes * kSlotBytes;
             if (bytes == 0) return send_locked(id, proto::TierGrant{.bytes = 0, .note = "no host tier (test)"});
             int fd = ::memfd_create("fake-host-tier", MFD_CLOEXEC);
@@ -769,6 +774,26 @@ TEST_CASE("the host tier the daemon grants takes the first chunks by DMA; the re
   CHECK(w.daemon.violations.load() == 0);
   a.free();
   b.free();
+}
+
+TEST_CASE("told to reuse host-tier memory it does not hold, a rank gives the daemon's count back and pauses to disk") {
+  // The daemon counts memory against the node's budget that nobody holds until the rank says so.
+  World& w = world();
+  Buffer a(2 * kSlotBytes, 12);
+  w.daemon.tier_grant_bytes = 2 * kSlotBytes;
+  w.daemon.tier_say_reuse = true;
+  const int writes = w.daemon.writes.load(), host = w.daemon.host_chunks.load();
+  const int asks = w.daemon.tier_asks.load(), releases = w.daemon.tier_releases.load();
+  REQUIRE(api_pause() == 0);
+  w.daemon.tier_grant_bytes = 0;
+  CHECK(w.daemon.tier_asks.load() - asks == 1);
+  CHECK(w.daemon.tier_releases.load() - releases == 1);
+  CHECK(w.daemon.host_chunks.load() - host == 0);
+  CHECK(w.daemon.writes.load() - writes == 2);
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
 }
 
 TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops that keep the last figures") {
