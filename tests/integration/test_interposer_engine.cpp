@@ -85,6 +85,7 @@ class FakeDaemon {
   // The next TIER_ASK is told to reuse memory the rank kept (kTierReuse, no memory rides along), as a
   // daemon that still counts memory the rank let go of while it was disconnected would.
   std::atomic<bool> tier_say_reuse{false};
+  std::atomic<bool> welcome_adopted{false};  // the next HELLO is answered as a session this daemon kept
   // The blob of the next WRITE is one the disk is slow to take: its WRITEs are answered only once
   // every other blob is written, or after 5 s (then hold_gave_up counts it: the shim sent nothing else).
   std::atomic<bool> hold_first_written_blob{false};
@@ -108,6 +109,13 @@ class FakeDaemon {
   std::vector<std::pair<uint64_t, uint64_t>> take_write_order() {
     std::lock_guard lock(mu_);
     return std::exchange(write_order_, {});
+  }
+
+  // Ends the connection as a daemon that dropped it would (the loop below sees it end and closes it);
+  // the shim reconnects.
+  void drop_connection() {
+    std::lock_guard lock(mu_);
+    if (conn_ >= 0) ::shutdown(conn_, SHUT_RDWR);
   }
 
   // Waits (up to 30 s) until `n` TIER_RELEASEs came; false if they did not.
@@ -237,6 +245,7 @@ class FakeDaemon {
             w.chunk_bytes = kSlotBytes;
             w.slot_count = kSlotCount;
             w.rank_dir = "/fake";
+            w.adopted = welcome_adopted.exchange(false) ? 1 : 0;
             send_locked(id, w, fd);
             ::close(fd);
           } else if constexpr (std::is_same_v<T, proto::Reserve>) {
@@ -790,6 +799,25 @@ TEST_CASE("told to reuse host-tier memory it does not hold, a rank gives the dae
   CHECK(w.daemon.tier_releases.load() - releases == 1);
   CHECK(w.daemon.host_chunks.load() - host == 0);
   CHECK(w.daemon.writes.load() - writes == 2);
+  REQUIRE(api_resume() == 0);
+  CHECK(a.intact());
+  CHECK(w.daemon.violations.load() == 0);
+  a.free();
+}
+
+TEST_CASE("a rank that reconnects to a daemon that kept its session says at once that it holds no host-tier memory") {
+  // The daemon may still count memory the rank let go of while it was disconnected: the rank's
+  // TIER_RELEASE ends that count before another rank's pause is refused memory nobody holds.
+  World& w = world();
+  Buffer a(2 * kSlotBytes, 13);
+  REQUIRE(api_pause() == 0);  // connected (the session starts at the first call that needs it)
+  REQUIRE(api_resume() == 0);
+  const int releases = w.daemon.tier_releases.load();
+  w.daemon.welcome_adopted = true;
+  w.daemon.drop_connection();
+  CHECK(w.daemon.await_tier_releases(releases + 1));
+  // The new connection serves a pause and a resume as before.
+  REQUIRE(api_pause() == 0);
   REQUIRE(api_resume() == 0);
   CHECK(a.intact());
   CHECK(w.daemon.violations.load() == 0);
