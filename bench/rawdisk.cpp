@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io_engine.h"
+#include "tmsdisk/common/memory_filesystem.h"
 #include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk::bench {
@@ -104,7 +105,7 @@ Result<RawDiskResult> measure_raw_disk(const std::string& dir, uint64_t total_by
     struct statfs sf {};
     if (::statfs(dir.c_str(), &sf) != 0) return errno_error("examining " + dir);
     // In memory, requests go to the kernel's workers as the daemon sends them (io::Request::async).
-    const bool in_memory = sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC;
+    const bool in_memory = in_memory_filesystem(static_cast<unsigned long>(sf.f_type));
     if (in_memory) r.notes += dir + " is in memory (tmpfs/ramfs), not a disk: requests run in io_uring's workers. ";
 
     auto fd = open_unlinked(dir, O_DIRECT);

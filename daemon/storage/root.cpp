@@ -15,6 +15,7 @@
 
 #include "storage.h"
 #include "storage_fs.h"
+#include "tmsdisk/common/memory_filesystem.h"
 
 namespace tmsdisk::storage {
 
@@ -58,13 +59,13 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
   struct statfs sfs {};
   if (::fstatfs(fd, &sfs) != 0) return errno_error("cannot stat the filesystem of storage root " + root.path);
   auto magic = static_cast<unsigned long>(sfs.f_type);
-  if ((magic == TMPFS_MAGIC || magic == RAMFS_MAGIC) && !allow_tmpfs) {
+  root.in_memory = in_memory_filesystem(magic);
+  if (root.in_memory && !allow_tmpfs) {
     return make_error(EINVAL, "storage root " + root.path + " is on " + (magic == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
                                   ": paused GPU memory would sit in RAM, which defeats moving it to disk. Use a "
                                   "directory on local NVMe, or pass --allow-tmpfs (allow-tmpfs = true in the config "
                                   "file) to accept this anyway");
   }
-  root.in_memory = magic == TMPFS_MAGIC || magic == RAMFS_MAGIC;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error("cannot stat storage root " + root.path);
   root.dev = st.st_dev;

@@ -33,6 +33,7 @@
 
 #include "client.h"
 #include "tmsdisk/common/human.h"
+#include "tmsdisk/common/memory_filesystem.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/socket.h"
@@ -265,7 +266,7 @@ Check judge_root_filesystem(const RootFacts& f) {
   if (f.open_error != 0)
     return make(name, subject, Status::Fail, std::string("cannot open it: ") + std::strerror(f.open_error), elsewhere);
   const char* fs = filesystem_name(f.fs_type);
-  if (f.fs_type == TMPFS_MAGIC || f.fs_type == RAMFS_MAGIC)
+  if (in_memory_filesystem(f.fs_type))
     return make(name, subject, Status::Fail,
                 std::string("on ") + fs +
                     ": paused GPU memory would stay in RAM, which pausing to disk is meant to free (tmsdiskd refuses "
