@@ -1544,6 +1544,8 @@ proto::RankStats Engine::make_stats() {
 
 void Engine::settle_gate() noexcept {
   bool held_paused = false;  // paused for another reason than a damaged backup: the gate stays closed
+  // Nothing paused: the flags end. Decided before the snapshot below, which may fail for memory (the
+  // rule after it covers this case too, when it can be taken).
   if (registry().totals().paused_allocations == 0) whole_process_paused_ = untagged_held_ = false;
   try {
     std::vector<gate::Range> lost;
