@@ -68,6 +68,8 @@ class BackgroundPunch {
   // Returns once the plan started last is done; at once if there is none. True when every plan since
   // the last call did all it was asked (false: see run_punch_plan). `who` waits, in the log.
   bool wait(const char* who) noexcept;
+  // True while the plan started last is still running (without waiting for it).
+  bool busy() const noexcept { return state_ && !state_->finished.load(std::memory_order_acquire); }
   // Stops the running plan at its next piece and returns once its thread is gone (what it did not
   // punch stays allocated). For a store whose files are about to go, or whose daemon stops.
   void stop() noexcept;

@@ -79,6 +79,14 @@ std::string encode_manifest(const Manifest& m) {
   put(out, m.chunk_bytes, 4);
   put(out, m.data_end.size(), 4);
   for (uint64_t end : m.data_end) put(out, end, 8);
+  for (std::size_t r = 0; r < m.data_end.size(); ++r) {
+    const std::optional<detail::FileIdentity> id = r < m.data_files.size() ? m.data_files[r] : std::nullopt;
+    const detail::FileIdentity f = id.value_or(detail::FileIdentity{});
+    put(out, id ? 1 : 0, 8);
+    for (uint64_t v : {f.dev, f.ino, f.size, static_cast<uint64_t>(f.mtime_sec), static_cast<uint64_t>(f.mtime_nsec),
+                       static_cast<uint64_t>(f.ctime_sec), static_cast<uint64_t>(f.ctime_nsec)})
+      put(out, v, 8);
+  }
   put(out, m.blobs.size(), 8);
   for (const auto& b : m.blobs) {
     put(out, b.id, 8);
@@ -122,8 +130,8 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
   Manifest m;
   uint64_t v = 0, version = 0, state = 0, chunk = 0, nroots = 0, nblobs = 0;
   r.get(v, 8);
-  if (!r.get(version, 4) || (version != kManifestVersion && version != kManifestVersion1)) {
-    why = fmt::format("unsupported format version {} (this daemon reads {} and {})", version, kManifestVersion1,
+  if (!r.get(version, 4) || version < kManifestVersion1 || version > kManifestVersion) {
+    why = fmt::format("unsupported format version {} (this daemon reads {} to {})", version, kManifestVersion1,
                       kManifestVersion);
     return std::nullopt;
   }
@@ -148,6 +156,32 @@ std::optional<Manifest> decode_manifest(std::string_view bytes, std::string& why
     if (end % 4096 != 0) {
       why = "misaligned data file end";
       return std::nullopt;
+    }
+  }
+  if (m.version >= 3) {
+    if (r.left() / 64 < nroots) {
+      why = "truncated data file identities";
+      return std::nullopt;
+    }
+    m.data_files.resize(nroots);
+    for (auto& id : m.data_files) {
+      uint64_t known = 0;
+      detail::FileIdentity f;
+      uint64_t t[4] = {};
+      r.get(known, 8);
+      r.get(f.dev, 8);
+      r.get(f.ino, 8);
+      r.get(f.size, 8);
+      for (auto& v : t) r.get(v, 8);
+      if (known > 1) {
+        why = "invalid data file identity";
+        return std::nullopt;
+      }
+      f.mtime_sec = static_cast<int64_t>(t[0]);
+      f.mtime_nsec = static_cast<int64_t>(t[1]);
+      f.ctime_sec = static_cast<int64_t>(t[2]);
+      f.ctime_nsec = static_cast<int64_t>(t[3]);
+      if (known) id = f;
     }
   }
   const uint64_t per_blob_min = 16 + 16 * nroots;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/falloc.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "background_punch.h"
 #include "checksum_journal.h"
 #include "extent_allocator.h"
+#include "file_identity.h"
 #include "manifest.h"
 #include "owner_file.h"
 #include "storage.h"
@@ -147,6 +149,14 @@ struct RootFiles {
   ExtentAllocator alloc{kIoAlignment};
   // Of alloc.used_bytes(), the ranges of zero and host-tier chunks: holes in the file, no disk space.
   uint64_t off_disk_bytes = 0;
+  // The data file as it was when its bytes were last known to be what the records say: taken at a
+  // commit of a pause, after its fdatasync (file_identity.h); nullopt from the moment the store
+  // itself may change the file again (a reservation, a WRITE), and whenever it was not taken. The
+  // held chunks of a file that no longer matches it are forgotten (RankStore::Impl::check_files).
+  std::optional<FileIdentity> known;
+  // The file was found changed outside the store: the next reservation preallocates its data chunks
+  // again (a truncation or a punch may have taken their blocks).
+  bool changed = false;
 };
 
 // What the store knows of one chunk.
@@ -157,8 +167,9 @@ struct ChunkRecord {
   ChunkState state = ChunkState::Missing;
   // The data file provably holds bytes whose XXH3-128 is `sum` at this chunk's place: this store
   // wrote them (or found them unchanged) in this generation or the last committed one, and since
-  // then no write there has started, no read of them failed its check, the chunk was not zero and
-  // its blob kept its extents. A WRITE of the same bytes then skips the disk (issue 9). Never set
+  // then no write there has started, no read of them failed its check, the chunk was not zero, its
+  // blob kept its extents and the file was not changed outside the store (RootFiles::known, checked
+  // before anything is skipped). A WRITE of the same bytes then skips the disk (issue 9). Never set
   // from a journal record, a version-1 checksum or a "writing" manifest: they prove less.
   bool held = false;
   // WRITEs of this chunk opened (RankStore::open_write): a hash that comes back after another WRITE
@@ -248,6 +259,13 @@ struct RankStore::Impl {
                            uint64_t gen, uint64_t* hash);
   // Recounts missing chunks and each root's zero bytes from `blobs`.
   void recount();
+  // Before anything is skipped for being held: forgets every held chunk of a data file whose identity
+  // differs from the one recorded (or was never recorded), so that a file changed outside the store is
+  // rewritten rather than trusted. With `before_change` (a reservation or a WRITE is about to change
+  // the files) the identities are dropped too, as the change makes them stale.
+  void check_files(bool before_change);
+  // Forgets what the data file of root `r` is known to hold.
+  void forget_held(std::size_t r);
   // Waits for `punches` (reserve(), wait_for_punches()); false when they left something undone.
   bool wait_punches(const char* who) noexcept {
     holes_punched = punches.wait(who) && holes_punched;
@@ -608,6 +626,8 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   // and lays out, preallocates, truncates and punches ranges it may reuse: a punch that landed
   // after this reservation could hit blocks its chunks are written to.
   const bool holes_known = wait_punches("the next reservation");
+  // Chunks carried over as held must still be in the files: checked before the records are made.
+  check_files(true);
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -735,7 +755,7 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
       const FileRange range = chunk_range(s, ci, chunk, n);
       if (kept_off_disk(s.records[ci].state)) {
         add_range(zero, range);
-      } else if (!old || kept_off_disk(old->records[ci].state)) {
+      } else if (!old || kept_off_disk(old->records[ci].state) || roots[range.root].changed) {
         add_range(allocate, range);
         for_each_free_part(holes[range.root], range.offset, range.length,
                            [&](uint64_t, uint64_t len) { needed[range.root] += len; });
@@ -868,7 +888,10 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
 
   // Committed from here on; what follows only gives unused space back (best effort), and must not
   // fail.
-  for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(plan[r]);
+  for (std::size_t r = 0; r < n; ++r) {
+    roots[r].alloc = std::move(plan[r]);
+    roots[r].changed = false;
+  }
   if (give_back_here) {
     holes_punched = run_punch_plan(give_back, nullptr);
   } else {
@@ -894,6 +917,40 @@ void RankStore::Impl::recount() {
       const FileRange range = chunk_range(b, ci, chunk, roots.size());
       roots[range.root].off_disk_bytes += range.length;
     }
+  }
+}
+
+void RankStore::Impl::forget_held(std::size_t r) {
+  const std::size_t n = roots.size();
+  for (auto& b : blobs) {
+    for (uint64_t ci = r; ci < b.chunks; ci += n) b.records[ci].held = false;
+  }
+}
+
+void RankStore::Impl::check_files(bool before_change) {
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    RootFiles& rf = roots[r];
+    if (!rf.known) {
+      // Nothing vouches for the file since the store last changed it: nothing in it is trusted.
+      forget_held(r);
+      continue;
+    }
+    const std::optional<FileIdentity> now = file_identity(rf.data.get());
+    if (!now || !(*now == *rf.known)) {
+      spdlog::warn(
+          "{}: the data file {} changed since tmsdiskd last wrote it ({}): its chunks are written again "
+          "at the next pause instead of being taken as unchanged",
+          relative, join_path(rf.rank_path, kDataName),
+          !now                                                     ? "it cannot be stat'ed"
+          : now->ino != rf.known->ino || now->dev != rf.known->dev ? "another file is in its place"
+          : now->size != rf.known->size                            ? "its size differs"
+                                                                   : "it was modified");
+      forget_held(r);
+      rf.known.reset();
+      rf.changed = true;
+      continue;
+    }
+    if (before_change) rf.known.reset();
   }
 }
 
@@ -1010,6 +1067,10 @@ Result<RankStore::WriteTicket> RankStore::open_write(uint64_t blob, uint64_t off
     uint64_t ci = 0;
     auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
+    // A WRITE after a commit, with no reservation since: the identities that commit recorded are
+    // checked now, before the first chunk is taken as held (and dropped: this WRITE changes the file).
+    if (std::any_of(impl_->roots.begin(), impl_->roots.end(), [](const RootFiles& rf) { return rf.known.has_value(); }))
+      impl_->check_files(true);
     ChunkRecord& rec = const_cast<BlobState&>(**found).records[ci];
     const WriteTicket ticket{.held_sum = rec.sum,
                              .held = rec.held && impl_->sealed_state() == ChunkState::Data,
@@ -1256,6 +1317,12 @@ Status RankStore::commit(proto::CommitState state) {
       for (auto& rf : m.roots) {
         if (::fdatasync(rf.data.get()) != 0) return errno_error("cannot flush the data file in " + rf.rank_path);
       }
+      // What the files hold is known now, chunk by chunk: their identities vouch for it until the
+      // store changes them again (recorded in the manifest too, for a daemon restarted before the
+      // next pause). Space the reservation gives back may still be being punched: the file changes
+      // after this, so nothing is recorded and the next pause rewrites rather than trusts.
+      const bool punching = m.punches.busy();
+      for (auto& rf : m.roots) rf.known = punching ? std::nullopt : settled_file_identity(rf.data.get());
     }
 
     // The store numbers the pauses: the manifest is the one record of which pause the files hold.
@@ -1292,6 +1359,8 @@ Status RankStore::Impl::write_manifest_of(const std::vector<BlobState>& set, con
   mf.generation = gen;
   mf.chunk_bytes = chunk;
   mf.data_end = data_end;
+  mf.data_files.reserve(roots.size());
+  for (const auto& rf : roots) mf.data_files.push_back(rf.known);
   mf.blobs.reserve(set.size());
   for (const auto& b : set) {
     ManifestBlob mb{.id = b.id, .size = b.size, .extents = b.extents, .states = {}, .sums = {}};
@@ -1435,8 +1504,9 @@ Status RankStore::Impl::load_manifest() {
     for (uint64_t ci = 0; ci < s.chunks; ++ci) {
       const ChunkState st = mb.states[ci];
       // A committed generation's 128-bit sums describe what the file holds (nothing was written after
-      // its commit: a write needs a reservation, which rewrites the manifest first); a pause in
-      // progress when the previous daemon stopped may have had writes in flight.
+      // its commit: a write needs a reservation, which rewrites the manifest first) if the file is
+      // still the one the manifest recorded (check_files() below); a pause in progress when the
+      // previous daemon stopped may have had writes in flight.
       s.records[ci] = {
           .sum = mb.sums[ci], .state = st, .held = st == ChunkState::Data && mf->state != kManifestWriting};
       missing_count += st == ChunkState::Missing ? 1 : 0;
@@ -1451,9 +1521,14 @@ Status RankStore::Impl::load_manifest() {
                             journal.path(), kNoJournalMeans));
     return {};
   }
-  for (std::size_t r = 0; r < n; ++r) roots[r].alloc = std::move(allocs[r]);
+  for (std::size_t r = 0; r < n; ++r) {
+    roots[r].alloc = std::move(allocs[r]);
+    roots[r].known = r < mf->data_files.size() ? mf->data_files[r] : std::nullopt;
+  }
   blobs = std::move(loaded);
   index = std::move(idx);
+  // On the manifest's word alone nothing is held: only where the file is still the one it recorded.
+  check_files(false);
   missing = missing_count;
   paused = mf->state == kManifestPaused;
   writing = mf->state == kManifestWriting;

@@ -98,7 +98,10 @@ std::string rank_relative_dir(const RankIdentity& id);
 // Two kinds of chunk move no bytes (issue 9). A zero chunk (every byte zero, named by reserve()'s
 // zero runs) takes no disk space and is recorded as zero at once: it is never written nor read. An
 // unchanged chunk is one whose bytes, hashed before the write (begin_write()), equal what the data
-// file provably holds at its place: it is sealed without being rewritten.
+// file provably holds at its place: it is sealed without being rewritten. "Provably" includes the
+// file itself: its identity and metadata (device, inode, size, mtime, ctime) are recorded when a
+// pause is committed and checked before anything is skipped; a file changed outside tmsdiskd since
+// (a byte flipped, truncated, replaced), before or after a daemon restart, has its chunks rewritten.
 class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
@@ -178,7 +181,8 @@ class RankStore {
   // length): hashes its bytes (one pass, on the caller's thread). When the data file provably holds
   // these very bytes there (written or found unchanged by this store since the last committed
   // generation, the blob kept its extents, no write there started since, no read of them failed its
-  // check), the chunk is sealed at once, journal included, and `unchanged` is set: nothing needs
+  // check, the data file matches the identity recorded when the pause before was committed), the
+  // chunk is sealed at once, journal included, and `unchanged` is set: nothing needs
   // writing. Otherwise what the file holds there becomes unknown (a write is about to start; any seal
   // of the chunk in this generation is dropped) and `sum` goes to end_write() once it is on disk.
   struct WritePlan {

@@ -1580,7 +1580,11 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
     REQUIRE(store->reserve(resized));
     CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x31)));
     REQUIRE(store->reserve(set));
-    CHECK(pause_all(*store, 0x31) == 1);  // blob 2 kept its extents and was rewritten above
+    // Blob 2 kept its extents and was rewritten above, but in a generation never committed: nothing
+    // recorded what the file looked like after that write, so it is not trusted across a reservation.
+    CHECK(pause_all(*store, 0x31) == 0);
+    REQUIRE(store->reserve(set));
+    CHECK(pause_all(*store, 0x31) == 4);  // committed since: held again
   }
   {
     // A daemon restarted after the resume adopts the committed manifest's sums.
@@ -1704,7 +1708,156 @@ TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified,
   REQUIRE(store->remove());
 }
 
-TEST_CASE("a version-1 manifest is adopted and verified with XXH3-64; the next generation is written as version 2") {
+// A data file changed outside tmsdiskd while the memory it held was resident again: whatever the
+// change, the next pause writes every chunk of that file again instead of taking the bytes it held
+// for unchanged, and what it wrote reads back verified, with or without a daemon restart in between.
+namespace {
+
+constexpr uint64_t kDamageChunks = 4;
+const std::vector<proto::BlobSize> kDamageSet{{1, kDamageChunks* kChunk}};
+
+enum class Damage { FlipByte, Truncate, TruncateAndExtend, Replace };
+
+// Pauses the set with every chunk filled with `fill` through `store`; returns how many chunks were
+// unchanged. Then checks that each reads back verified from the file, and resumes.
+int pause_and_resume(RankStore& store, uint8_t fill) {
+  REQUIRE(store.reserve(kDamageSet));
+  int unchanged = 0;
+  for (uint64_t c = 0; c < kDamageChunks; ++c) unchanged += write_through(store, 1, c * kChunk, filled(kChunk, fill));
+  REQUIRE(store.commit(proto::CommitState::Paused));
+  for (uint64_t c = 0; c < kDamageChunks; ++c) {
+    CHECK(chunk_is(store, 1, c * kChunk, kChunk, fill));
+    CHECK(store.verify(1, c * kChunk, filled(kChunk, fill)));
+  }
+  REQUIRE(store.commit(proto::CommitState::Resumed));
+  return unchanged;
+}
+
+// Does to the data file at `path` what root might, between two pauses.
+void damage(const std::string& path, Damage how) {
+  switch (how) {
+    case Damage::FlipByte: {
+      const int fd = ::open(path.c_str(), O_RDWR);
+      REQUIRE(fd >= 0);
+      unsigned char byte = 0;
+      REQUIRE(::pread(fd, &byte, 1, kChunk + 100) == 1);
+      byte ^= 0x01;
+      REQUIRE(::pwrite(fd, &byte, 1, kChunk + 100) == 1);
+      ::close(fd);
+      break;
+    }
+    case Damage::Truncate:  // below the extents: chunks 2 and 3 are gone
+      REQUIRE(::truncate(path.c_str(), 2 * kChunk) == 0);
+      break;
+    case Damage::TruncateAndExtend: {  // the same size as before, chunks 2 and 3 now zeros
+      struct stat st {};
+      REQUIRE(::stat(path.c_str(), &st) == 0);
+      REQUIRE(::truncate(path.c_str(), 2 * kChunk) == 0);
+      REQUIRE(::truncate(path.c_str(), st.st_size) == 0);
+      break;
+    }
+    case Damage::Replace: {  // another file in its place: a copy, one byte flipped
+      std::string bytes = read_text(path);
+      REQUIRE(bytes.size() > kChunk + 100);
+      bytes[kChunk + 100] = static_cast<char>(bytes[kChunk + 100] ^ 0x01);
+      write_text(path + ".new", bytes);
+      REQUIRE(::chmod((path + ".new").c_str(), 0600) == 0);
+      REQUIRE(::rename((path + ".new").c_str(), path.c_str()) == 0);
+      break;
+    }
+  }
+}
+
+const char* damage_name(Damage how) {
+  switch (how) {
+    case Damage::FlipByte: return "a flipped byte";
+    case Damage::Truncate: return "truncated below its extents";
+    case Damage::TruncateAndExtend: return "truncated below its extents and extended back";
+    case Damage::Replace: return "replaced by another file";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a data file changed outside tmsdiskd between pauses has every chunk rewritten, never taken as unchanged") {
+  for (Damage how : {Damage::FlipByte, Damage::Truncate, Damage::TruncateAndExtend, Damage::Replace}) {
+    INFO(damage_name(how));
+    TempDir root;
+    Roots roots = open_roots({root.path()});
+    auto store = make_store(roots, my_identity("damaged", 1));
+    const std::string data = store->dir_path() + "/data";
+    CHECK(pause_and_resume(*store, 0x61) == 0);
+    CHECK(pause_and_resume(*store, 0x61) == static_cast<int>(kDamageChunks));  // untouched: all unchanged
+    damage(data, how);
+    CHECK(pause_and_resume(*store, 0x61) == 0);                                // written again, and verified
+    CHECK(pause_and_resume(*store, 0x61) == static_cast<int>(kDamageChunks));  // trusted again once rewritten
+    REQUIRE(store->remove());
+  }
+}
+
+TEST_CASE("after a daemon restart, a data file changed outside tmsdiskd is not trusted on the manifest's word") {
+  for (Damage how : {Damage::FlipByte, Damage::TruncateAndExtend, Damage::Replace}) {
+    INFO(damage_name(how));
+    TempDir root;
+    Roots roots = open_roots({root.path()});
+    const RankIdentity id = my_identity("restarted", 1);
+    std::string data;
+    {
+      auto store = make_store(roots, id);
+      data = store->dir_path() + "/data";
+      CHECK(pause_and_resume(*store, 0x62) == 0);
+    }  // the daemon stops; root changes the file; a daemon starts and the rank reconnects
+    {
+      auto adopted = RankStore::adopt(roots, id, kChunk);
+      REQUIRE(adopted);
+      CHECK(pause_and_resume(**adopted, 0x62) == static_cast<int>(kDamageChunks));  // untouched: all unchanged
+    }
+    damage(data, how);
+    auto adopted = RankStore::adopt(roots, id, kChunk);
+    INFO((adopted ? std::string() : adopted.error().describe()));
+    REQUIRE(adopted);
+    CHECK((*adopted)->record_problem().empty());
+    CHECK(pause_and_resume(**adopted, 0x62) == 0);  // written again, and verified
+    REQUIRE((*adopted)->remove());
+  }
+}
+
+TEST_CASE("manifest version 3 records each data file's identity; versions 2 and 1 read as none recorded") {
+  Manifest m;
+  m.state = kManifestResumed;
+  m.generation = 4;
+  m.chunk_bytes = kChunk;
+  m.data_end = {kChunk, 0};
+  m.data_files = {detail::FileIdentity{.dev = 1,
+                                       .ino = 2,
+                                       .size = kChunk,
+                                       .mtime_sec = 3,
+                                       .mtime_nsec = 4,
+                                       .ctime_sec = 5,
+                                       .ctime_nsec = 999'999'999},
+                  std::nullopt};
+  m.blobs.push_back({.id = 1,
+                     .size = kChunk,
+                     .extents = {{0, kChunk}, {0, 0}},
+                     .states = {ChunkState::Data},
+                     .sums = {Checksum128{7, 8}}});
+  std::string why;
+  auto back = decode_manifest(encode_manifest(m), why);
+  INFO(why);
+  REQUIRE(back);
+  CHECK(back->version == 3);
+  REQUIRE(back->data_files.size() == 2);
+  CHECK(back->data_files[0] == m.data_files[0]);
+  CHECK_FALSE(back->data_files[1]);
+  auto v1 = decode_manifest(encode_manifest_v1(m), why);
+  REQUIRE(v1);
+  CHECK(v1->data_files.empty());
+}
+
+TEST_CASE(
+    "a version-1 manifest is adopted and verified with XXH3-64; the next generation is written in the current "
+    "version") {
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("legacy", 1);
