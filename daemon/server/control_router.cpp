@@ -52,8 +52,8 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.stats = s.stats;
     info.orphaned = s.orphan ? 1 : 0;
     info.orphaned_unix_ms = s.orphan ? s.orphaned_unix_ms : 0;
-    info.host_tier_bytes = s.host_tier_bytes;
-    info.host_tier_kept = s.host_tier_kept && s.host_tier_bytes ? 1 : 0;
+    info.host_tier_bytes = s.host_tier.bytes;
+    info.host_tier_kept = s.host_tier_kept && s.host_tier.bytes ? 1 : 0;
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;

@@ -107,7 +107,15 @@ SpareMemory spare_memory(const std::string& meminfo, const std::string& self_cgr
   return spare;
 }
 
-TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used, std::size_t ranks,
+FairShare fair_share(uint64_t budget, std::size_t users, std::size_t ranks_of_user) {
+  FairShare f;
+  f.users = std::max<std::size_t>(users, 1);
+  f.ranks_of_user = std::max<std::size_t>(ranks_of_user, 1);
+  f.bytes = budget / f.users / f.ranks_of_user;
+  return f;
+}
+
+TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used, const FairShare& share,
                     const SpareMemory& spare) {
   TierPlan p;
   if (budget == 0 || chunk == 0) {
@@ -115,7 +123,7 @@ TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used
     return p;
   }
   const uint64_t want = ask / chunk * chunk + (ask % chunk ? chunk : 0);
-  const uint64_t fair = fair_share(budget, ranks);
+  const uint64_t fair = share.bytes;
   const uint64_t left = sub_floor(budget, used);
   p.bytes = std::min({want, fair, left, spare.bytes}) / chunk * chunk;
   if (p.bytes >= want) return p;
@@ -124,10 +132,36 @@ TierPlan plan_grant(uint64_t ask, uint32_t chunk, uint64_t budget, uint64_t used
   else if (left < std::min(want, fair))
     p.note = fmt::format("other ranks hold the rest of the node's host tier ({} of {} left)", human_bytes(left),
                          human_bytes(budget));
+  else if (share.users > 1)
+    p.note = fmt::format(
+        "a fair share of the node's host tier: {} of {}, split between {} users, and this user's "
+        "part between its {} rank(s)",
+        human_bytes(fair), human_bytes(budget), share.users, share.ranks_of_user);
   else
     p.note = fmt::format("a fair share of the node's host tier: {} of {} for each of {} ranks", human_bytes(fair),
-                         human_bytes(budget), ranks);
+                         human_bytes(budget), share.ranks_of_user);
   return p;
+}
+
+Result<TierMemory> hold_tier_memory(UniqueFd fd, uint64_t bytes) {
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return errno_error("cannot stat host-tier memory");
+  TierMemory m;
+  m.fd = std::move(fd);
+  m.bytes = bytes;
+  m.dev = st.st_dev;
+  m.ino = st.st_ino;
+  return m;
+}
+
+Status revoke_tier_memory(TierMemory& memory) {
+  Status st;
+  struct stat s {};
+  if (memory.fd && ::fstat(memory.fd.get(), &s) == 0 && s.st_size > 0 &&
+      ::fallocate(memory.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, s.st_size) != 0)
+    st = errno_error("cannot take host-tier memory back (punching its memfd)");
+  memory = TierMemory{};
+  return st;
 }
 
 Result<UniqueFd> make_tier_memory(uint64_t bytes) {

@@ -155,7 +155,7 @@ MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& root
     if (s.conn_id != 0) ++now.sessions_connected;
     if (s.orphan) ++now.sessions_orphaned;
     if (s.staging) now.staging_bytes += s.staging->bytes();
-    if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier_bytes;
+    if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier.bytes;
     if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
   }

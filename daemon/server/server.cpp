@@ -218,7 +218,7 @@ struct Server::Impl {
     epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
     stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
-    sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, epoll_fd.get(),
+    sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, *staging, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
@@ -802,7 +802,7 @@ struct Server::Impl {
   // budget again, even past it (the bytes are the rank's either way; new grants wait until it is released).
   void on_tier_adopt(Connection& c, uint64_t rid, UniqueFd& fd) {
     if (!fd) return send_error(c, rid, EINVAL, "TIER_ADOPT without the host-tier memory's descriptor");
-    if (Status st = tier->adopt(session_of(c), fd.get()); !st)
+    if (Status st = tier->adopt(session_of(c), fd); !st)
       return send_error(c, rid, st.error().errnum(), st.error().describe());
     send(c, rid, proto::OkReply{});
   }

@@ -25,7 +25,7 @@ constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 uint64_t SessionTable::host_tier_used() const noexcept {
   uint64_t used = 0;
-  for (const auto& [id, s] : sessions_) used += s.host_tier_bytes + s.host_tier_pending;
+  for (const auto& [id, s] : sessions_) used += s.host_tier.bytes + s.host_tier_pending;
   return used;
 }
 
@@ -44,11 +44,13 @@ uint64_t unix_ms() {
 }
 
 SessionTable::SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc,
-                           int epoll_fd, std::function<void(const IpcExports::Users&)> notify_users)
+                           StagingWorkers& workers, int epoll_fd,
+                           std::function<void(const IpcExports::Users&)> notify_users)
     : config_(config),
       roots_(roots),
       engine_(engine),
       ipc_(ipc),
+      workers_(workers),
       epoll_fd_(epoll_fd),
       notify_users_(std::move(notify_users)) {}
 
@@ -197,19 +199,25 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
   for (auto& [sid, other] : sessions_) {
     if (other.relative_dir != o.relative_dir) continue;
     adopted = sid;
-    s.host_tier_bytes = other.host_tier_bytes;
+    s.host_tier = std::move(other.host_tier);
     s.host_tier_kept = other.host_tier_kept;
+    s.from_earlier_daemon = other.from_earlier_daemon;
+    s.host_tier_adopted = other.host_tier_adopted;
     forget_orphan(sid);
     break;
   }
+  bool from_disk = h.token != 0;
   auto store = h.token ? storage::RankStore::adopt(roots_, o.id, o.chunk_bytes)
                        : storage::RankStore::create(roots_, o.id, o.chunk_bytes);
   // A token but nothing on disk: its earlier session ended with nothing to keep (the connection
   // was closed on it), so it starts afresh under the same token.
-  if (!store && h.token && store.error().errnum() == ENOENT)
+  if (!store && h.token && store.error().errnum() == ENOENT) {
     store = storage::RankStore::create(roots_, o.id, o.chunk_bytes);
+    from_disk = false;
+  }
   if (!store) return std::move(store).error();
   s.store = std::move(store.value());
+  if (!adopted) s.from_earlier_daemon = from_disk;
   if (!s.store->record_problem().empty())
     spdlog::error("session {} (pid {}): {}", s.id, s.cred.pid, s.store->record_problem());
 
@@ -261,6 +269,9 @@ void SessionTable::maybe_destroy(uint64_t sid) {
     return;
   }
   if (s.pidfd) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
+  // No paused chunk of it lives in its host-tier memory now (or nobody is left to resume them): the
+  // memory stops counting, so it is taken back from whoever still holds it.
+  if (s.host_tier.bytes) workers_.take_back_tier(std::move(s.host_tier));
   if (auto st = s.store->remove(); !st)
     spdlog::error("session {}: cannot remove its files: {}", sid, st.error().describe());
   spdlog::info("session {} (pid {}) closed; its files are removed", sid, s.cred.pid);

@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "host_tier.h"
 #include "ipc_exports.h"
 #include "server.h"
 #include "staging_buffer.h"
+#include "staging_workers.h"
 #include "storage.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
@@ -54,9 +56,14 @@ struct Session {
   std::vector<uint64_t> pending_carry;  // blobs of the set being sent that stay paused as stored
   uint64_t pending_chunks = 0;
   // Host-tier memory the rank holds (granted, or handed back after a daemon restart) and a grant
-  // being made for it (host_tier.h): both count against the node's budget until the session ends.
-  uint64_t host_tier_bytes = 0;
+  // being made for it (host_tier.h): both count against the node's budget until the rank releases it
+  // or the session ends, and then the memory is taken back (revoke_tier_memory).
+  TierMemory host_tier;
   uint64_t host_tier_pending = 0;
+  // The session continues a rank's store from disk, left by an earlier daemon (not an orphan of this
+  // one): the only kind that may hand host-tier memory back (TIER_ADOPT), once.
+  bool from_earlier_daemon = false;
+  bool host_tier_adopted = false;
   // That memory holds nothing now: the rank resumed and keeps it for its next pause (TIER_KEEP); and
   // the daemon asked for it back (TIER_RECLAIM) for another rank's pause (tier_broker.h).
   bool host_tier_kept = false;
@@ -80,9 +87,10 @@ class SessionTable {
   // Epoll key of an orphan's pidfd: its session id with this bit set.
   static constexpr uint64_t kOrphanKeyBit = 1ull << 63;
 
-  // `notify_users` tells an exporter how many processes have its legacy IPC export open now.
-  SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc, int epoll_fd,
-               std::function<void(const IpcExports::Users&)> notify_users);
+  // `notify_users` tells an exporter how many processes have its legacy IPC export open now; `workers`
+  // take back the host-tier memory of sessions that end.
+  SessionTable(const Config& config, storage::Roots& roots, io::Engine& engine, IpcExports& ipc,
+               StagingWorkers& workers, int epoll_fd, std::function<void(const IpcExports::Users&)> notify_users);
 
   // The staging buffer a HELLO asks for.
   struct StagingShape {
@@ -147,6 +155,7 @@ class SessionTable {
   storage::Roots& roots_;
   io::Engine& engine_;
   IpcExports& ipc_;
+  StagingWorkers& workers_;
   int epoll_fd_;
   std::function<void(const IpcExports::Users&)> notify_users_;
   std::map<uint64_t, Session> sessions_;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -17,6 +18,14 @@ namespace tmsdisk::server {
 namespace {
 
 constexpr int kWorkerNice = 10;
+
+void take_back_now(TierMemory& memory) noexcept {
+  try {
+    if (auto st = revoke_tier_memory(memory); !st) spdlog::warn("{}", st.error().describe());
+  } catch (...) {
+    // No memory for the message: the memory went back all the same (revoke forgets it either way).
+  }
+}
 
 }  // namespace
 
@@ -64,6 +73,24 @@ StagingWorkers::~StagingWorkers() {
     std::lock_guard lock(mu_);
     left = std::move(done_);
   }
+}
+
+void StagingWorkers::take_back_tier(TierMemory memory) noexcept {
+  if (!memory.fd) return;
+  {
+    std::unique_lock lock(mu_);
+    if (!stopping_) {
+      try {
+        tier_takebacks_.push_back(std::move(memory));
+        lock.unlock();
+        cv_.notify_one();
+        return;
+      } catch (...) {
+        // No memory for the queue entry: taken back here, late as it is.
+      }
+    }
+  }
+  take_back_now(memory);
 }
 
 void StagingWorkers::build(uint64_t conn_id, const std::string& job, uint32_t chunk_bytes, uint32_t slot_count,
@@ -136,7 +163,9 @@ void StagingWorkers::work() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !teardowns_.empty() || !builds_.empty() || !tier_builds_.empty(); });
+    cv_.wait(lock, [&] {
+      return stopping_ || !teardowns_.empty() || !tier_takebacks_.empty() || !builds_.empty() || !tier_builds_.empty();
+    });
     if (!teardowns_.empty()) {
       StagingBuffer* buffer = teardowns_.front();
       teardowns_.pop_front();
@@ -152,6 +181,14 @@ void StagingWorkers::work() {
         }
         post_locked();
       }
+      continue;
+    }
+    if (!tier_takebacks_.empty()) {
+      TierMemory memory = std::move(tier_takebacks_.front());
+      tier_takebacks_.pop_front();
+      lock.unlock();
+      take_back_now(memory);
+      lock.lock();
       continue;
     }
     if (stopping_) return;  // builds not started are dropped: nobody will take them

@@ -4,7 +4,7 @@
 // of a session as long to unpin and free them: on the event loop, which serves every user, that
 // stalled everyone else's requests (issue 11). The loop hands the work here and hears back through
 // an eventfd in its epoll set. Host-tier memory (host_tier.h), zeroed by the kernel page by page as
-// staging is, is made here too.
+// staging is, is made and taken back here too.
 #pragma once
 
 #include <condition_variable>
@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_tier.h"
 #include "io_engine.h"
 #include "staging_buffer.h"
 #include "tmsdisk/common/result.h"
@@ -76,6 +77,9 @@ class StagingWorkers {
   // Tears `buffer` down on a worker; its fixed-buffer slot comes back through finished(). What
   // StagingPtr's deleter calls; after the workers stopped it tears down on the calling thread.
   void retire(StagingBuffer* buffer) noexcept;
+  // Takes host-tier memory the daemon stops counting back on a worker (revoke_tier_memory: freeing a
+  // GiB takes a good part of a second); after the workers stopped, on the calling thread.
+  void take_back_tier(TierMemory memory) noexcept;
 
   // What is done since the last call (event loop; clears the eventfd).
   Finished finished();
@@ -98,6 +102,7 @@ class StagingWorkers {
   std::condition_variable cv_;
   // Teardowns go first: they give memory back, builds take it.
   std::deque<StagingBuffer*> teardowns_;
+  std::deque<TierMemory> tier_takebacks_;
   std::deque<BuildJob> builds_;
   std::deque<TierBuilt> tier_builds_;  // requests: `memory` and `error` filled in by a worker
   Finished done_;

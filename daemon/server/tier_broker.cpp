@@ -4,9 +4,12 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "chunk_io.h"
@@ -22,16 +25,26 @@ uint64_t whole_chunks(uint64_t bytes, uint32_t chunk) {
 
 }  // namespace
 
+FairShare TierBroker::share_of(uid_t uid) const {
+  std::set<uid_t> users;
+  std::size_t ranks = 0;
+  for (const auto& [id, s] : sessions_.all()) {
+    users.insert(s.cred.uid);
+    ranks += s.cred.uid == uid;
+  }
+  return fair_share(budget_, users.size(), ranks);
+}
+
 TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
   const SpareMemory spare = budget_ ? spare_memory() : SpareMemory{};
   // What `s` holds itself is not another rank's: it is what the rank would give up for this grant.
-  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier_bytes,
-                    sessions_.all().size(), spare);
+  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier.bytes,
+                    share_of(s.cred.uid), spare);
 }
 
 uint64_t TierBroker::fair_ask(const Session& s, uint64_t bytes) const {
   const uint32_t chunk = s.staging->chunk_bytes();
-  const uint64_t fair = fair_share(budget_, sessions_.all().size()) / chunk * chunk;
+  const uint64_t fair = share_of(s.cred.uid).bytes / chunk * chunk;
   return std::min(whole_chunks(bytes, chunk), fair);
 }
 
@@ -42,7 +55,7 @@ bool TierBroker::waits(uint64_t session_id) const {
 void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t flags) {
   if (s.host_tier_pending || waits(s.id))
     return send_(s.conn_id, request_id, error_reply(EBUSY, "a host-tier ask of this rank is already being served"), -1);
-  if (s.host_tier_bytes && !s.host_tier_kept)
+  if (s.host_tier.bytes && !s.host_tier_kept)
     return send_(s.conn_id, request_id,
                  error_reply(EBUSY, "this rank's host-tier memory holds paused chunks: resume them first"), -1);
   if (flags & proto::kTierAskAhead) return ask_ahead(s, request_id, bytes);
@@ -50,10 +63,10 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t fl
   s.host_tier_kept = false;
   s.host_tier_reclaimed = false;
   TierPlan plan = plan_for(s, bytes);
-  if (const uint64_t held = s.host_tier_bytes) {
+  if (const uint64_t held = s.host_tier.bytes) {
     // Reused while it is no less than the rank could get now and no more than its fair share: making
     // and pinning it again is what keeping it saves.
-    if (held >= plan.bytes && held <= fair_share(budget_, sessions_.all().size())) {
+    if (held >= plan.bytes && held <= share_of(s.cred.uid).bytes) {
       spdlog::debug("session {}: reuses the {} of host-tier memory it kept", s.id, human_bytes(held));
       return send_(s.conn_id, request_id,
                    proto::TierGrant{.bytes = held,
@@ -87,7 +100,7 @@ void TierBroker::ask_ahead(Session& s, uint64_t request_id, uint64_t bytes) {
     return send_(s.conn_id, request_id, proto::TierGrant{.bytes = 0, .note = why}, -1);
   }
   TierPlan plan = plan_for(s, bytes);
-  if (const uint64_t held = s.host_tier_bytes) {
+  if (const uint64_t held = s.host_tier.bytes) {
     // Kept already: enough for now, or to be made again larger (the rank releases, then asks again).
     // Asked back meanwhile (a TIER_RECLAIM crossed this ask, and the rank forgets it once answered):
     // released as the reclaim asks, or a pausing rank would wait for it in vain.
@@ -109,32 +122,44 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
   std::vector<Session*> kept;
   bool outstanding = false;
   uint64_t coming = 0;
+  std::map<uid_t, uint64_t> held_by_user;
   for (auto& [id, s] : sessions_.all()) {
-    if (&s == &asker || !s.host_tier_bytes) continue;
+    held_by_user[s.cred.uid] += s.host_tier.bytes;
+    if (&s == &asker || !s.host_tier.bytes) continue;
     if (s.host_tier_releasing) {
       // Its own ask was told to release first (it held more than its share): that memory is on its way
       // back as surely as a reclaimed one, and the asker waits for it the same way.
       outstanding = true;
-      coming += s.host_tier_bytes;
+      coming += s.host_tier.bytes;
       continue;
     }
     if (!s.host_tier_kept) continue;
     if (s.host_tier_reclaimed) {
       outstanding = true;
-      coming += s.host_tier_bytes;
+      coming += s.host_tier.bytes;
     } else if (s.conn_id) {
       kept.push_back(&s);
     }
   }
-  std::sort(kept.begin(), kept.end(),
-            [](const Session* a, const Session* b) { return a->host_tier_bytes > b->host_tier_bytes; });
+  // Kept memory of the users who hold most beyond their part of the budget goes first (one user's idle
+  // ranks give way to another user's pause before anyone else's do), then the largest.
+  std::map<uid_t, uint64_t> over;
+  for (const auto& [uid, held] : held_by_user) {
+    const FairShare share = share_of(uid);
+    const uint64_t part = share.bytes * share.ranks_of_user;
+    over[uid] = held > part ? held - part : 0;
+  }
+  std::sort(kept.begin(), kept.end(), [&](const Session* a, const Session* b) {
+    const uint64_t oa = over[a->cred.uid], ob = over[b->cred.uid];
+    return oa != ob ? oa > ob : a->host_tier.bytes > b->host_tier.bytes;
+  });
   for (Session* s : kept) {
     if (coming >= short_by) break;
     spdlog::info("session {}: asking pid {} for the {} of host-tier memory it kept, for session {}'s pause", s->id,
-                 s->cred.pid, human_bytes(s->host_tier_bytes), asker.id);
+                 s->cred.pid, human_bytes(s->host_tier.bytes), asker.id);
     send_(s->conn_id, proto::kDaemonRequestBit, proto::TierReclaim{}, -1);
     s->host_tier_reclaimed = true;
-    coming += s->host_tier_bytes;
+    coming += s->host_tier.bytes;
     outstanding = true;
   }
   return outstanding;
@@ -172,7 +197,14 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
                                   .note = proto::wire_text("tmsdiskd could not get the memory: " + t.error.describe())},
                  -1);
   }
-  s->host_tier_bytes = t.bytes;
+  // The daemon keeps its own descriptor: what it stops counting, it takes back (revoke_tier_memory).
+  auto held = hold_tier_memory(std::move(t.memory), t.bytes);
+  if (!held) {
+    spdlog::warn("session {}: {}; this pause goes to disk", s->id, held.error().describe());
+    return send_(s->conn_id, t.request_id,
+                 proto::TierGrant{.bytes = 0, .note = proto::wire_text("tmsdiskd could not keep the memory")}, -1);
+  }
+  s->host_tier = std::move(held.value());
   s->host_tier_kept = ahead;  // a pause's memory is in use; memory asked for ahead is kept until a pause
   spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use){}", s->id,
                human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_),
@@ -181,31 +213,57 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
         proto::TierGrant{.bytes = t.bytes,
                          .note = proto::wire_text(t.note),
                          .flags = static_cast<uint8_t>(keep_ ? proto::kTierKeep : 0)},
-        t.memory.get());
+        s->host_tier.fd.get());
 }
 
 void TierBroker::release(Session& s) {
-  if (s.host_tier_bytes)
-    spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier_bytes));
-  s.host_tier_bytes = 0;
+  if (s.host_tier.bytes) {
+    spdlog::debug("session {}: released {} of host-tier memory", s.id, human_bytes(s.host_tier.bytes));
+    // No longer counted, so no longer usable: a rank that kept a mapping or a descriptor (against the
+    // protocol) is left with pages it pays for itself.
+    workers_.take_back_tier(std::move(s.host_tier));
+  }
+  s.host_tier = TierMemory{};
   s.host_tier_kept = false;
   s.host_tier_reclaimed = false;
   s.host_tier_releasing = false;
 }
 
 void TierBroker::keep(Session& s) {
-  if (!s.host_tier_bytes) return;  // released meanwhile (a reclaim crossed the rank's resume)
+  if (!s.host_tier.bytes) return;  // released meanwhile (a reclaim crossed the rank's resume)
   s.host_tier_kept = true;
-  spdlog::debug("session {}: keeps {} of host-tier memory for its next pause", s.id, human_bytes(s.host_tier_bytes));
+  spdlog::debug("session {}: keeps {} of host-tier memory for its next pause", s.id, human_bytes(s.host_tier.bytes));
 }
 
-Status TierBroker::adopt(Session& s, int fd) {
-  auto bytes = tier_memory_bytes(fd);
-  if (!bytes) return std::move(bytes).error();
-  s.host_tier_bytes = *bytes;
+Status TierBroker::adopt(Session& s, UniqueFd& fd) {
+  if (!s.from_earlier_daemon)
+    return make_error(EPERM,
+                      "TIER_ADOPT hands back host-tier memory an earlier tmsdiskd granted; this session did not come "
+                      "from one (this daemon counts what it granted itself)");
+  if (s.host_tier_adopted || s.host_tier.bytes || s.host_tier_pending)
+    return make_error(EBUSY, "this rank's host-tier memory is counted already");
+  // The record the earlier daemon wrote: the rank's paused chunks kept in host memory. Only that much
+  // was granted for them; a memfd that merely looks like tier memory proves nothing more.
+  const uint64_t recorded = s.store->holds_unresumed_data() ? s.store->host_tier_bytes() : 0;
+  if (recorded == 0)
+    return make_error(EINVAL, "this rank's records keep no paused chunk in host-tier memory: nothing to hand back");
+  auto pages = tier_memory_bytes(fd.get());
+  if (!pages) return std::move(pages).error();
+  if (*pages < recorded)
+    return make_error(EINVAL, fmt::format("the memory handed back holds {} of the {} the rank's paused chunks need",
+                                          human_bytes(*pages), human_bytes(recorded)));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_error("cannot stat the memory handed back");
+  for (const auto& [id, other] : sessions_.all())
+    if (other.host_tier.bytes && other.host_tier.dev == st.st_dev && other.host_tier.ino == st.st_ino)
+      return make_error(EEXIST, fmt::format("this host-tier memory is counted for session {} already", id));
+  auto held = hold_tier_memory(std::move(fd), recorded);
+  if (!held) return std::move(held).error();
+  s.host_tier = std::move(held.value());
   s.host_tier_kept = false;
+  s.host_tier_adopted = true;
   spdlog::info("session {}: pid {} holds {} of host-tier memory from before; counted against the budget", s.id,
-               s.cred.pid, human_bytes(*bytes));
+               s.cred.pid, human_bytes(recorded));
   return {};
 }
 
@@ -241,12 +299,12 @@ void TierBroker::check_memory() {
   bool any_kept = false;
   // Memory still being made ahead of a pause is not held yet: the plan that started it saw it could be spared.
   for (const auto& [id, s] : sessions_.all())
-    any_kept |= s.host_tier_kept && !s.host_tier_reclaimed && s.host_tier_bytes;
+    any_kept |= s.host_tier_kept && !s.host_tier_reclaimed && s.host_tier.bytes;
   if (!any_kept || spare_memory().bytes > 0) return;
   for (auto& [id, s] : sessions_.all()) {
-    if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id || !s.host_tier_bytes) continue;
+    if (!s.host_tier_kept || s.host_tier_reclaimed || !s.conn_id || !s.host_tier.bytes) continue;
     spdlog::info("session {}: the node is short of memory: asking pid {} for the {} of host-tier memory it kept", s.id,
-                 s.cred.pid, human_bytes(s.host_tier_bytes));
+                 s.cred.pid, human_bytes(s.host_tier.bytes));
     send_(s.conn_id, proto::kDaemonRequestBit, proto::TierReclaim{}, -1);
     s.host_tier_reclaimed = true;
   }

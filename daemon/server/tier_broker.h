@@ -11,8 +11,9 @@
 // kReclaimWait) for their TIER_RELEASE. A rank that holds less than it could get now, or more than
 // its fair share, is told to release first and ask again (kTierReleaseFirst), so that the sum never
 // exceeds the budget, not even for a moment; a pausing rank waits for memory so on its way back as
-// for reclaimed memory. When the node runs short of memory (the sweep timer's
-// check), kept memory is taken back too.
+// for reclaimed memory. Reclaims go first to the users who hold most beyond their part of the budget.
+// Memory that holds paused chunks is never reclaimed: it is the only copy until the rank resumes. When the node runs
+// short of memory (the sweep timer's check), kept memory is taken back too.
 //
 // Asked ahead (kTierAskAhead): with keep on, the memory is the rank's from its first pause on; a rank
 // whose memory stopped growing asks for it before that pause, so that even the first one only copies.
@@ -52,7 +53,9 @@ class TierBroker {
   void release(Session& s);  // TIER_RELEASE (the caller answers OK)
   void keep(Session& s);     // TIER_KEEP
   // TIER_ADOPT: `fd` is memory a daemon granted before this one started; it holds paused chunks.
-  Status adopt(Session& s, int fd);
+  // Counted once per memfd, for a session continued from an earlier daemon's records, as much as those
+  // records keep in host memory (host_tier.h). Takes `fd` only when it counts it.
+  Status adopt(Session& s, UniqueFd& fd);
   // Answers the asks waiting for kept memory once it is back or their wait is over. Returns ms until
   // the next such deadline, or -1 when none waits.
   int expire();
@@ -68,6 +71,8 @@ class TierBroker {
     std::chrono::steady_clock::time_point deadline;
   };
 
+  // The fair share of a rank of user `uid` (host_tier.h).
+  FairShare share_of(uid_t uid) const;
   TierPlan plan_for(const Session& s, uint64_t bytes) const;
   // The grant a fully free budget would give `s` now.
   uint64_t fair_ask(const Session& s, uint64_t bytes) const;

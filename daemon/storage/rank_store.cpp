@@ -1274,6 +1274,13 @@ uint64_t RankStore::chunk_count() const noexcept {
   return total;
 }
 
+uint64_t RankStore::host_tier_bytes() const noexcept {
+  uint64_t chunks = 0;
+  for (const auto& b : impl_->blobs)
+    for (uint64_t ci = 0; ci < b.chunks; ++ci) chunks += b.records[ci].state == ChunkState::Host;
+  return chunks * impl_->chunk;
+}
+
 uint64_t RankStore::zero_bytes(std::span<const uint64_t> except) const noexcept {
   // A figure for the log and the metrics: without memory for the lookup, every blob is counted.
   std::unordered_set<uint64_t> skip;

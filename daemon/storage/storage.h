@@ -250,6 +250,9 @@ class RankStore {
   // Bytes of the reserved set's zero chunks, but those of the blobs `except` names (carried ones,
   // whose zero chunks an earlier pause reported).
   uint64_t zero_bytes(std::span<const uint64_t> except = {}) const noexcept;
+  // Bytes of host-tier memory the reserved set's host chunks take in the rank (whole chunks, laid one
+  // after another): the most of its host-tier memory these records vouch for.
+  uint64_t host_tier_bytes() const noexcept;
 
   // Commits the state: for Paused, requires every chunk written (or zero), fdatasyncs each data file, then
   // writes the manifest (the next generation, blobs, extents, checksums) to a temporary file,

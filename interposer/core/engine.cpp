@@ -32,7 +32,8 @@ namespace {
 constexpr int kReportIntervalMs = 1000;
 // The rank's memory has not changed for this long: its host-tier memory is asked for ahead of a pause.
 constexpr int64_t kAheadQuietMs = 2000;
-// Kept host-tier memory beyond twice what the last pause placed there, and this much more, goes back.
+// Kept host-tier memory beyond what the last pause placed there, an eighth more and this much more,
+// goes back (and is asked for again ahead of the next pause at the size that pause placed).
 constexpr uint64_t kKeepSlackBytes = 64ull << 20;
 constexpr int kDrainTimeoutMs = 60000;       // calls already inside the gate when a pause starts
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
@@ -818,7 +819,21 @@ uint64_t Engine::obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext 
 }
 
 void Engine::ask_host_tier_ahead(int64_t now) {
-  if (!config().host_tier || !session_.connected() || host_tier_reclaimed_ || host_tier_asked_at_pause_) return;
+  if (!config().host_tier || !session_.connected() || host_tier_reclaimed_) return;
+  if (const uint64_t want = std::exchange(host_tier_resize_bytes_, 0); want && !host_tier_.held()) {
+    // Kept memory went back, larger than the last pause needed: asked for again at that pause's size.
+    CUcontext ctx = nullptr;
+    for (const auto& a : registry().snapshot()) {
+      if (a->state.load() != AllocState::Resident || a->app_vmm || !a->ctx) continue;
+      ctx = a->ctx;
+      break;
+    }
+    if (!ctx) return;
+    const uint64_t got = obtain_host_tier(want, proto::kTierAskAhead, ctx);
+    if (got) TMS_INFO("host tier: %llu bytes ready ahead of the next pause", static_cast<unsigned long long>(got));
+    return;
+  }
+  if (host_tier_asked_at_pause_) return;
   const uint64_t version = registry().version();
   if (version != ahead_version_) {
     ahead_version_ = version;
@@ -826,8 +841,10 @@ void Engine::ask_host_tier_ahead(int64_t now) {
     return;
   }
   if (now - ahead_quiet_since_ms_ < kAheadQuietMs || version == ahead_decided_version_) return;
-  // What a pause would want now: the memory it would back up, in whole chunks (its zero chunks are
-  // not known before the pause's scan: at most the rank's fair share is granted either way).
+  // What a pause would want now: the memory it would back up, in whole chunks (its zero chunks, and
+  // what the program frees before the pause, such as PyTorch's cache, are not known before it: at
+  // most the rank's fair share is granted either way, and settle_host_tier() sizes it again after the
+  // first pause).
   const uint64_t chunk = staging_.chunk_bytes();
   if (chunk == 0) return;
   uint64_t want = 0;
@@ -858,9 +875,11 @@ void Engine::settle_host_tier() {
   // nobody needs to wait for), under the op lock: paused allocations' placement is read.
   std::unique_lock lock(op_lock_);
   if (host_tier_in_use()) return;
-  // Far more than the last pause placed (memory asked for ahead of a pause that found most of it
-  // zero): given back; the next pause asks for what it needs.
-  const bool oversized = host_tier_placed_ && host_tier_.bytes() > 2 * host_tier_placed_ + kKeepSlackBytes;
+  // More than the last pause placed (memory asked for ahead of a pause that found much of it zero, or
+  // sized before PyTorch emptied its cache): given back, so that the node's budget counts what is
+  // used, and asked for again ahead of the next pause at the size this one placed.
+  const bool oversized =
+      host_tier_placed_ && host_tier_.bytes() > host_tier_placed_ + host_tier_placed_ / 8 + kKeepSlackBytes;
   if (host_tier_keep_ && !host_tier_reclaimed_ && !oversized) {
     if (!host_tier_kept_told_ && session_.connected()) {
       // No answer: the daemon marks the memory as kept (another rank's pause may reclaim it).
@@ -868,6 +887,7 @@ void Engine::settle_host_tier() {
     }
     return;
   }
+  if (host_tier_keep_ && !host_tier_reclaimed_ && oversized) host_tier_resize_bytes_ = host_tier_placed_;
   give_back_host_tier();
 }
 

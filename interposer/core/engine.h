@@ -277,6 +277,7 @@ class Engine {
   uint64_t ahead_decided_version_ = ~0ull;  // registry version it last decided for
   bool host_tier_asked_at_pause_ = false;   // a pause has asked for host-tier memory
   uint64_t host_tier_placed_ = 0;           // bytes the last pause that asked placed there
+  uint64_t host_tier_resize_bytes_ = 0;     // kept memory went back oversized: asked for ahead at this size
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange or a host-tier ask ahead waited for

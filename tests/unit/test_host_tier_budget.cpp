@@ -35,32 +35,48 @@ void write_file(const fs::path& p, const std::string& text) {
 
 TEST_CASE("a grant is the smallest of the ask, the fair share, what is left and what the node can spare") {
   const SpareMemory plenty{};
+  const uint64_t budget = 16 * kGiB;
   // Alone on the node: all it asks, in whole chunks (rounded up).
-  TierPlan p = plan_grant(100 * kMiB + 1, kChunk, 16 * kGiB, 0, 1, plenty);
+  TierPlan p = plan_grant(100 * kMiB + 1, kChunk, budget, 0, fair_share(budget, 1, 1), plenty);
   CHECK(p.bytes == 104 * kMiB);
   CHECK(p.note.empty());
   // Four ranks, a budget for two: each gets a quarter, and the note says why.
-  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 0, 4, plenty);
+  p = plan_grant(8 * kGiB, kChunk, budget, 0, fair_share(budget, 1, 4), plenty);
   CHECK(p.bytes == 4 * kGiB);
   CHECK(p.note.find("fair share") != std::string::npos);
   // What other ranks hold is not granted again.
-  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 14 * kGiB, 2, plenty);
+  p = plan_grant(8 * kGiB, kChunk, budget, 14 * kGiB, fair_share(budget, 1, 2), plenty);
   CHECK(p.bytes == 2 * kGiB);
   CHECK(p.note.find("other ranks hold") != std::string::npos);
-  p = plan_grant(8 * kGiB, kChunk, 16 * kGiB, 17 * kGiB, 2, plenty);  // over the budget after adoptions
+  p = plan_grant(8 * kGiB, kChunk, budget, 17 * kGiB, fair_share(budget, 1, 2), plenty);  // over it after adoptions
   CHECK(p.bytes == 0);
   // Off: nothing, and the note says which setting.
-  p = plan_grant(8 * kGiB, kChunk, 0, 0, 1, plenty);
+  p = plan_grant(8 * kGiB, kChunk, 0, 0, fair_share(0, 1, 1), plenty);
   CHECK(p.bytes == 0);
   CHECK(p.note.find("host-tier-mb") != std::string::npos);
 }
 
+TEST_CASE("the budget is split between users first, then between each user's ranks") {
+  const uint64_t budget = 256 * kMiB;
+  // Sixteen ranks of one user and one of another: the lone rank's user has half, not a seventeenth.
+  CHECK(fair_share(budget, 2, 1).bytes == 128 * kMiB);
+  CHECK(fair_share(budget, 2, 16).bytes == 8 * kMiB);
+  // One user alone splits the whole budget between its ranks, as before.
+  CHECK(fair_share(budget, 1, 16).bytes == 16 * kMiB);
+  const TierPlan p = plan_grant(256 * kMiB, kChunk, budget, 0, fair_share(budget, 2, 1), SpareMemory{});
+  CHECK(p.bytes == 128 * kMiB);
+  CHECK(p.note.find("2 users") != std::string::npos);
+}
+
 TEST_CASE("a budget larger than the memory the node can spare grants only what it can spare, in whole chunks") {
   const SpareMemory scarce{.bytes = 3 * kGiB + 5 * kMiB, .limited_by = "MemAvailable"};
-  TierPlan p = plan_grant(64 * kGiB, kChunk, 1024 * kGiB, 0, 1, scarce);
+  const uint64_t budget = 1024 * kGiB;
+  TierPlan p = plan_grant(64 * kGiB, kChunk, budget, 0, fair_share(budget, 1, 1), scarce);
   CHECK(p.bytes == 3 * kGiB);
   CHECK(p.note.find("MemAvailable") != std::string::npos);
-  CHECK(plan_grant(64 * kGiB, kChunk, 1024 * kGiB, 0, 1, SpareMemory{.bytes = kMiB, .limited_by = "x"}).bytes == 0);
+  CHECK(
+      plan_grant(64 * kGiB, kChunk, budget, 0, fair_share(budget, 1, 1), SpareMemory{.bytes = kMiB, .limited_by = "x"})
+          .bytes == 0);
 }
 
 TEST_CASE("the node's spare memory: MemAvailable less what the tier always leaves, and every cgroup's headroom") {
@@ -127,4 +143,35 @@ TEST_CASE("tier memory is sealed with its pages in; handed back, it is recognize
   auto claimed = tier_memory_bytes(sparse.get());
   REQUIRE(claimed);
   CHECK(*claimed == 0);
+}
+
+TEST_CASE("host-tier memory taken back leaves nothing to a holder that kept a mapping and a descriptor") {
+  // What a rank (or an attacker) could keep after its grant stops counting: the daemon's punch frees
+  // the pages it faulted in, and the holder's mapping then sees fresh zero pages of its own.
+  auto made = make_tier_memory(4 * kMiB);
+  REQUIRE(made);
+  UniqueFd kept(::fcntl(made->get(), F_DUPFD_CLOEXEC, 0));
+  REQUIRE(kept);
+  void* p = ::mmap(nullptr, 4 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, kept.get(), 0);
+  REQUIRE(p != MAP_FAILED);
+  auto* bytes = static_cast<uint8_t*>(p);
+  bytes[0] = 0xab;
+  bytes[4 * kMiB - 1] = 0xcd;
+  struct stat st {};
+  REQUIRE(::fstat(kept.get(), &st) == 0);
+  REQUIRE(static_cast<uint64_t>(st.st_blocks) * 512 >= 4 * kMiB);
+
+  auto held = hold_tier_memory(std::move(made.value()), 4 * kMiB);
+  REQUIRE(held);
+  REQUIRE(held->bytes == 4 * kMiB);
+  auto revoked = revoke_tier_memory(*held);
+  INFO((revoked ? "" : revoked.error().describe()));
+  CHECK(revoked);
+  CHECK(held->bytes == 0);
+  CHECK_FALSE(held->fd);
+  REQUIRE(::fstat(kept.get(), &st) == 0);
+  CHECK(st.st_blocks == 0);
+  CHECK(bytes[0] == 0);
+  CHECK(bytes[4 * kMiB - 1] == 0);
+  ::munmap(p, 4 * kMiB);
 }
