@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -18,6 +19,7 @@
 
 #include "systemd.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk {
@@ -46,9 +48,17 @@ Status configure_private(server::Config& config) {
   if (const char* dir = std::getenv("TMS_DISK_BACKUP_DIR"); dir && *dir) {
     // The user's own choice (perhaps a group project directory): used as it is, never chmod'ed.
     root = dir;
+    const std::string what = "TMS_DISK_BACKUP_DIR=" + root;
+    // The cause in words of its own (no errno text after it, which would only repeat it).
     struct stat st {};
-    if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return make_error(ENOTDIR, "TMS_DISK_BACKUP_DIR=" + root + " is not a directory");
+    if (::stat(root.c_str(), &st) != 0) {
+      if (errno == ENOENT)
+        return make_error(0, what +
+                                 " does not exist: create it, or unset TMS_DISK_BACKUP_DIR to use "
+                                 "$SCRATCH/tmsdisk-<uid>, else /var/tmp/tmsdisk-<uid>");
+      return errno_error("cannot use " + what);
+    }
+    if (!S_ISDIR(st.st_mode)) return make_error(0, what + " is not a directory");
   } else {
     const char* scratch = std::getenv("SCRATCH");
     root = fmt::format("{}/tmsdisk-{}", scratch && *scratch ? scratch : "/var/tmp", ::getuid());
@@ -84,17 +94,63 @@ Status make_socket_dir(const std::string& socket_path) {
 void on_signal(int) {
   if (g_server) g_server->stop();
 }
+
+// --detach, in the parent: waits for the daemon (`child`) to write one byte on `ready`, the sign that
+// it serves its socket, or to close it by exiting. Returns the parent's exit status: 0 once it
+// serves, else the daemon's own status (it has said why on the stderr both share), so that whoever
+// started tmsdiskd learns of a failure at once rather than by waiting for a socket.
+int await_detached(UniqueFd ready, pid_t child) {
+  char byte = 0;
+  ssize_t n;
+  while ((n = ::read(ready.get(), &byte, 1)) < 0 && errno == EINTR) {
+  }
+  if (n == 1) return 0;
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status))
+    std::fprintf(stderr, "tmsdiskd: the daemon was killed by signal %d before it served\n", WTERMSIG(status));
+  return kExitRuntimeFailure;
+}
+
+// --detach, in the daemon: tells the parent that it serves. A private daemon logs to its file, so it
+// first lets go of the stdio it inherited (a terminal, or the pipe of the tmsctl or shim that started
+// it, which waits for the parent's exit and would otherwise still see a writer).
+void report_ready(UniqueFd& ready, bool private_mode) {
+  if (!ready) return;
+  if (private_mode) {
+    if (UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC)); null)
+      for (int fd = 0; fd <= 2; ++fd) ::dup2(null.get(), fd);
+  }
+  const char byte = 1;
+  while (::write(ready.get(), &byte, 1) < 0 && errno == EINTR) {
+  }
+  ready.reset();
+}
 }  // namespace
 
 int run_daemon(DaemonOptions o) {
+  UniqueFd ready;  // --detach: the pipe to the parent, written once the daemon serves
   if (o.detach) {
-    // Before anything opens a ring, a lock or a socket: the parent only tells its caller "started".
+    // Before anything starts a thread or opens a ring, a lock or a socket. The parent stays until the
+    // daemon serves or fails, and exits with that outcome.
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("tmsdiskd: pipe");
+      return kExitRuntimeFailure;
+    }
+    UniqueFd read_end(fds[0]), write_end(fds[1]);
     pid_t child = ::fork();
     if (child < 0) {
       std::perror("tmsdiskd: fork");
       return kExitRuntimeFailure;
     }
-    if (child > 0) return 0;
+    if (child > 0) {
+      write_end.reset();
+      return await_detached(std::move(read_end), child);
+    }
+    ready = std::move(write_end);
     ::setsid();
   }
   if (o.private_mode) {
@@ -130,8 +186,13 @@ int run_daemon(DaemonOptions o) {
   }();
   if (!created) {
     spdlog::error("cannot start: {}", created.error().describe());
+    // The private daemon's log is a file no one is watching yet: its starter reads stderr.
+    if (o.private_mode)
+      std::fprintf(stderr, "tmsdiskd --private: cannot start: %s\n", created.error().describe().c_str());
     systemd::notify(fmt::format("STATUS=failed: {}", created.error().describe()).c_str());
-    return kExitRuntimeFailure;
+    // Another daemon holding the socket's lock is a status of its own: for the ranks that raced to
+    // start the private daemon, the winner serves them (private_daemon.h).
+    return created.error().errnum() == EADDRINUSE ? kExitAlreadyServed : kExitRuntimeFailure;
   }
   std::unique_ptr<server::Server> instance = std::move(created).value();
   g_server = instance.get();
@@ -143,6 +204,7 @@ int run_daemon(DaemonOptions o) {
 
   spdlog::info("serving {} with {} root(s)", o.config.socket_path, o.config.roots.size());
   systemd::notify("READY=1");
+  report_ready(ready, o.private_mode);
   auto st = instance->run();
   systemd::notify("STOPPING=1");
   g_server = nullptr;

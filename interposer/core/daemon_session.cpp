@@ -73,10 +73,11 @@ int start_private_daemon() noexcept {
       TMS_WARN("no tmsdiskd found beside libtmsdisk.so or on PATH (set TMSDISK_DAEMON) to start a private daemon");
       return -ENOENT;
     }
-    int rc = spawn_private_daemon(daemon, config().private_socket, kPrivateDaemonStartMs);
+    std::string why;  // the daemon's own words when it could not start
+    int rc = spawn_private_daemon(daemon, config().private_socket, kPrivateDaemonStartMs, &why);
     if (rc < 0)
-      TMS_WARN("could not start a private tmsdiskd (%s): %s; its log is beside %s", daemon.c_str(), std::strerror(-rc),
-               config().private_socket.c_str());
+      TMS_WARN("could not start a private tmsdiskd (%s): %s", daemon.c_str(),
+               why.empty() ? std::strerror(-rc) : why.c_str());
     else
       TMS_INFO("using the private tmsdiskd at %s", config().private_socket.c_str());
     return rc;

@@ -10,6 +10,7 @@
 
 #include "e2e.h"
 
+#include "tmsdisk/common/paths.h"
 using namespace tmsdisk::e2e;
 
 namespace {
@@ -288,6 +289,30 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket (issue 11)") {
+TEST_CASE("tmsctl run says at once why the private daemon could not start, in the daemon's words") {
+  Node node;  // no daemon started
+  if (fs::exists(tmsdisk::kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");
+  const std::string runtime = node.dir / "xdg";
+  fs::create_directories(runtime);
+  fs::permissions(runtime, fs::perms::owner_all);
+  const std::string missing = node.dir / "missing";
+  const std::string marker = node.dir / "started";
+  const auto start = std::chrono::steady_clock::now();
+  Captured c =
+      tmsctl({"run", "--", "/usr/bin/touch", marker}, {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", missing}});
+  const double took = seconds_since(start);
+  INFO(c.err);
+  CHECK(c.rc == 1);
+  CHECK_FALSE(fs::exists(marker));
+  CHECK(contains(c.err, "could not start a private tmsdiskd"));
+  CHECK(contains(c.err, "TMS_DISK_BACKUP_DIR=" + missing + " does not exist"));
+  // The daemon stopped before it had a log: none is named.
+  CHECK_FALSE(contains(c.err, "tmsdiskd.log"));
+  CHECK_FALSE(fs::exists(runtime + "/tmsdisk/tmsdiskd.log"));
+  // Told by the daemon's exit, not found out by waiting for its socket (10 s) to give up.
+  CHECK(took < 10);
+}
+
   Node node;
   node.start_daemon();
   REQUIRE(::kill(node.daemon.pid(), SIGSTOP) == 0);

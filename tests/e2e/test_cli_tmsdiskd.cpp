@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsdiskd's command line and config file as a user meets them: the daemon run as a subprocess, its
 // exit status and messages asserted (issue 12). No GPU or simcuda needed.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 
 #include "e2e.h"
+#include "tmsdisk/common/private_daemon.h"
 
 using namespace tmsdisk::e2e;
 using Catch::Matchers::Contains;
@@ -296,6 +299,68 @@ TEST_CASE("a private daemon that no session reaches leaves after --idle-exit-s, 
 }
 
 TEST_CASE("an exit-when-idle daemon stays while a session is connected, and leaves after it") {
+TEST_CASE("a private daemon with a missing TMS_DISK_BACKUP_DIR says it does not exist, and --detach exits 1") {
+  Files f;
+  const std::string runtime = f.dir / "xdg";
+  fs::create_directories(runtime);
+  fs::permissions(runtime, fs::perms::owner_all);
+  const std::string missing = f.dir / "missing";
+  for (bool detach : {false, true}) {
+    std::vector<std::string> args{"--config", "/dev/null", "--private"};
+    if (detach) args.push_back("--detach");
+    Captured c = tmsdiskd(args, {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", missing}});
+    INFO("detach " << detach << ": " << c.err);
+    CHECK(c.rc == 1);  // the parent of --detach waits for the daemon's outcome, not only for the fork
+    CHECK_THAT(c.err, Contains("TMS_DISK_BACKUP_DIR=" + missing + " does not exist"));
+    CHECK_FALSE(c.err.find("Not a directory") != std::string::npos);
+  }
+  const std::string file = write_file(f.dir / "plain", "");
+  Captured c = tmsdiskd({"--config", "/dev/null", "--private", "--detach"},
+                        {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", file}});
+  INFO(c.err);
+  CHECK(c.rc == 1);
+  CHECK_THAT(c.err, Contains("TMS_DISK_BACKUP_DIR=" + file + " is not a directory"));
+}
+
+TEST_CASE("tmsdiskd --private --detach exits 0 once the daemon serves, and lets go of its stderr") {
+  Files f;
+  const std::string runtime = f.dir / "xdg";
+  fs::create_directories(runtime);
+  fs::permissions(runtime, fs::perms::owner_all);
+  // run_captured reads stderr to its end: it returns only once the daemon has let go of it too.
+  Captured c = tmsdiskd({"--config", "/dev/null", "--private", "--detach", "--idle-exit-s", "30"},
+                        {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", f.root}});
+  INFO(c.err);
+  CHECK(c.rc == 0);
+  CHECK(c.err.empty());
+  const std::string socket = runtime + "/tmsdisk/tmsdiskd.sock";
+  // Served already when the parent exits: no waiting for the socket to appear.
+  CHECK(tmsdisk::socket_answers(socket));
+  // A second start finds the first one's lock and says so with a status of its own, which the
+  // starters of a private daemon take as "served by the other one".
+  Captured again = tmsdiskd({"--config", "/dev/null", "--private", "--detach"},
+                            {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", f.root}});
+  INFO(again.err);
+  CHECK(again.rc == tmsdisk::kExitAlreadyServed);
+  CHECK_THAT(again.err, Contains("another tmsdiskd already serves " + socket));
+  std::ifstream log(runtime + "/tmsdisk/tmsdiskd.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Contains("serving " + socket));
+  // The daemon is no child of ours and writes no pid file: it is the process holding its lock open.
+  const std::string lock = socket + ".lock";
+  pid_t daemon = -1;
+  for (const auto& proc : fs::directory_iterator("/proc")) {
+    std::error_code ec;
+    for (const auto& fd : fs::directory_iterator(proc.path() / "fd", ec))
+      if (fs::read_symlink(fd.path(), ec) == lock)
+        daemon = static_cast<pid_t>(std::atoi(proc.path().filename().c_str()));
+    if (daemon > 0) break;
+  }
+  REQUIRE(daemon > 0);
+  REQUIRE(::kill(daemon, SIGTERM) == 0);
+  CHECK(eventually([&] { return !tmsdisk::socket_answers(socket); }));
+}
+
   Files f;
   DaemonProcess d;
   REQUIRE(d.start(TMSDISK_DAEMON_PATH,

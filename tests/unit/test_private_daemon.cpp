@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 
 #include "skip.h"
 #include "temp_dir.h"
@@ -55,5 +57,50 @@ TEST_CASE("a private socket directory another user made first is not trusted", "
   REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);  // as if another user had made it first
   CHECK_FALSE(tmsdisk::private_dir_trusted(socket));
   CHECK(tmsdisk::spawn_private_daemon("/bin/false", socket, 100) == -EPERM);
+  fs::remove_all(base);
+}
+
+namespace {
+
+// A stand-in for tmsdiskd: a shell script with `body`, executable.
+std::string fake_daemon(const fs::path& base, const std::string& body) {
+  const fs::path path = base / "tmsdiskd";
+  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+  fs::permissions(path, fs::perms::owner_all);
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("a private daemon that fails to start is reported at once, in its own words") {
+  const fs::path base = fresh_base("private-fails");
+  const std::string socket = (base / "tmsdisk" / "tmsdiskd.sock").string();
+  const std::string daemon =
+      fake_daemon(base, "echo \"tmsdiskd --private: TMS_DISK_BACKUP_DIR=/x does not exist\" >&2\nexit 1");
+  std::string why;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(tmsdisk::spawn_private_daemon(daemon, socket, 20000, &why) == -EIO);
+  // Its exit said it all: no waiting for a socket that will not come.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  CHECK(why == "tmsdiskd --private: TMS_DISK_BACKUP_DIR=/x does not exist");
+
+  // Silent, it is still named by how it ended.
+  const std::string mute = fake_daemon(base, "exit 7");
+  CHECK(tmsdisk::spawn_private_daemon(mute, socket, 20000, &why) == -EIO);
+  CHECK(why == "tmsdiskd exited with status 7");
+  fs::remove_all(base);
+}
+
+TEST_CASE("a private daemon that lost the race to another one waits for the winner's socket") {
+  const fs::path base = fresh_base("private-race");
+  const std::string socket = (base / "tmsdisk" / "tmsdiskd.sock").string();
+  // Exit status 3: another daemon holds the lock. None ever serves here, so the caller waits for the
+  // socket until its time is up, and then says what the loser said.
+  const std::string daemon =
+      fake_daemon(base, "echo \"tmsdiskd --private: cannot start: another tmsdiskd already serves it\" >&2\nexit " +
+                            std::to_string(tmsdisk::kExitAlreadyServed));
+  std::string why;
+  CHECK(tmsdisk::spawn_private_daemon(daemon, socket, 300, &why) == -ETIMEDOUT);
+  CHECK(why == "tmsdiskd --private: cannot start: another tmsdiskd already serves it");
   fs::remove_all(base);
 }

@@ -698,11 +698,16 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
       return fail(common, "run", "no tmsdiskd answers and none was found next to tmsctl (set TMSDISK_DAEMON)",
                   kExitFailed);
     socket = private_socket_path();
-    if (int rc = spawn_private_daemon(daemon, socket, 10000); rc < 0)
-      return fail(common, "run",
-                  std::string("could not start a private tmsdiskd (") + std::strerror(-rc) + "); see " +
-                      (fs::path(socket).parent_path() / "tmsdiskd.log").string(),
-                  kExitFailed);
+    std::string why;
+    if (int rc = spawn_private_daemon(daemon, socket, 10000, &why); rc < 0) {
+      // The daemon's own words when it said any (it stops at once on what it cannot use), and its
+      // log only where it got far enough to write one.
+      std::string message = "could not start a private tmsdiskd (" + daemon +
+                            "): " + (why.empty() ? std::string(std::strerror(-rc)) : why);
+      const std::string log = (fs::path(socket).parent_path() / "tmsdiskd.log").string();
+      if (std::error_code ec; fs::exists(log, ec)) message += "; its log: " + log;
+      return fail(common, "run", message, kExitFailed);
+    }
     client = Client::connect(socket, deadlines.answer);
   }
   if (!client) return fail(common, "run", client.error());
