@@ -5,9 +5,11 @@
 
 #include "options.h"
 #include "run.h"
+#include "tmsdisk/common/paths.h"
 
 int main(int argc, char** argv) {
-  auto invocation = tmsdisk::parse_invocation(argc, argv, TMSDISK_DEFAULT_CONFIG, std::cout, std::cerr);
+  auto invocation = tmsdisk::parse_invocation(argc, argv, tmsdisk::default_config_file(tmsdisk::layout::kSbinDir),
+                                              std::cout, std::cerr);
   if (invocation.exit_now) return *invocation.exit_now;
   return tmsdisk::run_daemon(std::move(invocation.options));
 }

@@ -51,6 +51,11 @@ for bin in /usr/bin/tmsctl /usr/sbin/tmsdiskd "$shim"; do
 done
 tmsctl --help >/dev/null
 tmsdiskd --help >/dev/null
+# With no --config, the installed daemon reads the file the package installed (as `sudo tmsdiskd
+# --check-config` in the README's Install does), whatever prefix the build tree was configured with.
+check=$(tmsdiskd --check-config 2>&1) || fail "tmsdiskd --check-config (no --config) failed: $check"
+[ "$(head -n 1 <<<"$check")" = "tmsdiskd: /etc/tmsdisk/tmsdiskd.conf: ok" ] ||
+  fail "tmsdiskd --check-config did not read /etc/tmsdisk/tmsdiskd.conf: $check"
 # tmsctl finds the Python start-up module (PyTorch's cache) where the package put it.
 startup=$(grep '/tmsdisk/python/sitecustomize\.py$' <<<"$files") || fail "the package does not install sitecustomize.py"
 env_out=$(env -u PYTHONPATH TMSDISK_SOCKET=/nonexistent tmsctl env 2>&1)

@@ -104,3 +104,16 @@ TEST_CASE("a private daemon that lost the race to another one waits for the winn
   CHECK(why == "tmsdiskd --private: cannot start: another tmsdiskd already serves it");
   fs::remove_all(base);
 }
+
+TEST_CASE("the default configuration file is where the install rules put it for the program's prefix") {
+  using tmsdisk::config_file_for_prefix;
+  // systemd/install.cmake: GNUInstallDirs' sysconfdir rule (the .deb installs under /usr).
+  CHECK(config_file_for_prefix("/usr") == "/etc/tmsdisk/tmsdiskd.conf");
+  CHECK(config_file_for_prefix("/usr/") == "/etc/tmsdisk/tmsdiskd.conf");
+  CHECK(config_file_for_prefix("/") == "/etc/tmsdisk/tmsdiskd.conf");
+  CHECK(config_file_for_prefix("/usr/local") == "/usr/local/etc/tmsdisk/tmsdiskd.conf");
+  CHECK(config_file_for_prefix("/opt/tmsdisk") == "/etc/opt/tmsdisk/tmsdisk/tmsdiskd.conf");
+  CHECK(config_file_for_prefix("/home/u/.local") == "/home/u/.local/etc/tmsdisk/tmsdiskd.conf");
+  // This test is no installed program: it gets the configured prefix's file.
+  CHECK(tmsdisk::default_config_file(tmsdisk::layout::kSbinDir) == tmsdisk::layout::kBuiltConfigFile);
+}

@@ -41,9 +41,6 @@
 #ifndef TMSDISK_VERSION
 #define TMSDISK_VERSION "unknown"
 #endif
-#ifndef TMSDISK_DEFAULT_CONFIG
-#define TMSDISK_DEFAULT_CONFIG "/etc/tmsdisk/tmsdiskd.conf"
-#endif
 #ifndef __NR_io_uring_setup
 #define __NR_io_uring_setup 425  // the same number on every architecture
 #endif
@@ -52,7 +49,8 @@ namespace tmsdisk::ctl {
 namespace doctor {
 namespace {
 
-constexpr const char* kConfigFile = TMSDISK_DEFAULT_CONFIG;
+// The file tmsdiskd reads by default when installed beside this tmsctl (paths.h).
+const std::string kConfigFile = default_config_file(layout::kBinDir);
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // tmsdiskd's default staging-budget-mb, for when no daemon answers to tell its own.
 constexpr uint64_t kDefaultStagingBudget = 256 * kMiB;
