@@ -23,6 +23,8 @@
 // nodes that do not have libtomlplusplus.so.
 #include <toml++/toml.h>
 
+#include "tmsdisk/common/edit_distance.h"
+
 namespace tmsdisk {
 
 // The table stores ids, counts and seconds as uint32_t; these are the same type on Linux.
@@ -406,21 +408,6 @@ std::string valid_keys() {
   return out;
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 int read_whole_file(const std::string& path, std::string& out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno;
@@ -449,6 +436,13 @@ std::string describe_parse_error(const CLI::ParseError& e) {
     const Setting* s =
         find_setting(std::string_view(what).substr(at + 2, end == std::string::npos ? end : end - at - 2));
     if (!s) continue;
+    // "--host-tier-keep=maybe": CLI11 reads a flag's value as a boolean and could not.
+    if (s->value_name.empty() && dynamic_cast<const CLI::ConversionError*>(&e)) {
+      const auto eq = what.find(" = ", at);
+      const std::string value = eq == std::string::npos ? std::string() : what.substr(eq + 3);
+      return fmt::format("--{}={}: expected true or false (also yes/no, on/off, 1/0); --{} alone means true", s->name,
+                         value, s->name);
+    }
     if (s->value_name.empty())
       return fmt::format("--{} is a flag: give it alone (--{}), without a value", s->name, s->name);
     return fmt::format("--{} needs a value (--{} {}): expected {}", s->name, s->name, s->value_name,
@@ -636,6 +630,8 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
 
   CLI::App app{kDescription, "tmsdiskd"};
   app.footer(kFooter);
+  // Outside the settings table: it is no setting, and a config file has no use for it.
+  app.set_version_flag("--version", "tmsdiskd (tmsdisk) " TMSDISK_VERSION, "print the version and exit");
   app.allow_extras();  // unknown options are reported here, with the closest name or the renamed one
   for (std::size_t i = 0; i < given.size(); ++i) {
     const Setting& s = kSettings[i];
@@ -705,6 +701,10 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
     } else {
       out << "tmsdiskd: " << o.config_file << ": absent; the defaults and the command line: ok\n";
     }
+    // A TOML comment, so that the rest stays a config file. The roots are the daemon's to open (and
+    // maybe create) as the user it runs as; a check here, as whoever runs it, could only mislead.
+    out << "# the storage roots are not checked here but when tmsdiskd starts; `tmsctl doctor --root DIR` "
+           "checks one now (filesystem, O_DIRECT, free space)\n";
     out << effective_settings(o);
     invocation.exit_now = 0;
   }

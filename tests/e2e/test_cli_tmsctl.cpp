@@ -6,11 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 
 #include "e2e.h"
-
 #include "tmsdisk/common/paths.h"
+
 using namespace tmsdisk::e2e;
 
 namespace {
@@ -288,7 +289,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket (issue 11)") {
 TEST_CASE("tmsctl run says at once why the private daemon could not start, in the daemon's words") {
   Node node;  // no daemon started
   if (fs::exists(tmsdisk::kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");
@@ -313,6 +313,7 @@ TEST_CASE("tmsctl run says at once why the private daemon could not start, in th
   CHECK(took < 10);
 }
 
+TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket (issue 11)") {
   Node node;
   node.start_daemon();
   REQUIRE(::kill(node.daemon.pid(), SIGSTOP) == 0);
@@ -407,4 +408,113 @@ TEST_CASE("a rank that never answers: pause prints the answers it has, names the
   CHECK(resumed.rc == 0);
   CHECK(contains(resumed.out, "resumed and verified 8.0 MiB in "));
   CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("a selector before the command, a mistyped command and --version are answered in words") {
+  SECTION("a command's option before the command says to put it after") {
+    check_usage_error(tmsctl({"--job", "J", "pause"}), {"put --job after the command: tmsctl pause --job J"});
+    check_usage_error(tmsctl({"--all", "resume"}), {"put --all after the command: tmsctl resume --all"});
+  }
+  SECTION("a command one or two typing mistakes away is named") {
+    check_usage_error(tmsctl({"staus"}), {"unknown command 'staus': did you mean status?", "commands: status"});
+    Captured j = tmsctl({"--json", "--socket", "/x", "resum", "--all"});
+    INFO(j.out << j.err);
+    CHECK(j.rc == 2);
+    CHECK(contains(json::parse(j.out, nullptr, false).value("error", ""), "did you mean resume?"));
+    Captured far = tmsctl({"bogus"});
+    INFO(far.err);
+    CHECK_FALSE(contains(far.err, "did you mean"));
+  }
+  SECTION("--version prints the project's version") {
+    Captured c = tmsctl({"--version"});
+    INFO(c.out << c.err);
+    CHECK(c.rc == 0);
+    CHECK(c.out == "tmsctl (tmsdisk) " TMSDISK_VERSION "\n");
+  }
+}
+
+TEST_CASE("pause and resume --tag \"\" are usage errors: an empty tag must not mean the whole process") {
+  Node node;
+  node.device_mb = 256;
+  node.start_daemon();
+  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("whole", 0));
+  REQUIRE(prog.line() == "ready");
+  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());
+  for (const char* verb : {"pause", "resume"}) {
+    Captured c = tmsctl({verb, "--all", "--tag", "", "--socket", node.socket});
+    check_usage_error(c, {"--tag ''", "1 to 63", std::string("leave out --tag to ") + verb + " the whole process"});
+  }
+  Captured j = tmsctl({"pause", "--job", "whole", "--tag=", "--json", "--socket", node.socket});
+  INFO(j.out << j.err);
+  CHECK(j.rc == 2);
+  json answer = json::parse(j.out, nullptr, false);
+  REQUIRE(answer.is_object());
+  CHECK(answer.value("usage", false) == true);
+  // Nothing was paused: it used to pause (and discard) all of it.
+  const auto ranks = node.status();
+  REQUIRE(ranks.size() == 1);
+  CHECK(ranks[0].totals.state == "running");
+  CHECK(ranks[0].totals.paused == 0);
+  CHECK(prog.cmd("check") == "ok 1");
+}
+
+TEST_CASE("an untimed pause held by a silent rank says on the terminal whom it waits for and when it gives up") {
+  Node node;
+  node.start_daemon();
+  // A session that takes its COMMAND and never answers it, as in the case above.
+  auto silent = ShimClient::connect(node.socket, {.job = "hush", .rank = 3});
+  INFO((silent ? "" : silent.error().describe()));
+  REQUIRE(silent);
+  // The progress line is for people: only a terminal on stderr gets it.
+  tmsdisk::UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  REQUIRE(master);
+  REQUIRE(::grantpt(master.get()) == 0);
+  REQUIRE(::unlockpt(master.get()) == 0);
+  tmsdisk::UniqueFd terminal(::open(::ptsname(master.get()), O_RDWR | O_NOCTTY | O_CLOEXEC));
+  tmsdisk::UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  REQUIRE(terminal);
+  REQUIRE(null);
+  const pid_t pid =
+      spawn({TMSCTL_PATH, "pause", "--all", "--socket", node.socket}, {}, null.get(), null.get(), terminal.get());
+  terminal.reset();
+  const std::string waiting = "pause: waiting for hush rank 3 (pid " + std::to_string(::getpid()) + "): nothing for ";
+  const std::string until = "gives up after 120 s without a word (--timeout S sets a limit)";
+  std::string seen;
+  // Read until the line has come (about a second in), not for the 120 s the command would wait.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(contains(seen, waiting) && contains(seen, until)) && std::chrono::steady_clock::now() < give_up) {
+    pollfd p{master.get(), POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    char buf[512];
+    const ssize_t n = ::read(master.get(), buf, sizeof(buf));
+    if (n <= 0) break;
+    seen.append(buf, static_cast<std::size_t>(n));
+  }
+  int status = 0;
+  const bool still_waiting = ::waitpid(pid, &status, WNOHANG) == 0;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  INFO(seen);
+  CHECK(still_waiting);
+  CHECK(contains(seen, waiting));
+  CHECK(contains(seen, until));
+}
+
+TEST_CASE("tmsctl run refuses a private socket directory another user made, saying whose it is and what to do") {
+  if (::geteuid() != 0) skip("making a directory that belongs to another user needs root");
+  if (fs::exists(tmsdisk::kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");
+  Node node;  // no daemon started
+  const std::string runtime = node.dir / "xdg";
+  fs::create_directories(runtime / fs::path("tmsdisk"));
+  fs::permissions(runtime, fs::perms::owner_all);
+  REQUIRE(::chown((runtime + "/tmsdisk").c_str(), 65534, 65534) == 0);  // "nobody" got there first
+  const std::string marker = node.dir / "started";
+  Captured c = tmsctl({"run", "--", "/usr/bin/touch", marker}, {{"XDG_RUNTIME_DIR", runtime}});
+  INFO(c.err);
+  CHECK(c.rc == 1);
+  CHECK_FALSE(fs::exists(marker));
+  CHECK(contains(c.err, runtime + "/tmsdisk belongs to another user (uid 65534), not to you (uid 0)"));
+  CHECK(contains(c.err, "ask its owner or root to remove it"));
+  CHECK(contains(c.err, "XDG_RUNTIME_DIR"));
+  CHECK(lines(c.err) == 1);
 }

@@ -218,9 +218,10 @@ TEST_CASE("tmsdiskd --check-config passes the example config and prints the effe
   CHECK_THAT(c.out, Contains("\nroot = [ \"/var/lib/tmsdisk\" ]\n"));
   CHECK_THAT(c.out, Contains("\nsocket = \"" + socket + "\"\n"));  // the command line over the file
   CHECK_THAT(c.out, Contains("\nidle-exit-s = 60\n"));
-  // One `key = value` line per setting after the verdict.
   std::istringstream lines(c.out.substr(c.out.find('\n') + 1));
-  for (std::string line; std::getline(lines, line);) CHECK_THAT(line, Contains(" = "));
+  // One `key = value` line per setting (and a TOML comment) after the verdict.
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("# ", 0) != 0) CHECK_THAT(line, Contains(" = "));
   CHECK_FALSE(fs::exists(f.dir / "run"));  // no socket directory made, nothing bound
 }
 
@@ -298,7 +299,6 @@ TEST_CASE("a private daemon that no session reaches leaves after --idle-exit-s, 
   CHECK_THAT(text, Contains("no session came in 1 s"));
 }
 
-TEST_CASE("an exit-when-idle daemon stays while a session is connected, and leaves after it") {
 TEST_CASE("a private daemon with a missing TMS_DISK_BACKUP_DIR says it does not exist, and --detach exits 1") {
   Files f;
   const std::string runtime = f.dir / "xdg";
@@ -361,6 +361,7 @@ TEST_CASE("tmsdiskd --private --detach exits 0 once the daemon serves, and lets 
   CHECK(eventually([&] { return !tmsdisk::socket_answers(socket); }));
 }
 
+TEST_CASE("an exit-when-idle daemon stays while a session is connected, and leaves after it") {
   Files f;
   DaemonProcess d;
   REQUIRE(d.start(TMSDISK_DAEMON_PATH,
@@ -408,4 +409,41 @@ TEST_CASE("the man page documents every option --help lists") {
     ++listed;
   }
   CHECK(listed > 20);
+}
+
+TEST_CASE("a flag given a value it cannot read names the values it takes; --version prints the version") {
+  Files f;
+  const std::vector<std::string> base{"--config", "/dev/null", "--root", f.root, "--check-config"};
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> args = base;
+    args.push_back(extra);
+    return tmsdiskd(args);
+  };
+  Captured c = with("--host-tier-keep=maybe");
+  check_refused(c);
+  // It used to say "a flag: give it alone, without a value", while =false is the documented way off.
+  CHECK(c.err ==
+        "tmsdiskd: --host-tier-keep=maybe: expected true or false (also yes/no, on/off, 1/0); --host-tier-keep alone "
+        "means true\n");
+  c = with("--host-tier-keep=false");
+  INFO(c.out << c.err);
+  CHECK(c.rc == 0);
+  CHECK_THAT(c.out, Contains("\nhost-tier-keep = false\n"));
+  c = with("--host-tier-ahead=no");
+  CHECK(c.rc == 0);
+  CHECK_THAT(c.out, Contains("\nhost-tier-ahead = false\n"));
+
+  Captured v = tmsdiskd({"--version"});
+  INFO(v.out << v.err);
+  CHECK(v.rc == 0);
+  CHECK(v.out == "tmsdiskd (tmsdisk) " TMSDISK_VERSION "\n");
+}
+
+TEST_CASE("tmsdiskd --check-config says the storage roots are checked at start, and how to check one now") {
+  Files f;
+  Captured c = tmsdiskd({"--check-config", "--config", "/dev/null", "--root", f.dir / "not-there"});
+  INFO(c.out << c.err);
+  CHECK(c.rc == 0);  // a root is the starting daemon's to check (and perhaps its own to create)
+  CHECK_THAT(c.out, Contains("\n# the storage roots are not checked here but when tmsdiskd starts; "
+                             "`tmsctl doctor --root DIR` checks one now"));
 }

@@ -116,15 +116,28 @@ Result<std::vector<proto::SessionInfo>> Client::list_sessions(const Deadline& de
 }
 
 Result<ControlAnswer> Client::control(const proto::Control& request, Deadline deadline,
-                                      const std::function<void(const proto::Progress&)>& progress) {
+                                      const std::function<void(const proto::Progress&)>& progress,
+                                      const Waiting& waiting) {
   ++next_request_;
   if (auto st = send(request, deadline); !st) return std::move(st).error();
   deadline.heard();                             // a silence limit counts from the request
   std::map<uint64_t, proto::RankTarget> asked;  // by session id
   bool asked_all = false;                       // the last CONTROL_TARGETS page came
   std::map<uint64_t, proto::RankResult> answered;
+  auto last_heard = Deadline::Clock::now();
   for (;;) {
-    auto reply = receive(deadline);
+    // Waiting is told in steps of a second: each one that passes in silence before the deadline.
+    constexpr std::chrono::milliseconds kWaitingStep{1000};
+    const bool step = waiting && asked_all && deadline.poll_ms() > kWaitingStep.count();
+    auto reply = receive(step ? Deadline::fixed(kWaitingStep) : deadline);
+    if (!reply && step && reply.error().errnum() == ETIMEDOUT) {
+      std::vector<proto::RankTarget> silent;
+      for (const auto& [sid, t] : asked)
+        if (!answered.count(sid)) silent.push_back(t);
+      sort_by_rank(silent);
+      waiting(silent, std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - last_heard));
+      continue;
+    }
     if (!reply) {
       // Until the daemon has said whom it asked, its silence is the daemon's failure; after, the
       // ranks without an answer are named.
@@ -132,6 +145,7 @@ Result<ControlAnswer> Client::control(const proto::Control& request, Deadline de
       return std::move(reply).error();
     }
     deadline.heard();
+    last_heard = Deadline::Clock::now();
     if (auto* p = std::get_if<proto::Progress>(&*reply)) {
       if (progress) progress(*p);
       continue;

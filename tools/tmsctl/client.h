@@ -47,8 +47,12 @@ class Client {
   // (not an error). Every message of the daemon about this request counts as heard (a silence limit
   // starts again). `progress` is called with each PROGRESS message the ranks send along the way.
   // After a deadline the daemon may still route that request: connect again for another one.
+  // `waiting` (if set) is called about once a second while nothing comes, once the daemon has said
+  // whom it asked: with the ranks that have not answered yet and how long nothing has come.
+  using Waiting = std::function<void(const std::vector<proto::RankTarget>& silent, std::chrono::milliseconds quiet)>;
   Result<ControlAnswer> control(const proto::Control& request, Deadline deadline = Deadline::silence(kSilenceLimit),
-                                const std::function<void(const proto::Progress&)>& progress = {});
+                                const std::function<void(const proto::Progress&)>& progress = {},
+                                const Waiting& waiting = {});
   Result<ControlAnswer> control(const proto::Control& request,
                                 const std::function<void(const proto::Progress&)>& progress) {
     return control(request, Deadline::silence(kSilenceLimit), progress);

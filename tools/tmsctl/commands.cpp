@@ -390,8 +390,13 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
   proto::Control req;
   req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
   if (accept_loss) req.flags = proto::kAcceptLoss;
-  if (!sel.tag.empty() && !proto::valid_tag(sel.tag))
-    return fail(common, verb, "--tag: a tag is 1 to 63 of A-Z a-z 0-9 _ . -", kExitUsage);
+  // On the wire an empty tag means the whole process: `--tag ""` (an unset variable in a script) must
+  // not pause or discard everything.
+  if (sel.tag_given && (sel.tag.empty() || !proto::valid_tag(sel.tag)))
+    return fail(common, verb,
+                "--tag '" + sel.tag + "': a tag is 1 to 63 of A-Z a-z 0-9 _ . -" +
+                    (sel.tag.empty() ? "; leave out --tag to " + verb + " the whole process" : ""),
+                kExitUsage);
   req.tag = sel.tag;
   if (sel.all) {
     if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0)
@@ -423,12 +428,32 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
     const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
     const int width = 30;
     const int filled = total ? static_cast<int>(width * static_cast<double>(done) / static_cast<double>(total)) : 0;
-    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs ", verb.c_str(), width,
+    // \x1b[K clears what a longer waiting line left on the right.
+    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs\x1b[K", verb.c_str(), width,
                  std::string(filled, '#').c_str(), human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9,
                  eta);
   };
-  auto answer = client->control(req, deadlines.ranks, on_progress);
-  if (tty && !progress.empty()) std::fprintf(stderr, "\n");
+  // While the ranks are silent, whom the command waits for and until when: one rank that never
+  // answers (wedged, or another user's under root's `pause --all`) holds an untimed command for
+  // kSilenceLimit, which nobody would guess from a still progress bar.
+  bool waited = false;
+  auto on_waiting = [&](const std::vector<proto::RankTarget>& silent, std::chrono::milliseconds quiet) {
+    if (!tty || silent.empty()) return;
+    waited = true;
+    std::string who;
+    for (std::size_t i = 0; i < silent.size() && i < 3; ++i)
+      who += (i ? ", " : "") + silent[i].job + " rank " + rank_text(silent[i].rank) + " (pid " +
+             std::to_string(silent[i].pid) + ")";
+    if (silent.size() > 3) who += " and " + std::to_string(silent.size() - 3) + " more";
+    const std::string until =
+        deadlines.ranks.renewed()
+            ? "gives up after " + deadlines.ranks.seconds_text() + " without a word (--timeout S sets a limit)"
+            : "gives up at " + deadlines.ranks.seconds_text() + " (--timeout)";
+    std::fprintf(stderr, "\r%s: waiting for %s: nothing for %lld s; %s\x1b[K", verb.c_str(), who.c_str(),
+                 static_cast<long long>(quiet.count() / 1000), until.c_str());
+  };
+  auto answer = client->control(req, deadlines.ranks, on_progress, on_waiting);
+  if (tty && (!progress.empty() || waited)) std::fprintf(stderr, "\n");
   if (!answer) return fail(common, verb + " " + selector_text(sel), answer.error());
   const auto& results = answer->results;
   const auto& unanswered = answer->unanswered;
@@ -698,6 +723,9 @@ int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector
       return fail(common, "run", "no tmsdiskd answers and none was found next to tmsctl (set TMSDISK_DAEMON)",
                   kExitFailed);
     socket = private_socket_path();
+    // Said before anything starts: a directory another user made first (/tmp is everyone's) is theirs.
+    if (const std::string squat = private_dir_problem(socket); !squat.empty())
+      return fail(common, "run", "cannot start a private tmsdiskd: " + squat, kExitFailed);
     std::string why;
     if (int rc = spawn_private_daemon(daemon, socket, 10000, &why); rc < 0) {
       // The daemon's own words when it said any (it stops at once on what it cannot use), and its

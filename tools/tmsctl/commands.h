@@ -24,7 +24,8 @@ struct Selector {
   int64_t rank = -1;
   int32_t pid = 0;
   bool all = false;
-  std::string tag;  // pause/resume: only allocations carrying it; empty: all
+  std::string tag;         // pause/resume: only allocations carrying it
+  bool tag_given = false;  // --tag was given (perhaps empty, which is refused); false: all allocations
 };
 
 struct LaunchOptions {

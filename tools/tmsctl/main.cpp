@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "doctor.h"
+#include "tmsdisk/common/edit_distance.h"
 
 namespace {
 
@@ -46,6 +47,19 @@ std::string command_list(const CLI::App& app) {
   return out;
 }
 
+// "unknown command 'staus': did you mean status? (commands: ...)": a command one or two typing
+// mistakes away is named (none of tmsctl's commands is that close to another).
+std::string unknown_command(const std::string& word, const CLI::App& app) {
+  std::string meant;
+  std::size_t best = 3;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const std::size_t d = tmsdisk::edit_distance(word, sub->get_name());
+    if (d < best) best = d, meant = sub->get_name();
+  }
+  return "unknown command '" + word + "'" + (meant.empty() ? "" : ": did you mean " + meant + "?") +
+         " (commands: " + command_list(app) + ")";
+}
+
 // Rewrites CLI11's message into one line that names the mistake and what would be right.
 std::string usage_message(const CLI::ParseError& e, const CLI::App& app, const CLI::App* sub) {
   const std::string what = e.what();
@@ -62,7 +76,7 @@ std::string usage_message(const CLI::ParseError& e, const CLI::App& app, const C
       if (option.empty() && args[at] == '-') option = args.substr(at, end - at);
       at = end + 1;
     }
-    if (!sub) return "unknown command '" + args + "' (commands: " + command_list(app) + ")";
+    if (!sub) return unknown_command(args, app);
     if (!option.empty())
       return "unknown option " + option + " for " + sub->get_name() + " (options: " + option_list(*sub) + ")";
     return "unexpected argument '" + args + "'" +
@@ -147,6 +161,7 @@ int main(int argc, char** argv) {
       "Exit status: 0 success (also when there was nothing to do), 1 a rank, the daemon or a doctor check\n"
       "failed, or a rank or the daemon did not answer in time (--timeout), 2 a usage error."};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "tmsctl (tmsdisk) " TMSDISK_VERSION, "print the version and exit");
   Common common;
   // --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
   // and after it (`tmsctl status --json`), and listed in every command's --help.
@@ -279,13 +294,32 @@ int main(int argc, char** argv) {
     }
   }
   for (int i = ours + 1; i < argc; ++i) command.emplace_back(argv[i]);
+  // "--tag=" is an option given the empty value, but CLI11 would take the next word as its value
+  // (`--tag= --json` pauses the tag "--json"): it is split into "--tag" and "" before parsing.
+  std::vector<std::string> words;
+  for (int i = 0; i < ours; ++i) {
+    const std::string_view a = argv[i];
+    if (i > 0 && a.size() > 3 && a.substr(0, 2) == "--" && a.find('=') == a.size() - 1) {
+      words.emplace_back(a.substr(0, a.size() - 1));
+      words.emplace_back();
+    } else {
+      words.emplace_back(a);
+    }
+  }
+  std::vector<char*> word_ptrs;
+  for (auto& w : words) word_ptrs.push_back(w.data());
+  ours = static_cast<int>(words.size());
+  argv = word_ptrs.data();
 
   // --json decides how a usage error is told, so it is looked for before parsing, which may fail.
   std::string first_word;
   bool json = false;
+  std::vector<std::pair<std::string, std::string>> before;  // options before the command, with their values
   for (int i = 1; i < ours; ++i) {
     const std::string_view a = argv[i];
     if (a == "--json") json = true;
+    if (first_word.empty() && a.size() > 2 && a.substr(0, 2) == "--")
+      before.emplace_back(a.substr(0, a.find('=')), takes_value(a) && i + 1 < ours ? argv[i + 1] : "");
     if (takes_value(a)) {
       ++i;
     } else if (first_word.empty() && !a.empty() && a[0] != '-') {
@@ -293,10 +327,20 @@ int main(int argc, char** argv) {
     }
   }
   if (!first_word.empty()) {
-    bool known = false;
-    for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor}) known |= sub->get_name() == first_word;
-    if (!known)
-      return usage_error(json, "tmsctl", "unknown command '" + first_word + "' (commands: " + command_list(app) + ")");
+    CLI::App* command_app = nullptr;
+    for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor})
+      if (sub->get_name() == first_word) command_app = sub;
+    if (!command_app) return usage_error(json, "tmsctl", unknown_command(first_word, app));
+    // Only the global options may come first; CLI11 would call a command's own option there unknown
+    // to the very command that lists it.
+    for (const auto& [option, value] : before) {
+      const CLI::Option* o = command_app->get_option_no_throw(option);
+      if (!o || o->get_group() == kGlobalGroup || option == "--help") continue;
+      const std::string given = option + (value.empty() ? "" : " " + value);
+      return usage_error(json, "tmsctl " + first_word,
+                         "put " + option + " after the command: tmsctl " + first_word + " " + given +
+                             " (only --socket, --json and --timeout may come before it)");
+    }
   }
   try {
     app.parse(ours, argv);
@@ -307,6 +351,9 @@ int main(int argc, char** argv) {
     return usage_error(json, sub ? "tmsctl " + sub->get_name() : "tmsctl", usage_message(e, app, sub));
   }
   launch.start_daemon = !no_start_daemon;
+  // `--tag ""` is a tag given empty, which must not read as no --tag (the whole process).
+  for (CLI::App* sub : {pause, resume})
+    if (sub->parsed()) sel.tag_given = sub->get_option("--tag")->count() > 0;
 
   if (!command.empty() && !run->parsed())
     return usage_error(common.json, "tmsctl", "only `run` takes a command after --");
