@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "e2e.h"
+#include "tmsdisk/common/paths.h"
 
 using namespace tmsdisk::e2e;
 
@@ -236,7 +237,7 @@ TEST_CASE("no daemon at the socket FAILs with the command that starts one there"
   }
 }
 
-TEST_CASE("the daemon's RLIMIT_MEMLOCK below the staging it pins warns, naming that daemon and LimitMEMLOCK=") {
+TEST_CASE("the daemon's RLIMIT_MEMLOCK below the staging it pins warns, naming that daemon and how to raise it") {
   Node node;
   node.device_mb = 1;
   std::vector<std::string> daemon{TMSDISK_DAEMON_PATH,   "--socket", node.socket,  "--root", node.root,
@@ -252,7 +253,23 @@ TEST_CASE("the daemon's RLIMIT_MEMLOCK below the staging it pins warns, naming t
   CHECK(memlock["status"] == "warn");
   CHECK(memlock["subject"] == "memlock of tmsdiskd (pid " + std::to_string(node.daemon.pid()) + ")");
   CHECK(contains(memlock["detail"], "RLIMIT_MEMLOCK is 64.0 KiB, less than the 1 rank x 16.0 MiB of staging"));
-  CHECK(contains(memlock["fix"], "LimitMEMLOCK=infinity"));
+  // The service's unit where systemd runs; else the limit of the shell that starts the daemon.
+  const bool systemd = fs::is_directory("/run/systemd/system");
+  CHECK(contains(memlock["fix"], systemd ? "LimitMEMLOCK=infinity" : "ulimit -l unlimited"));
+  if (!systemd) CHECK_FALSE(contains(memlock["fix"], "systemctl"));
+}
+
+TEST_CASE("where systemd is not the init system, no fix names systemctl: the system daemon is started by hand") {
+  if (fs::is_directory("/run/systemd/system")) skip("systemd is the init system here (/run/systemd/system)");
+  if (fs::exists(tmsdisk::kSystemSocket)) skip("a system tmsdiskd socket exists on this machine");
+  Node node;
+  // The system socket, where nothing answers: the fix is how to start the node's daemon.
+  const json out = parse(doctor({"--json", "--socket", tmsdisk::kSystemSocket, "--root", node.root}, node.sim_env()));
+  const json daemon = check(out, "daemon");
+  INFO(out.dump(2));
+  CHECK(daemon["status"] == "FAIL");
+  CHECK(contains(daemon["fix"], "ulimit -l unlimited; exec tmsdiskd --config "));
+  for (const auto& c : out["checks"]) CHECK_FALSE(contains(c.value("fix", ""), "systemctl"));
 }
 
 TEST_CASE("without a daemon, this shell's RLIMIT_MEMLOCK is checked, which a private daemon would inherit") {

@@ -78,10 +78,18 @@ TEST_CASE("io_uring: each reason for a refusal is named with its fix, and the fa
 }
 
 TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for whichever process it is") {
-  MemlockFacts f{
-      .process = "tmsdiskd (pid 42)", .is_daemon = true, .limit = 64 * 1024, .staging_per_rank = 256 * MiB, .ranks = 8};
+  MemlockFacts f{.process = "tmsdiskd (pid 42)",
+                 .is_daemon = true,
+                 .limit = 64 * 1024,
+                 .staging_per_rank = 256 * MiB,
+                 .ranks = 8,
+                 .systemd_running = true};
   const Check low = judge_memlock(f);
   check_problem(low, Status::Warn, "RLIMIT_MEMLOCK is 64.0 KiB", "LimitMEMLOCK=infinity");
+  f.systemd_running = false;  // no unit to edit: the shell's limit it was started with
+  check_problem(judge_memlock(f), Status::Warn, "RLIMIT_MEMLOCK is 64.0 KiB", "ulimit -l unlimited");
+  CHECK_FALSE(has(judge_memlock(f).fix, "systemctl"));
+  f.systemd_running = true;
   CHECK(has(low.subject, "tmsdiskd (pid 42)"));
   CHECK(has(low.detail, "8 ranks x 256.0 MiB of staging = 2.0 GiB"));
 
@@ -100,6 +108,7 @@ TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for w
   // No daemon found: this shell's limit, which a private daemon started from it inherits.
   const Check shell = judge_memlock({.process = "this shell", .limit = 64 * 1024, .staging_per_rank = 256 * MiB});
   check_problem(shell, Status::Warn, "1 rank x 256.0 MiB", "ulimit -l unlimited");
+  CHECK_FALSE(has(shell.fix, "system service"));  // none is started without systemd
 }
 
 TEST_CASE("systemd: tmsdiskd.socket enabled and listening is ok; otherwise the exact command") {
@@ -135,11 +144,20 @@ TEST_CASE("daemon: its version when reached; when not, the command that makes on
   f.version = "0.2.0";
   check_problem(judge_daemon(f), Status::Warn, "this tmsctl is 0.1.0", "one build");
 
-  DaemonFacts absent{.socket = "/run/tmsdisk/tmsdiskd.sock", .error = ENOENT, .system_socket = true};
+  DaemonFacts absent{
+      .socket = "/run/tmsdisk/tmsdiskd.sock", .error = ENOENT, .system_socket = true, .systemd_running = true};
   check_problem(judge_daemon(absent), Status::Fail, "no tmsdiskd answers at /run/tmsdisk/tmsdiskd.sock",
                 "sudo systemctl enable --now tmsdiskd.socket");
+  // Where systemd is not the init system, no systemctl: the daemon by hand, with the unit's memlock.
+  absent.systemd_running = false;
+  const Check by_hand = judge_daemon(absent);
+  check_problem(by_hand, Status::Fail, "no tmsdiskd answers", "ulimit -l unlimited; exec tmsdiskd --config ");
+  CHECK_FALSE(has(by_hand.fix, "systemctl"));
+  f.systemd_running = false;
+  CHECK_FALSE(has(judge_daemon(f).fix, "systemctl"));  // the version mismatch's restart
   absent = {.socket = "/run/user/1000/tmsdisk/tmsdiskd.sock", .error = ECONNREFUSED, .private_socket = true};
   check_problem(judge_daemon(absent), Status::Fail, "Connection refused", "tmsctl run");
+  CHECK_FALSE(has(judge_daemon(absent).fix, "systemctl"));
   absent = {.socket = "/x/d.sock", .error = ENOENT};
   check_problem(judge_daemon(absent), Status::Fail, "/x/d.sock", "tmsdiskd --socket /x/d.sock --root DIR");
   absent = {.socket = "/x/d.sock", .error = EPROTONOSUPPORT, .message = "protocol version 3, daemon speaks 4"};

@@ -95,12 +95,31 @@ const char* status_name(Status s) {
 // ---------------------------------------------------------------------------------------------
 // Decisions
 
+namespace {
+
+// The system daemon started by hand, where no systemd would start it (containers, WSL, some HPC
+// images): as root, with the unit's memlock limit, under whatever keeps services running there.
+std::string daemon_by_hand() {
+  return "no systemd here to start it: as root, run `ulimit -l unlimited; exec tmsdiskd --config " +
+         std::string(kConfigFile) + "` under this host's supervisor, or by hand (README: Install, without systemd)";
+}
+
+// Restarting the daemon the way it was started.
+std::string daemon_restart(bool systemd_running) {
+  return systemd_running ? "(`sudo systemctl restart tmsdiskd`)" : "(stop it and start it again as it was started)";
+}
+
+}  // namespace
+
 std::string daemon_start_command(const DaemonFacts& f) {
   if (f.system_socket)
-    return "enable the system daemon: `sudo systemctl enable --now tmsdiskd.socket` (see the systemd check)";
+    return f.systemd_running
+               ? "enable the system daemon: `sudo systemctl enable --now tmsdiskd.socket` (see the systemd check)"
+               : daemon_by_hand();
   if (f.private_socket)
     return "this user's private daemon starts with the first rank launched by `tmsctl run -- CMD`; for one daemon for "
-           "the node, `sudo systemctl enable --now tmsdiskd.socket`";
+           "the node, " +
+           (f.systemd_running ? std::string("`sudo systemctl enable --now tmsdiskd.socket`") : daemon_by_hand());
   return "start a daemon there: `tmsdiskd --socket " + f.socket +
          " --root DIR` (DIR on local NVMe), or point --socket (or TMSDISK_SOCKET) at the socket of the daemon that "
          "runs";
@@ -113,14 +132,14 @@ Check judge_daemon(const DaemonFacts& f) {
     const std::string where = "tmsdiskd " + version + " at " + f.socket;
     if (!f.version.empty() && f.version != f.own_version)
       return make("daemon", subject, Status::Warn, where + ", but this tmsctl is " + f.own_version,
-                  "install tmsctl, libtmsdisk.so and tmsdiskd from one build, then restart the daemon "
-                  "(`sudo systemctl restart tmsdiskd`)");
+                  "install tmsctl, libtmsdisk.so and tmsdiskd from one build, then restart the daemon " +
+                      daemon_restart(f.systemd_running));
     return make("daemon", subject, Status::Ok, where);
   }
   if (f.error == EPROTONOSUPPORT)
     return make("daemon", subject, Status::Fail, f.message,
-                "tmsctl and tmsdiskd come from different builds: install both from one build and restart the daemon "
-                "(`sudo systemctl restart tmsdiskd`)");
+                "tmsctl and tmsdiskd come from different builds: install both from one build and restart the daemon " +
+                    daemon_restart(f.systemd_running));
   if (f.error == EACCES || f.error == EPERM)
     return make("daemon", subject, Status::Fail, f.message,
                 "have your uid or group allowed (allow-uid / allow-gid in " + std::string(kConfigFile) +
@@ -397,13 +416,19 @@ Check judge_memlock(const MemlockFacts& f) {
   const std::string detail = limit + ", less than the " + budget +
                              " tmsdiskd pins for io_uring: past the limit a rank's staging is not registered and "
                              "its pauses use slower unregistered I/O";
+  if (f.is_daemon && !f.systemd_running)
+    return make(name, subject, Status::Warn, detail,
+                "start tmsdiskd again from a root shell after `ulimit -l unlimited` (or raise its supervisor's "
+                "memlock limit)");
   if (f.is_daemon)
     return make(name, subject, Status::Warn, detail,
                 "give tmsdiskd LimitMEMLOCK=infinity (`sudo systemctl edit tmsdiskd.service`; the installed unit has "
                 "it), or start it from a shell after `ulimit -l unlimited`");
-  return make(name, subject, Status::Warn, detail,
-              "a private tmsdiskd started from here inherits this limit: `ulimit -l unlimited` first (memlock in "
-              "/etc/security/limits.conf), or use the system service, whose unit sets LimitMEMLOCK=infinity");
+  return make(
+      name, subject, Status::Warn, detail,
+      "a private tmsdiskd started from here inherits this limit: `ulimit -l unlimited` first (memlock in "
+      "/etc/security/limits.conf)" +
+          std::string(f.systemd_running ? ", or use the system service, whose unit sets LimitMEMLOCK=infinity" : ""));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -748,9 +773,9 @@ int cmd_doctor(const Common& common, const DoctorOptions& options) {
     daemon.error = client.error().errnum();
     daemon.message = client.error().message;
   }
-  checks.push_back(judge_daemon(daemon));
-
   const SystemdFacts systemd = probe_systemd();
+  daemon.systemd_running = systemd.systemd_running;
+  checks.push_back(judge_daemon(daemon));
   checks.push_back(judge_systemd_socket(systemd));
 
   const DriverFacts driver = probe_driver();
@@ -785,6 +810,7 @@ int cmd_doctor(const Common& common, const DoctorOptions& options) {
 
   MemlockFacts memlock;
   memlock.staging_per_rank = staging_per_rank;
+  memlock.systemd_running = systemd.systemd_running;
   memlock.ranks = driver.usable() && !driver.devices.empty() ? static_cast<unsigned>(driver.devices.size()) : 1;
   const std::optional<pid_t> pid =
       daemon.reached ? daemon_pid(daemon.socket, systemd.systemd_running) : std::optional<pid_t>();

@@ -39,12 +39,13 @@ struct Check {
 struct DaemonFacts {
   std::string socket;
   bool reached = false;
-  int error = 0;                // errno when not reached
-  std::string message;          // the client's whole error message when not reached
-  std::string version;          // the daemon's package version (its WELCOME), when reached
-  std::string own_version;      // this tmsctl's
-  bool system_socket = false;   // `socket` is the system service's
-  bool private_socket = false;  // `socket` is this user's private daemon's
+  int error = 0;                 // errno when not reached
+  std::string message;           // the client's whole error message when not reached
+  std::string version;           // the daemon's package version (its WELCOME), when reached
+  std::string own_version;       // this tmsctl's
+  bool system_socket = false;    // `socket` is the system service's
+  bool private_socket = false;   // `socket` is this user's private daemon's
+  bool systemd_running = false;  // systemd is the init system (SystemdFacts): its commands are fixes
 };
 Check judge_daemon(const DaemonFacts& f);
 // The command that makes a daemon answer at `f.socket`.
@@ -118,6 +119,7 @@ struct MemlockFacts {
   bool cap_ipc_lock = false;
   uint64_t staging_per_rank = 0;  // the daemon's default staging budget
   unsigned ranks = 1;             // one per GPU
+  bool systemd_running = false;   // systemd is the init system (SystemdFacts): its unit is a fix
 };
 Check judge_memlock(const MemlockFacts& f);
 
