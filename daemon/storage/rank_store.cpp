@@ -936,15 +936,21 @@ void RankStore::Impl::check_files(bool before_change) {
       continue;
     }
     const std::optional<FileIdentity> now = file_identity(rf.data.get());
-    if (!now || !(*now == *rf.known)) {
+    // The name too: the store goes on writing the file it has open, which a daemon restarted later
+    // would not find.
+    struct stat named {};
+    const bool replaced = !now || ::fstatat(rf.rank_dir.get(), kDataName, &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+                          static_cast<uint64_t>(named.st_ino) != now->ino ||
+                          static_cast<uint64_t>(named.st_dev) != now->dev;
+    if (!now || replaced || !(*now == *rf.known)) {
       spdlog::warn(
           "{}: the data file {} changed since tmsdiskd last wrote it ({}): its chunks are written again "
           "at the next pause instead of being taken as unchanged",
           relative, join_path(rf.rank_path, kDataName),
-          !now                                                     ? "it cannot be stat'ed"
-          : now->ino != rf.known->ino || now->dev != rf.known->dev ? "another file is in its place"
-          : now->size != rf.known->size                            ? "its size differs"
-                                                                   : "it was modified");
+          !now                                                                 ? "it cannot be stat'ed"
+          : replaced || now->ino != rf.known->ino || now->dev != rf.known->dev ? "another file is in its place"
+          : now->size != rf.known->size                                        ? "its size differs"
+                                                                               : "it was modified");
       forget_held(r);
       rf.known.reset();
       rf.changed = true;

@@ -1582,6 +1582,9 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
     REQUIRE(store->reserve(set));
     // Blob 2 kept its extents and was rewritten above, but in a generation never committed: nothing
     // recorded what the file looked like after that write, so it is not trusted across a reservation.
+    // The extents of the resized blob 1 are given back meanwhile: a commit while they are still being
+    // punched records nothing either (the punches change the file after it), so they are waited for.
+    store->wait_for_punches();
     CHECK(pause_all(*store, 0x31) == 0);
     REQUIRE(store->reserve(set));
     CHECK(pause_all(*store, 0x31) == 4);  // committed since: held again
@@ -1790,8 +1793,10 @@ TEST_CASE("a data file changed outside tmsdiskd between pauses has every chunk r
     CHECK(pause_and_resume(*store, 0x61) == 0);
     CHECK(pause_and_resume(*store, 0x61) == static_cast<int>(kDamageChunks));  // untouched: all unchanged
     damage(data, how);
-    CHECK(pause_and_resume(*store, 0x61) == 0);                                // written again, and verified
-    CHECK(pause_and_resume(*store, 0x61) == static_cast<int>(kDamageChunks));  // trusted again once rewritten
+    CHECK(pause_and_resume(*store, 0x61) == 0);  // written again, and verified
+    // Trusted again once rewritten, but for a file whose name another file has taken: the store
+    // writes the one it has open, which a restarted daemon would not find.
+    CHECK(pause_and_resume(*store, 0x61) == (how == Damage::Replace ? 0 : static_cast<int>(kDamageChunks)));
     REQUIRE(store->remove());
   }
 }
