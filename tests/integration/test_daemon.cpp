@@ -2374,6 +2374,73 @@ TEST_CASE("zero chunks are neither written nor read, and a pause of unchanged by
   resume(third);
 }
 
+TEST_CASE("a data file changed outside tmsdiskd while the memory is resident is written again, across a restart too") {
+  Daemon d;
+  d.start();
+  auto c = d.shim({.job = "damaged", .rank = 0});
+  const uint64_t token = c.welcome().token;
+  const std::vector<BlobSize> blobs = {{1, 16 * MiB}};
+  const std::string data = d.rank_dir(0, "damaged", 0, ::getpid()) + "/data";
+  // Pauses all four chunks and returns how many were unchanged; resumes them, each verified.
+  auto pause = [&](ShimClient& s) {
+    REQUIRE(s.reserve(blobs));
+    int unchanged = 0;
+    for (uint64_t off = 0; off < 16 * MiB; off += 4 * MiB) {
+      auto w = write_one(s, 1, off);
+      INFO((w ? "" : w.error().describe()));
+      REQUIRE(w);
+      unchanged += w->unchanged;
+    }
+    REQUIRE(s.commit(proto::CommitState::Paused));
+    return unchanged;
+  };
+  auto resume = [&](ShimClient& s) {
+    for (uint64_t off = 0; off < 16 * MiB; off += 4 * MiB) {
+      auto r = s.call(proto::Read{{.slot = 0, .length = 4 * MiB, .blob = 1, .offset = off}});
+      INFO((r ? "" : r.error().describe()));
+      REQUIRE(r);
+      CHECK(check_pattern(1, off, s.slot(0), 4 * MiB));
+    }
+    REQUIRE(s.commit(proto::CommitState::Resumed));
+  };
+  CHECK(pause(c) == 0);
+  resume(c);
+  CHECK(pause(c) == 4);
+  resume(c);
+
+  // A byte flipped while the memory is resident: the next pause writes the file's chunks again.
+  flip_byte(data, 4 * MiB + 100, 0x01);
+  CHECK(pause(c) == 0);
+  resume(c);
+
+  // The same across a restart: the manifest's word is not enough.
+  flip_byte(data, 8 * MiB + 100, 0x01);
+  CHECK(d.proc.stop() == 0);
+  c.close();
+  d.start();
+  auto again = d.shim({.job = "damaged", .rank = 0, .token = token});
+  CHECK(pause(again) == 0);
+  resume(again);
+  CHECK(pause(again) == 4);  // rewritten and committed: trusted again
+  resume(again);
+
+  // Another file put in its place (a copy, one byte flipped) while the daemon is down.
+  CHECK(d.proc.stop() == 0);
+  again.close();
+  {
+    std::ifstream in(data, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.size() >= 16 * MiB);
+    bytes[12 * MiB + 100] = static_cast<char>(bytes[12 * MiB + 100] ^ 0x01);
+    std::ofstream(data + ".new", std::ios::binary) << bytes;
+    REQUIRE(::rename((data + ".new").c_str(), data.c_str()) == 0);
+  }
+  d.start();
+  auto third = d.shim({.job = "damaged", .rank = 0, .token = token});
+  CHECK(pause(third) == 0);
+  resume(third);
+}
+
 TEST_CASE("chunks reserved are bounded per user, zero chunks included, with the limit named") {
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
