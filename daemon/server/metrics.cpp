@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -307,9 +308,35 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
 // ------------------------------------------------------------------------------------------------
 // The file
 
-bool MetricsFile::write(std::string_view text) {
+MetricsFile::MetricsFile(std::string path) : path_(std::move(path)) {
   const std::filesystem::path target(path_);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  dir_path_ = target.has_parent_path() ? target.parent_path().string() : ".";
+  name_ = target.filename().string();
+  // Opened now, before anyone could swap it; a directory made later is opened by the first write
+  // that finds it (whose failures are logged there).
+  (void)open_dir();
+}
+
+std::string MetricsFile::open_dir() {
+  // O_NOFOLLOW on the last component: a link there is refused, never followed (O_PATH|O_DIRECTORY
+  // fails on one with ENOTDIR or ELOOP). The components above are the administrator's.
+  const int fd = ::open(dir_path_.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    dir_.reset(fd);
+    return {};
+  }
+  const int err = errno;
+  struct stat st {};
+  if (::lstat(dir_path_.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return fmt::format(
+        "its directory {} is a symbolic link, which tmsdiskd does not follow (whoever may write the "
+        "directory above it could point it at any file root can write): name the directory itself",
+        dir_path_);
+  }
+  return fmt::format("cannot open its directory {}: {}", dir_path_, std::strerror(err));
+}
+
+bool MetricsFile::write(std::string_view text) {
   auto fail = [&](const std::string& what) {
     // Logged once per distinct error: a directory that is missing or read-only says so once, not every
     // 15 s. The text names the directory, never the temp file, whose name differs each time.
@@ -322,36 +349,61 @@ bool MetricsFile::write(std::string_view text) {
     }
     return false;
   };
+  if (!dir_) {
+    if (std::string why = open_dir(); !why.empty()) return fail(why);
+  }
   // Hidden and without the .prom suffix: the textfile collector reads only *.prom, never a half-written file.
   // Built by appending: GCC 12 at -O3 misreads `"." + string` as an overlapping memcpy (-Wrestrict).
-  std::string name = ".";
-  name += target.filename().string();
-  name += ".XXXXXX";
-  std::string temp = (dir / name).string();
-  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0) return fail(fmt::format("cannot create a temp file in {}: {}", dir.string(), std::strerror(errno)));
+  std::string temp = ".";
+  temp += name_;
+  temp += ".XXXXXX";
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char bytes[6] = {};
+    if (::getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bytes)) {
+      // No entropy yet this early in boot: unique enough with O_EXCL and the retries.
+      const auto mix = static_cast<uint64_t>(::getpid()) * 1000003u +
+                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                       static_cast<uint64_t>(attempt);
+      for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(mix >> (8 * i));
+    }
+    for (std::size_t i = 0; i < sizeof bytes; ++i)
+      temp[temp.size() - sizeof bytes + i] = kAlphabet[bytes[i] % (sizeof kAlphabet - 1)];
+    // O_EXCL|O_NOFOLLOW: a name someone planted in the directory, link or not, is never written through.
+    fd = ::openat(dir_.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    const int err = errno;
+    // A directory removed since it was opened takes no more files: the next write opens whatever
+    // directory then has its name (a link there refused as at the start).
+    struct stat st {};
+    if (::fstat(dir_.get(), &st) == 0 && st.st_nlink == 0) dir_.reset();
+    return fail(fmt::format("cannot create a temp file in {}: {}", dir_path_, std::strerror(err)));
+  }
   auto discard = [&](const std::string& what) {
     const int err = errno;
     ::close(fd);
-    ::unlink(temp.c_str());
+    ::unlinkat(dir_.get(), temp.c_str(), 0);
     return fail(fmt::format("{}: {}", what, std::strerror(err)));
   };
-  // node-exporter runs as its own user: the file must be readable by others (mkostemp made it 0600).
+  // node-exporter runs as its own user: the file must be readable by others (the umask may have narrowed it).
   if (::fchmod(fd, 0644) != 0) return discard("cannot make the temp file readable");
   for (std::size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return discard(fmt::format("cannot write a temp file in {}", dir.string()));
+    if (n < 0) return discard(fmt::format("cannot write a temp file in {}", dir_path_));
     done += static_cast<std::size_t>(n);
   }
   if (::close(fd) != 0) {
     const int err = errno;
-    ::unlink(temp.c_str());
-    return fail(fmt::format("cannot write a temp file in {}: {}", dir.string(), std::strerror(err)));
+    ::unlinkat(dir_.get(), temp.c_str(), 0);
+    return fail(fmt::format("cannot write a temp file in {}: {}", dir_path_, std::strerror(err)));
   }
-  if (::rename(temp.c_str(), path_.c_str()) != 0) {
+  if (::renameat(dir_.get(), temp.c_str(), dir_.get(), name_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(temp.c_str());
+    ::unlinkat(dir_.get(), temp.c_str(), 0);
     return fail(fmt::format("cannot rename a temp file over it: {}", std::strerror(err)));
   }
   if (!last_error_.empty()) {
@@ -362,7 +414,9 @@ bool MetricsFile::write(std::string_view text) {
 }
 
 void MetricsFile::remove() {
-  if (::unlink(path_.c_str()) != 0 && errno != ENOENT)
+  // Only from the directory written to: nothing was written if it was never opened.
+  if (!dir_) return;
+  if (::unlinkat(dir_.get(), name_.c_str(), 0) != 0 && errno != ENOENT)
     spdlog::warn("metrics: cannot remove {} on stopping: {}", path_, std::strerror(errno));
 }
 

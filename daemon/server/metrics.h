@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "io_engine.h"
+#include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::storage {
@@ -169,9 +170,16 @@ class Metrics {
 // Writes an exposition to `path` atomically: a temp file in the same directory (named so that the
 // textfile collector, which reads only *.prom, skips it), mode 0644, renamed over `path`. A failure
 // is logged once per distinct error (and the recovery once), never fatal.
+//
+// The directory is opened once (at construction, or at the first write that finds it, if it did not
+// exist yet), never through a symbolic link in its own place, and every later step (temp file,
+// rename, removal on stopping) is made relative to that descriptor. Its parent may belong to another
+// user (Debian's node-exporter directory lies in /var/lib/prometheus, owned by `prometheus`), who
+// could otherwise swap the directory for a link between two writes and have root overwrite, then
+// delete, a file of their choosing.
 class MetricsFile {
  public:
-  explicit MetricsFile(std::string path) : path_(std::move(path)) {}
+  explicit MetricsFile(std::string path);
   // True when written.
   bool write(std::string_view text);
   // A clean stop: the figures of a daemon that no longer runs must not look current.
@@ -179,7 +187,13 @@ class MetricsFile {
   const std::string& path() const noexcept { return path_; }
 
  private:
+  // Opens dir_path_ into dir_; the reason it could not, empty when it could.
+  std::string open_dir();
+
   std::string path_;
+  std::string dir_path_;    // the directory, as named
+  std::string name_;        // the file's name in it
+  UniqueFd dir_;            // O_PATH handle of the directory, once opened
   std::string last_error_;  // what was last logged, empty once a write succeeds
 };
 

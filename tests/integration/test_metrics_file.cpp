@@ -226,3 +226,70 @@ TEST_CASE("a metrics file that cannot be written is logged once - the daemon ser
   CHECK(e.value("tmsdisk_pauses_total", {{"result", "no_op"}}) == 4);
   CHECK_THAT(node.proc.log(), Catch::Matchers::Contains("is written again"));
 }
+
+namespace {
+
+// Whether `path` is a regular file holding exactly `text`.
+bool holds(const std::string& path, const std::string& text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) == text;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("a metrics directory swapped for a symbolic link after start - what the link points at is never touched") {
+  Node node;
+  fs::create_directories(node.textfile_dir);
+  node.start(node.metrics);
+  REQUIRE(fs::exists(node.metrics));
+  // The owner of the directory above (Debian: `prometheus`) moves the directory aside and puts a link to
+  // a private directory of root's in its place, naming a file root holds there.
+  const std::string victim = node.dir / "private";
+  fs::create_directories(victim);
+  fs::permissions(victim, fs::perms::owner_all);
+  const std::string precious = victim + "/tmsdisk.prom";
+  std::ofstream(precious) << "precious\n";
+  const std::string aside = node.dir / "aside";
+  fs::rename(node.textfile_dir, aside);
+  fs::create_directory_symlink(victim, node.textfile_dir);
+
+  auto rank = node.rank("swapped", 0);
+  REQUIRE(node.control(proto::CommandOp::Pause, "swapped", rank,
+                       [](const proto::Command&) {
+                         return std::optional(proto::CommandDone{
+                             .message = "already paused", .outcome = static_cast<uint8_t>(proto::Outcome::NoOp)});
+                       })
+              .results.size() == 1);
+  // Written where the daemon opened it: the directory moved aside.
+  CHECK(holds(precious, "precious\n"));
+  CHECK(names_in(victim) == std::vector<std::string>{"tmsdisk.prom"});
+  {
+    std::ifstream in(aside + "/tmsdisk.prom");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const ParsedExposition e = parse_exposition(text);
+    CHECK(e.value("tmsdisk_pauses_total", {{"result", "no_op"}}) == 1);
+  }
+  // Stopping removes the file it wrote, not the one the link names.
+  CHECK(node.proc.stop() == 0);
+  CHECK(holds(precious, "precious\n"));
+  CHECK_FALSE(fs::exists(aside + "/tmsdisk.prom"));
+}
+
+TEST_CASE("a metrics directory that is a symbolic link at start is refused, saying so, and its target untouched") {
+  Node node;
+  const std::string real = node.dir / "real";
+  fs::create_directories(real);
+  fs::create_directory_symlink(real, node.textfile_dir);
+  node.start(node.metrics);
+  CHECK_THAT(node.proc.log(), Catch::Matchers::Contains("is a symbolic link"));
+  CHECK(names_in(real).empty());
+  CHECK(node.proc.stop() == 0);
+  CHECK(names_in(real).empty());
+}
