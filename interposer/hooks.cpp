@@ -50,6 +50,9 @@ TMSDISK_EXPORT int tmsdisk_pause_tag(const char* tag) noexcept {
 TMSDISK_EXPORT int tmsdisk_resume_tag(const char* tag) noexcept {
   return tmsdisk::shim::api_resume_tag(tag);
 }
+TMSDISK_EXPORT int tmsdisk_resume_tag_accept_loss(const char* tag) noexcept {
+  return tmsdisk::shim::api_resume_tag_accept_loss(tag);
+}
 TMSDISK_EXPORT int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) noexcept {
   return tmsdisk::shim::api_tags(out, count, size);
 }

@@ -126,6 +126,10 @@ int api_resume_tag(const char* tag) noexcept {
   if (tag && !valid_tag_name(tag)) return -EINVAL;
   return run(proto::CommandOp::Resume, 0, tag);
 }
+int api_resume_tag_accept_loss(const char* tag) noexcept {
+  if (tag && !valid_tag_name(tag)) return -EINVAL;
+  return run(proto::CommandOp::Resume, proto::kAcceptLoss, tag);
+}
 
 int api_tags(struct tmsdisk_tag_info* out, std::size_t count, std::size_t size) noexcept {
   if ((count && !out) || (count && size == 0)) return -EINVAL;

@@ -21,6 +21,7 @@ int api_tag_push(const char* tag, int policy) noexcept;
 int api_tag_pop() noexcept;
 int api_pause_tag(const char* tag) noexcept;
 int api_resume_tag(const char* tag) noexcept;
+int api_resume_tag_accept_loss(const char* tag) noexcept;
 int api_tags(struct tmsdisk_tag_info* out, std::size_t count, std::size_t size) noexcept;
 const char* api_version() noexcept;
 

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 4
+#define TMSDISK_API_VERSION 5
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -142,6 +142,11 @@ int tmsdisk_tag_pop(void) TMSDISK_NOEXCEPT;
  * A tag no allocation ever carried is nothing to do (0). */
 int tmsdisk_pause_tag(const char* tag) TMSDISK_NOEXCEPT;
 int tmsdisk_resume_tag(const char* tag) TMSDISK_NOEXCEPT;
+/* tmsdisk_resume_tag, except that an allocation of that tag whose backup is damaged gets zero-filled
+ * memory, as tmsdisk_resume_accept_loss does for the whole process (NULL: it is that call); the other
+ * tags' damaged allocations stay paused. The same as `tmsctl resume --tag TAG --accept-loss`. Added in
+ * API version 5. */
+int tmsdisk_resume_tag_accept_loss(const char* tag) TMSDISK_NOEXCEPT;
 
 struct tmsdisk_tag_info {
   char tag[64];    /* NUL-terminated */

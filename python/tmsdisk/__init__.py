@@ -52,8 +52,9 @@ __all__ = [
     "version",
 ]
 
-#: The C API version this package is written against (TMSDISK_API_VERSION; tags came with 4).
-API_VERSION = 4
+#: The C API version this package is written against (TMSDISK_API_VERSION; tags came with 4, a tag's
+#: resume with accept_loss with 5).
+API_VERSION = 5
 
 #: Policies (TMSDISK_POLICY_*): what a pause does with a tag's allocations.
 BACKUP = "backup"  # saved (host tier, disk) and restored bit for bit
@@ -149,6 +150,8 @@ _PROTOTYPES = {
     "tmsdisk_tag_pop": (ctypes.c_int, []),
     "tmsdisk_pause_tag": (ctypes.c_int, [ctypes.c_char_p]),
     "tmsdisk_resume_tag": (ctypes.c_int, [ctypes.c_char_p]),
+    # API version 5
+    "tmsdisk_resume_tag_accept_loss": (ctypes.c_int, [ctypes.c_char_p]),
     "tmsdisk_tags": (ctypes.c_int, [ctypes.POINTER(_CTagInfo), ctypes.c_size_t, ctypes.c_size_t]),
 }
 
@@ -312,19 +315,18 @@ def resume(tag: Optional[str] = None, accept_loss: bool = False) -> None:
 
     Backed-up memory is verified against its checksums; discarded memory comes back zero-filled. Raises
     Error (EBADMSG, EIO, ENODATA: a backup is damaged, that memory stays paused and status() says which).
-    accept_loss=True (whole process only) gives memory whose backup is damaged zero-filled memory
-    instead: its data is lost.
+    accept_loss=True gives memory whose backup is damaged zero-filled memory instead (with a tag: that
+    tag's only, as `tmsctl resume --tag TAG --accept-loss` does): its data is lost.
     """
     if tag is None:
         call = "tmsdisk.resume(accept_loss=True)" if accept_loss else "tmsdisk.resume()"
         name = "tmsdisk_resume_accept_loss" if accept_loss else "tmsdisk_resume"
         _pause_resume(call, _function(call, name)())
         return
-    call = "tmsdisk.resume(%r)" % (tag,)
-    if accept_loss:
-        raise TagError(_errno.EINVAL, call, "accept_loss=True resumes the whole process: pass no tag")
+    call = "tmsdisk.resume(%r%s)" % (tag, ", accept_loss=True" if accept_loss else "")
     name = _encode_tag(tag, call)
-    _pause_resume(call, _function(call, "tmsdisk_resume_tag")(name), tag)
+    function = "tmsdisk_resume_tag_accept_loss" if accept_loss else "tmsdisk_resume_tag"
+    _pause_resume(call, _function(call, function)(name), tag)
 
 
 # --- regions ---------------------------------------------------------------------------------------

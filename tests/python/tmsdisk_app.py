@@ -83,7 +83,9 @@ def scenario_tags():
     tmsdisk.pause("kv_cache")  # already paused: nothing to do
     tmsdisk.pause("never-used")  # a tag nothing carries: nothing to do
 
-    tmsdisk.resume("weights")
+    # accept_loss with a tag, as `tmsctl resume --tag weights --accept-loss` (it used to be refused):
+    # nothing is damaged, so the weights come back verified, byte for byte.
+    tmsdisk.resume("weights", accept_loss=True)
     assert cuda.read(weights, len(weights_data)) == weights_data, "the weights came back changed"
     tmsdisk.resume("kv_cache")
     assert cuda.read(cache, len(cache_data)) == bytes(len(cache_data)), "the discarded cache is not zero-filled"
@@ -178,6 +180,9 @@ def scenario_regions():
     assert e.errno == errno.EINVAL and "bad tag" in str(e), e
     e = expect_error(tmsdisk.Error, tmsdisk.resume, "bad/tag")
     assert e.errno == errno.EINVAL, e
+    for bad in ("", "bad/tag"):  # an empty tag is no tag: never the whole process
+        e = expect_error(tmsdisk.TagError, tmsdisk.resume, bad, True)
+        assert e.errno == errno.EINVAL and "A-Z a-z 0-9" in str(e), e
     e = expect_error(tmsdisk.Error, lambda: tmsdisk.region("ok", "sometimes").__enter__())
     assert e.errno == errno.EINVAL and "'discard'" in str(e), e
     tmsdisk.region("x" * 63, "resident")  # the longest name is fine
