@@ -284,28 +284,6 @@ TEST_CASE("a rank killed while paused frees its share of the tier at once: the n
   CHECK(next.cmd("check") == "ok 1");
 }
 
-TEST_CASE(
-    "a daemon restarted while a rank is paused in host memory counts that memory again, once; the rank resumes whole") {
-  Node node;
-  const std::vector<std::string> args{"--host-tier-mb", "64", "--host-tier-ahead=false"};
-  node.start_daemon(args);
-  Proc prog({CUDA_PATTERN_PATH}, node.shim_env("restart", 0));
-  REQUIRE(prog.line() == "ready");
-  REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 33554432 direct")).empty());
-  auto p = node.pause("restart");
-  INFO(p.text);
-  REQUIRE(p.ok());
-  REQUIRE(p[0].host_bytes == 32 * MiB);
-  REQUIRE(node.daemon.stop() == 0);
-  node.start_daemon(args);
-  // The rank reconnects with its token and hands its memfd back: the new daemon's records (the rank's
-  // manifest) vouch for the 32 MiB of host chunks, which count against the budget again.
-  REQUIRE(eventually([&] { return rank_of(node).host_tier_bytes == 32 * MiB; }, std::chrono::seconds(60)));
-  CHECK(node.daemon.log().find("holds 32.0 MiB of host-tier memory from before") != std::string::npos);
-  REQUIRE(node.resume("restart").ok());
-  CHECK(prog.cmd("check") == "ok 1");
-}
-
 TEST_CASE("TMSDISK_HOST_TIER=0 keeps a rank on disk even where the node has a tier") {
   Node node;
   node.start_daemon({"--host-tier-mb", "256", "--host-tier-ahead=false"});
