@@ -56,7 +56,11 @@ TEST_CASE("a private socket directory another user made first is not trusted", "
   REQUIRE(tmsdisk::private_dir_trusted(socket));
   REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);  // as if another user had made it first
   CHECK_FALSE(tmsdisk::private_dir_trusted(socket));
-  CHECK(tmsdisk::spawn_private_daemon("/bin/false", socket, 100) == -EPERM);
+  std::string why;
+  CHECK(tmsdisk::spawn_private_daemon("/bin/false", socket, 100, &why) == -EPERM);
+  // The words the shim logs and tmsctl prints: whose it is, and what to do.
+  CHECK(why.find(dir.string() + " belongs to another user (uid 65534)") != std::string::npos);
+  CHECK(why.find("ask its owner or root to remove it, or set XDG_RUNTIME_DIR") != std::string::npos);
   fs::remove_all(base);
 }
 

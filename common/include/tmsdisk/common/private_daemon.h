@@ -92,8 +92,8 @@ inline std::string one_line(std::string text) {
 // `timeout_ms` for `socket` to answer. With --detach, tmsdiskd exits when its daemon serves (0) or
 // has failed to start (non-zero, having said why on stderr), so a failure is known at once, in the
 // daemon's own words: they go to `*why` when it is given. -EPERM if the socket's directory exists
-// but is not this user's own (0700). Several processes may race here: the daemon's instance lock
-// lets one win, the others exit with kExitAlreadyServed, and every caller waits for the winner.
+// but is not this user's own (0700); `*why` then says whose it is and what to do. Several processes may race here: the
+// daemon's instance lock lets one win, the others exit with kExitAlreadyServed, and every caller waits for the winner.
 // Returns 0, -EIO if tmsdiskd failed (`*why` says how), -ETIMEDOUT if no daemon answered in time,
 // or another negative errno.
 inline int spawn_private_daemon(const std::string& tmsdiskd, const std::string& socket, int timeout_ms,
@@ -101,7 +101,14 @@ inline int spawn_private_daemon(const std::string& tmsdiskd, const std::string& 
   // A directory that exists but is not ours alone is refused, never used (see private_dir_trusted).
   struct stat st {};
   const std::string dir = socket.substr(0, socket.rfind('/'));
-  if (::lstat(dir.c_str(), &st) == 0 && !private_dir_trusted(socket)) return -EPERM;
+  if (::lstat(dir.c_str(), &st) == 0 && !private_dir_trusted(socket)) {
+    // Whose it is and what to do, for the shim's log: "Operation not permitted" says neither.
+    try {
+      if (why) *why = private_dir_problem(socket);
+    } catch (...) {
+    }
+    return -EPERM;
+  }
   if (socket_answers(socket)) return 0;
   const int64_t deadline = detail::monotonic_ms() + timeout_ms;
   try {
