@@ -10,8 +10,12 @@
 #   --installed: tmsctl, tmsdiskd and libtmsdisk.so as installed on this machine (the .deb, `cmake
 #     --install`): tmsctl from PATH, and `tmsctl run` finds the library and starts a private tmsdiskd
 #     beside itself; fails if any of the three comes from this tree. Only the CUDA test programs and
-#     simcuda come from the build tree ($TMSDISK_BUILD_DIR, default build). scripts/check_install.sh
-#     runs this.
+#     simcuda come from the build tree. scripts/check_install.sh runs this.
+#
+# The build tree is $TMSDISK_BUILD_DIR, default build-demo: the demo's own, Release and without
+# -Werror, set at every run. scripts/test.sh keeps build/ (with -Werror) and the README's Building
+# step uses build/ too, so the two scripts run in either order on one clone, and neither changes the
+# other's build type or flags (which would also rebuild everything at each switch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 installed=0
@@ -19,16 +23,18 @@ if [ "${1:-}" = --installed ]; then
   installed=1
   shift
 fi
-build=${TMSDISK_BUILD_DIR:-build}
+build=${TMSDISK_BUILD_DIR:-build-demo}
 programs=(cuda_pattern cuda_probe simcuda)
+configure=(cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTMSDISK_WERROR=OFF)
 if [ "$installed" = 1 ]; then
-  [ -f "$build/CMakeCache.txt" ] || { scripts/deps.sh; cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null; }
+  # A tree that exists is used as it is (check_install.sh passes the one scripts/test.sh built).
+  [ -f "$build/CMakeCache.txt" ] || { scripts/deps.sh; "${configure[@]}" >/dev/null; }
   cmake --build "$build" --target "${programs[@]}"
   tmsctl=$(command -v tmsctl) || { echo "--installed: no tmsctl on PATH"; exit 1; }
   unset TMSDISK_DAEMON TMSDISK_LIBRARY TMSDISK_SOCKET
 else
   scripts/deps.sh
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  "${configure[@]}" >/dev/null
   cmake --build "$build" --target tmsdiskd tmsctl tmsdisk "${programs[@]}"
   tmsctl=$build/tools/tmsctl/tmsctl
 fi

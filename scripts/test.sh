@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
 
-cmake -S . -B build -G Ninja -DTMSDISK_WERROR=ON
+# build/ is this script's, with its build type set at every run: a tree configured otherwise before
+# (an older scripts/demo.sh made build/ Release) must not carry its type into the -Werror build.
+# scripts/demo.sh builds in build-demo/.
+cmake -S . -B build -G Ninja -DTMSDISK_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 

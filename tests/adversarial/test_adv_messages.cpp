@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -356,8 +357,11 @@ constexpr std::size_t kVersionAt = 4, kTypeAt = 6, kLengthAt = 8, kFlagsAt = 12;
 
 // `payload` behind the sample's header, with the header's length made to match.
 std::vector<uint8_t> with_payload(const std::vector<uint8_t>& sample, const std::vector<uint8_t>& payload) {
-  std::vector<uint8_t> out(sample.begin(), sample.begin() + proto::kHeaderSize);
-  out.insert(out.end(), payload.begin(), payload.end());
+  // Sized once and copied into: GCC 12 at -O3 warns falsely (-Warray-bounds, a memcpy "out of the
+  // bounds [0, 24]") of a vector made from the header and then grown by insert().
+  std::vector<uint8_t> out(proto::kHeaderSize + payload.size());
+  std::copy(sample.begin(), sample.begin() + proto::kHeaderSize, out.begin());
+  std::copy(payload.begin(), payload.end(), out.begin() + proto::kHeaderSize);
   set_le(out, kLengthAt, payload.size(), 4);
   return out;
 }
