@@ -6,10 +6,12 @@
 # compare with. The first pause makes and pins the tier's memory; the later ones reuse what the rank
 # kept (host-tier-keep): both are reported.
 # Then four ranks of 4 GiB pause together under a budget for two: the tier never holds more than the
-# budget, and every rank's memory is checked after the resume.
-# About 6 minutes on an H200 node: give it a call of its own, or a limit of 400 s or more.
+# budget, and every rank's memory is checked after the resume. Last, a PyTorch rank with 16 GiB of
+# tensors and 4 GiB of cache (torch_tier_size.py): the memory it keeps after its first pause is sized
+# by what that pause placed in the tier, not by what it asked for ahead of it.
+# About 7 minutes on an H200 node: give it a call of its own, or a limit of 480 s or more.
 #   tests/gpu/run_gpu_tier.sh BUNDLE_DIR OUT_DIR
-# Environment: TIER_CASES ("full half four": the parts to run; the full/half comparison needs both).
+# Environment: TIER_CASES ("full half four torch": the parts to run; the full/half comparison needs both).
 set -uo pipefail  # not -e: every section runs and reports
 bundle_dir=$1
 out=$2
@@ -17,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/node.sh"
 gib=8
 report=$out/tier.txt
-cases=" ${TIER_CASES:-full half four} "
+cases=" ${TIER_CASES:-full half four torch} "
 : >"$report"
 
 bench() {  # BUDGET_MIB NAME
@@ -57,6 +59,17 @@ for op, raw in (("pause", "raw_write_gb_s"), ("resume", "raw_read_gb_s")):
           f"{tier_s:.2f} + {disk_s:.2f} = {tier_s + disk_s:.2f} s; ratio {took / (tier_s + disk_s):.2f} (goal <= 1.10); "
           f"intact {h['intact']}")
 PY
+
+if [[ $cases == *" torch "* ]]; then
+  echo "== PyTorch: 16 GiB of tensors, 4 GiB of cache; host tier of 24 GiB" | tee -a "$report"
+  if NODE_DAEMON_ARGS="--host-tier-mb 24576" start_node "$bundle_dir" "$out" tier-torch; then
+    TMSCTL=$tmsctl TMSDISK_LOG=info timeout 300 "$tmsctl" run --job tiersize -- python3 "$here/torch_tier_size.py" \
+      >"$out/torch-tier-size.log" 2>&1 || echo "FAIL: torch_tier_size.py (torch-tier-size.log)" >>"$report"
+    grep -h "^PASS\|^FAIL\|ahead of the first\|after the first\|pauses:" "$out/torch-tier-size.log" >>"$report"
+    grep -h "granted\|reuses\|released" "$out/tmsdiskd-tier-torch.log" | tail -6 >>"$report"
+    stop_node
+  fi
+fi
 
 if [[ $cases != *" four "* ]]; then cat "$report"; exit 0; fi
 echo "== four ranks of 4 GiB, a budget for two (8 GiB)" | tee -a "$report"
