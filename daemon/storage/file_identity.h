@@ -8,9 +8,11 @@
 // lost at the next resume when a rewrite would have repaired it. Reading every chunk back would cost
 // what skipping saves; the file's identity and metadata cost one fstat(2). Any write, truncation,
 // fallocate or link change moves ctime (and most move mtime or the size), a replacement changes the
-// inode, so a file whose identity still matches was not changed through the filesystem since. Root
-// writing the block device underneath or setting the clock back is not caught; resume still verifies
-// every chunk, so such damage is refused, never returned.
+// inode, so a file whose identity still matches was not changed through the filesystem since. Not
+// caught: root writing the block device underneath or setting the clock back, and a change within
+// the same timestamp granule on a filesystem that stamps coarsely (whole seconds: ext4 with 128-byte
+// inodes, some network filesystems). Resume still verifies every chunk, so such damage is refused,
+// never returned.
 #pragma once
 
 #include <cstdint>
