@@ -465,7 +465,7 @@ constexpr const char* kDescription =
 constexpr const char* kFooter =
     "Every option but --config, --check-config, --private and --detach may also be a key of the config file\n"
     "(TOML; `tmsdiskd --check-config` checks it). Exit status: 0 done; 1 a runtime failure; 2 a usage or\n"
-    "config error (nothing was started). See tmsdiskd(8).";
+    "config error (nothing was started); 3 another tmsdiskd already serves the socket. See tmsdiskd(8).";
 
 }  // namespace
 
