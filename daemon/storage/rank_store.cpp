@@ -266,6 +266,12 @@ struct RankStore::Impl {
   void check_files(bool before_change);
   // Forgets what the data file of root `r` is known to hold.
   void forget_held(std::size_t r);
+  // Where another file has taken a data file's name, or none is left there, the store would go on
+  // writing a file that a daemon restarted later never finds: a reservation opens the file the name
+  // gives (a new one if there is none), as adopt() would, and its data chunks are preallocated and
+  // written anew. Not while the open file holds the only copy of something (a pause in progress or
+  // committed, blobs carried): those stay where they are. True when a file was opened anew.
+  Result<bool> follow_replaced_files(bool carrying);
   // Waits for `punches` (reserve(), wait_for_punches()); false when they left something undone.
   bool wait_punches(const char* who) noexcept {
     holes_punched = punches.wait(who) && holes_punched;
@@ -625,9 +631,13 @@ Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std
   // The space the previous reservation gives back must be back before this one counts free space
   // and lays out, preallocates, truncates and punches ranges it may reuse: a punch that landed
   // after this reservation could hit blocks its chunks are written to.
-  const bool holes_known = wait_punches("the next reservation");
+  bool holes_known = wait_punches("the next reservation");
   // Chunks carried over as held must still be in the files: checked before the records are made.
   check_files(true);
+  auto followed = follow_replaced_files(!carry.empty());
+  if (!followed) return std::move(followed).error();
+  // A file opened anew may have blocks anywhere (a copy): every free and zero range is punched.
+  if (*followed) holes_known = false;
 
   // Plan the new layout on copies of the allocators; nothing on disk changes until it is complete.
   std::vector<ExtentAllocator> plan;
@@ -925,6 +935,35 @@ void RankStore::Impl::forget_held(std::size_t r) {
   for (auto& b : blobs) {
     for (uint64_t ci = r; ci < b.chunks; ci += n) b.records[ci].held = false;
   }
+}
+
+Result<bool> RankStore::Impl::follow_replaced_files(bool carrying) {
+  if (writing || paused || carrying) return false;
+  bool opened = false;
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    RootFiles& rf = roots[r];
+    const std::string path = join_path(rf.rank_path, kDataName);
+    struct stat open_st {};
+    struct stat named {};
+    if (::fstat(rf.data.get(), &open_st) != 0) return errno_error("cannot stat the data file " + path);
+    const bool named_exists = ::fstatat(rf.rank_dir.get(), kDataName, &named, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!named_exists && errno != ENOENT) return errno_error("cannot stat " + path);
+    if (named_exists && named.st_dev == open_st.st_dev && named.st_ino == open_st.st_ino) continue;
+    bool direct_io = true;
+    auto data = open_data_file(rf.rank_dir.get(), !named_exists, direct_io, path);
+    if (!data) return std::move(data).error();
+    spdlog::warn(
+        "{}: {} is no longer the file tmsdiskd had open ({} outside it): the file now at that name is "
+        "used, and every chunk is written to it anew",
+        relative, path, named_exists ? "another file was put in its place" : "it was removed");
+    rf.data = std::move(data).value();
+    rf.direct_io = direct_io;
+    rf.known.reset();
+    rf.changed = true;
+    forget_held(r);
+    opened = true;
+  }
+  return opened;
 }
 
 void RankStore::Impl::check_files(bool before_change) {

@@ -2439,6 +2439,24 @@ TEST_CASE("a data file changed outside tmsdiskd while the memory is resident is 
   auto third = d.shim({.job = "damaged", .rank = 0, .token = token});
   CHECK(pause(third) == 0);
   resume(third);
+
+  // Another file put in its place while the daemon runs: the next pause writes to the file at that
+  // name, not to the one the daemon had open, so a daemon restarted while the rank is paused finds
+  // what it paused.
+  {
+    std::ifstream in(data, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.size() >= 16 * MiB);
+    bytes[100] = static_cast<char>(bytes[100] ^ 0x01);
+    std::ofstream(data + ".new", std::ios::binary) << bytes;
+    REQUIRE(::rename((data + ".new").c_str(), data.c_str()) == 0);
+  }
+  CHECK(pause(third) == 0);
+  CHECK(d.proc.stop() == 0);
+  third.close();
+  d.start();
+  auto fourth = d.shim({.job = "damaged", .rank = 0, .token = token});
+  resume(fourth);
 }
 
 TEST_CASE("chunks reserved are bounded per user, zero chunks included, with the limit named") {
