@@ -175,7 +175,8 @@ class RankStore {
   };
   Result<Location> locate(uint64_t blob, uint64_t offset, uint32_t length) const;
 
-  // Location::fd stays valid until remove() or destruction.
+  // Location::fd stays valid until the next reserve() (which opens the file at the data file's name
+  // anew where another file took it), remove() or destruction: I/O is queued with a fresh locate().
 
   // Before a WRITE of `chunk` to (blob, offset), validated as locate() does (chunk.size() is the
   // length): hashes its bytes (one pass, on the caller's thread). When the data file provably holds
