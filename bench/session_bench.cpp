@@ -10,7 +10,7 @@
 // reads it back (the daemon verifies every chunk's checksum). Write time includes the commit's
 // fdatasync, as the raw ceiling's includes one. Each pass changes every chunk (it stamps its number
 // into every slot), so that its chunks are written: the daemon writes no chunk whose bytes its file
-// already holds (issue 9). Then --unchanged pauses of the same bytes measure that path: every chunk
+// already holds. Then --unchanged pauses of the same bytes measure that path: every chunk
 // hashed by the daemon, none written.
 #include <CLI/CLI.hpp>
 #include <algorithm>

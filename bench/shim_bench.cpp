@@ -251,7 +251,7 @@ json measure(double gib, bool with_pause, const std::string& dir, int repeat) {
     std::fflush(stderr);
     passes.push_back(pass);
   }
-  // What the user waits for when bytes need not move (issue 9), on the same memory: a pause right
+  // What the user waits for when bytes need not move, on the same memory: a pause right
   // after the last one, nothing changed (frozen weights); then one of memory that is all zero but
   // its first 4 KiB per GiB (a preallocated pool barely used). Logical GB/s: bytes covered per
   // second of the wait.

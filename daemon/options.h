@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsdiskd's settings: one table gives each its command-line option and config-file key, its type,
-// range, unit and help, so that the two cannot drift apart (issue 12). main.cpp hands argv here.
+// range, unit and help, so that the two cannot drift apart. main.cpp hands argv here.
 #pragma once
 
 #include <cstdint>

@@ -71,7 +71,7 @@ Status configure_private(server::Config& config) {
 
 // Creates the socket's directory when it is missing, as systemd's RuntimeDirectory= does for the
 // service: a daemon started by hand with the default socket would otherwise fail on a missing
-// /run/tmsdisk (issue 12). One level only, mode 0755 whatever the umask (every user connects
+// /run/tmsdisk. One level only, mode 0755 whatever the umask (every user connects
 // through it), and never through a symlink: mkdir() does not follow one, and the mode is set on the
 // directory opened with O_NOFOLLOW. A path that exists is left as it is.
 Status make_socket_dir(const std::string& socket_path) {

@@ -3,7 +3,7 @@
 // A WRITE or READ becomes one engine request on the session's staging slot; when it completes, the
 // store seals what was written or verifies what was read, and the reply goes back to the shim. A
 // WRITE is hashed first, by a hash worker (hash_workers.h), and one whose bytes the rank's file
-// already holds is answered then, Written{.unchanged = 1}, with no I/O (issue 9). A READ's chunk is
+// already holds is answered then, Written{.unchanged = 1}, with no I/O. A READ's chunk is
 // hashed by a hash worker once read, and the store compares that sum with the one it sealed. From the
 // request to its answer the slot is busy and counts as I/O in flight, hashing included.
 #pragma once
@@ -21,7 +21,7 @@
 
 namespace tmsdisk::server {
 
-// Why a pause did not write some bytes (issue 9; the metrics count them by reason).
+// Why a pause did not write some bytes (the metrics count them by reason).
 enum class SkipReason : std::size_t {
   zero,       // chunks all zero, named by the RESERVE: they take no disk space
   unchanged,  // the rank's file already held those very bytes

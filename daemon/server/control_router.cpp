@@ -218,7 +218,7 @@ void ControlRouter::finish_rank(uint64_t op_id, uint64_t sid, const proto::Comma
   r.bytes = answer.bytes;
   r.nanos = answer.nanos;
   // The rank's whole message (it is bounded by kMaxTextLength, as is a result's text): a refusal
-  // cut mid-sentence leaves the user without its advice (issue 8).
+  // cut mid-sentence leaves the user without its advice.
   r.message = answer.message.substr(0, proto::kMaxResultText);
   r.outcome = answer.outcome;
   r.skipped = answer.skipped;

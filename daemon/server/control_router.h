@@ -3,7 +3,7 @@
 // their progress and results routed back. tmsctl first hears which ranks were asked (CONTROL_TARGETS),
 // then each rank's result as soon as it answers, so that one rank that never answers holds back no
 // other's result, and a tmsctl that gives up at its own deadline can print every answer it has and
-// name the ranks still silent (issue 11). Also lists sessions for `tmsctl status`.
+// name the ranks still silent. Also lists sessions for `tmsctl status`.
 #pragma once
 
 #include <sys/types.h>

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hashes chunks (XXH3-128) on a few threads of their own: those of WRITEs, to find the unchanged ones
-// (issue 9), and those of READs just read, to verify them. On the event loop, one core's hashing speed
-// was the speed of a pause whose chunks are all unchanged (7 GB/s covered on an H200 node), and a
-// resume from a disk faster than about 3 GB/s read at 0.64-0.76 of it (a block device in host memory,
+// Hashes chunks (XXH3-128) on a few threads of their own: those of WRITEs, to find the unchanged
+// ones, and those of READs just read, to verify them. On the event loop, one core's hashing speed was
+// the speed of a pause whose chunks are all unchanged (7 GB/s covered on an H200 node), and a resume
+// from a disk faster than about 3 GB/s read at 0.64-0.76 of it (a block device in host memory,
 // 2026-12-01), whatever the number of ranks and of requests in flight. Here the chunks in flight are
 // hashed side by side; the loop hears back through an eventfd in its epoll set and decides, as
 // before, whether each chunk must be written, or whether it was read intact (chunk_io.h).

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host-memory tier (issue 9): one budget of host memory for the whole node (host-tier-mb), which
+// The host-memory tier: one budget of host memory for the whole node (host-tier-mb), which
 // pausing ranks use before the disk. A rank asks (TIER_ASK) for what its pause would keep there; the
 // daemon grants at most the rank's fair share of the budget, and never more than the node can spare
 // now, as a sealed memfd whose pages it faulted in (so they are charged to the daemon's cgroup, which

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// tmsdiskd's Prometheus metrics (issue 11), exported through node-exporter's textfile collector: the
+// tmsdiskd's Prometheus metrics, exported through node-exporter's textfile collector: the
 // daemon writes them, in the text exposition format, to --metrics-file (atomically: a temp file in the
 // same directory renamed over it), every --metrics-interval-s seconds and after each pause or resume a
 // rank completes. No listening port and no HTTP library on a root daemon of shared nodes; node-exporter
@@ -131,7 +131,7 @@ class Metrics {
 
   // A chunk written (a pause) or read (a resume) by the daemon, `bytes` long, completed and checked.
   void moved(io::Op op, uint64_t bytes);
-  // Bytes a pause did not write (issue 9): zero chunks (at their reservation), and chunks the data
+  // Bytes a pause did not write: zero chunks (at their reservation), and chunks the data
   // file already held (unchanged).
   void skipped(SkipReason reason, uint64_t bytes);
 

@@ -2,7 +2,7 @@
 // Builds and tears down staging buffers (staging_buffer.h) on a few threads of their own. A HELLO
 // asking for a GiB of staging costs seconds of page zeroing and pinning on a loaded node, and the end
 // of a session as long to unpin and free them: on the event loop, which serves every user, that
-// stalled everyone else's requests (issue 11). The loop hands the work here and hears back through
+// stalled everyone else's requests. The loop hands the work here and hears back through
 // an eventfd in its epoll set. Host-tier memory (host_tier.h), zeroed by the kernel page by page as
 // staging is, is made and taken back here too.
 #pragma once

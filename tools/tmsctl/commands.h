@@ -38,7 +38,7 @@ struct LaunchOptions {
   // before each pause. false (--keep-torch-cache): TMSDISK_TORCH_EMPTY_CACHE=0, PYTHONPATH untouched.
   bool empty_torch_cache = true;
   // --tms-compat: the directory of tmsdisk's torch_memory_saver compatibility module first on PYTHONPATH,
-  // so that `import torch_memory_saver` in the launch pauses and resumes through tmsdisk (issue 10).
+  // so that `import torch_memory_saver` in the launch pauses and resumes through tmsdisk.
   bool tms_compat = false;
 };
 

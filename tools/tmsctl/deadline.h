@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// How long tmsctl waits for tmsdiskd (issue 11). Every wait is bounded: a daemon that is stopped
+// How long tmsctl waits for tmsdiskd. Every wait is bounded: a daemon that is stopped
 // (SIGSTOP) or wedged, or a rank that never answers (any user's, under root's `pause --all`), must
 // not hang a command; tmsctl then prints what it has, names what did not answer, and exits 1.
 //

@@ -41,21 +41,21 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    first kMaxDamagedRanges ranges), so that `tmsctl status` names them in the application's terms.
 //    SessionInfo says whether the session is an orphan (its rank lost the connection and its files are
 //    kept for it to reconnect) and since when: orphans count against max-sessions-per-uid, so
-//    `tmsctl status` lists them (issue 11).
-// 5: bytes that need not move (issue 9). RESERVE lists the runs of chunks whose bytes are all zero
-//    (the shim scans the device before it reserves): they take no disk space, are never written nor
-//    read, and resume sets them to zero on the device. WRITTEN says whether the chunk was unchanged
-//    (its XXH3-128 equals what the rank's file provably holds there, so the daemon did not rewrite
-//    it). COMMAND_DONE, each RankResult and RankStats' last pause/resume carry the bytes skipped as
-//    zero and as unchanged, beside the total.
-// 6: the host-memory tier (issue 9). Before it reserves, a pausing shim asks for host memory
-//    (TIER_ASK); the daemon answers TIER_GRANT with the bytes of its node budget this rank may use
-//    now and, when that is not 0, a sealed memfd of that size whose pages it has already faulted in.
-//    The shim copies chunks into it by DMA and names them in RESERVE.host_runs: like zero chunks they
-//    take no disk space and are never written nor read. TIER_RELEASE gives the memory back; after a
-//    daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it against
-//    the budget again. The bytes kept in the tier are reported beside the zero and unchanged ones
-//    (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
+//    `tmsctl status` lists them.
+// 5: bytes that need not move (README.md, "What moves"). RESERVE lists the runs of chunks whose bytes
+//    are all zero (the shim scans the device before it reserves): they take no disk space, are never
+//    written nor read, and resume sets them to zero on the device. WRITTEN says whether the chunk was
+//    unchanged (its XXH3-128 equals what the rank's file provably holds there, so the daemon did not
+//    rewrite it). COMMAND_DONE, each RankResult and RankStats' last pause/resume carry the bytes
+//    skipped as zero and as unchanged, beside the total.
+// 6: the host-memory tier (README.md, "The host tier"). Before it reserves, a pausing shim asks for
+//    host memory (TIER_ASK); the daemon answers TIER_GRANT with the bytes of its node budget this rank
+//    may use now and, when that is not 0, a sealed memfd of that size whose pages it has already
+//    faulted in. The shim copies chunks into it by DMA and names them in RESERVE.host_runs: like zero
+//    chunks they take no disk space and are never written nor read. TIER_RELEASE gives the memory back;
+//    after a daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it
+//    against the budget again. The bytes kept in the tier are reported beside the zero and unchanged
+//    ones (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
 inline constexpr uint16_t kVersion = 8;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
@@ -230,11 +230,11 @@ struct Skipped {
   }
 };
 
-// A tag name (issue 10): what part of a process an operation is about. Empty: all of it.
+// A tag name: what part of a process an operation is about. Empty: all of it.
 inline constexpr std::size_t kMaxTagLength = 63;
 bool valid_tag(std::string_view tag) noexcept;  // empty, or 1 to 63 of [A-Za-z0-9_.-]
 
-// Bytes of a rank's managed allocations that carry one tag with one policy (issue 10).
+// Bytes of a rank's managed allocations that carry one tag with one policy.
 inline constexpr std::size_t kMaxTagsReported = 16;
 struct TagBytes {
   std::string tag;
@@ -266,7 +266,7 @@ struct RankStats {
   // Of last_pause_bytes and last_resume_bytes, what did not move (each at most the total).
   Skipped last_pause_skipped;
   Skipped last_resume_skipped;
-  // Per tag and policy, the first kMaxTagsReported (issue 10).
+  // Per tag and policy, the first kMaxTagsReported.
   std::vector<TagBytes> tags;
 
   template <class F>
@@ -425,7 +425,7 @@ struct Welcome {
 // in its host-tier memory (a run names a blob of this message or of an earlier one of the same set;
 // no two runs, of either list, overlap). Such chunks take no disk space and are recorded at once: no
 // WRITE for them follows, and no READ may ask for them. `carry` names blobs of the set that stay
-// paused as the store holds them (another tag's pause, issue 10): nothing of them is written, and
+// paused as the store holds them (another tag's pause): nothing of them is written, and
 // the rank says that what it does not carry is resident again (RankStore::reserve).
 struct Reserve {
   static constexpr MsgType kType = MsgType::Reserve;
@@ -515,10 +515,11 @@ struct PauseStateReply {
   bool check(std::string& why) const;
 };
 
-// Host-memory tier (issue 9). The daemon owns one budget for the node (host-tier-mb); a rank asks for
-// what its pause would like to keep there, and gets at most its fair share of the budget, less
-// whatever the node cannot spare now (MemAvailable, the daemon's cgroup). Granted memory belongs to
-// the rank until it releases it or exits: the daemon keeps no descriptor of it.
+// Host-memory tier (README.md, "The host tier"). The daemon owns one budget for the node
+// (host-tier-mb); a rank asks for what its pause would like to keep there, and gets at most its
+// fair share of the budget, less whatever the node cannot spare now (MemAvailable, the daemon's
+// cgroup). Granted memory belongs to the rank until it releases it or exits: the daemon keeps no
+// descriptor of it.
 //
 // Ahead of a pause (kTierAskAhead): a running rank whose memory stopped growing asks for what its
 // pause would want, so that its first pause finds the memory made and pinned, as every later one
