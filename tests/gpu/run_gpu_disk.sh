@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9's disk-only figures on a GPU node. 1: the shim bench pauses and resumes DISK_GIB (16) GiB of
-# random data through a daemon with its defaults (no host tier), DISK_REPEAT (3) times, each pass right
-# after a raw O_DIRECT pass of its own; the daemon's peak resident memory (VmHWM) is read once the
-# bench is done. 2: the session bench streams DISK_SESSION_GIB (32) GiB through a daemon of its own
-# and reports that daemon's peak resident memory against its staging budget (goal: budget + 64 MiB).
-# On an H200 node part 1 takes about 7 minutes with the defaults and part 2 about 3 (2026-12-01):
-# give each a call of its own (DISK_PARTS).
+# The disk-only figures of README.md's "Performance" on a GPU node. 1: the shim bench pauses and
+# resumes DISK_GIB (16) GiB of random data through a daemon with its defaults (no host tier),
+# DISK_REPEAT (3) times, each pass right after a raw O_DIRECT pass of its own; the daemon's peak
+# resident memory (VmHWM) is read once the bench is done. 2: the session bench streams
+# DISK_SESSION_GIB (32) GiB through a daemon of its own and reports that daemon's peak resident memory
+# against its staging budget (goal: budget + 64 MiB). On an H200 node part 1 takes about 7 minutes
+# with the defaults and part 2 about 3 (2026-12-01): give each a call of its own (DISK_PARTS).
 #   tests/gpu/run_gpu_disk.sh BUNDLE_DIR OUT_DIR
 # Environment: DISK_PARTS ("shim session": the parts to run), DISK_GIB, DISK_REPEAT, DISK_SESSION_GIB.
 set -uo pipefail  # not -e: both parts run and report

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9 on a GPU: bytes that need not move. The zero-chunk scan is a PTX kernel compiled by the
-# driver, so only a GPU checks it: an unmodified CUDA program holds mostly-zero memory with single
-# non-zero bytes placed at the edges the kernel must not miss (the last byte of a chunk, the last
-# byte of an allocation of odd size); it is paused, another process takes the memory, and after the
-# resume every byte is compared (zeros included). A second pause of unchanged memory rewrites
-# nothing. Then JAX with its default preallocation (75% of the GPU) pauses and resumes bit for bit,
-# and PyTorch's free cached blocks are handed back before a pause (torch_cache.py), and kept with
-# `tmsctl run --keep-torch-cache`.
+# On a GPU: bytes that need not move (README.md, "What moves"). The zero-chunk scan is a PTX kernel
+# compiled by the driver, so only a GPU checks it: an unmodified CUDA program holds mostly-zero
+# memory with single non-zero bytes placed at the edges the kernel must not miss (the last byte of a
+# chunk, the last byte of an allocation of odd size); it is paused, another process takes the
+# memory, and after the resume every byte is compared (zeros included). A second pause of unchanged
+# memory rewrites nothing. Then JAX with its default preallocation (75% of the GPU) pauses and
+# resumes bit for bit, and PyTorch's free cached blocks are handed back before a pause
+# (torch_cache.py), and kept with `tmsctl run --keep-torch-cache`.
 #   tests/gpu/run_gpu_skip.sh BUNDLE_DIR OUT_DIR
 set -uo pipefail  # not -e: every section runs and reports
 out=$2

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9 on a GPU: the node's host-memory tier. The shim bench pauses and resumes 8 GiB three times
-# against a daemon whose tier holds all of it, then against one whose tier holds half, each run
-# measuring in the same process the pinned copy bandwidth and the raw O_DIRECT disk bandwidth to
-# compare with. The first pause makes and pins the tier's memory; the later ones reuse what the rank
-# kept (host-tier-keep): both are reported.
+# On a GPU: the node's host-memory tier (README.md, "The host tier"). The shim bench pauses and
+# resumes 8 GiB three times against a daemon whose tier holds all of it, then against one whose tier
+# holds half, each run measuring in the same process the pinned copy bandwidth and the raw O_DIRECT
+# disk bandwidth to compare with. The first pause makes and pins the tier's memory; the later ones
+# reuse what the rank kept (host-tier-keep): both are reported.
 # Then four ranks of 4 GiB pause together under a budget for two: the tier never holds more than the
 # budget, and every rank's memory is checked after the resume. Last, a PyTorch rank with 16 GiB of
 # tensors and 4 GiB of cache (torch_tier_size.py): the memory it keeps after its first pause is sized

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9 on a GPU: tmsdisk side by side with torch_memory_saver's disk backup (TMS), the same PyTorch
+# On a GPU: tmsdisk side by side with torch_memory_saver's disk backup (TMS), the same PyTorch
 # program (tms_compare.py) under each, on one GPU and the same disk (NODE_DISK, /var/tmp by default; not tmpfs):
 #   cache   16 GiB of tensors with PyTorch's own cache in play (5 GiB more freed into it), several
 #           pause/resume cycles, the tensors unchanged after the first; goal: tmsdisk <= 0.5 x TMS

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9 on a GPU: tmsdisk side by side with torch_memory_saver's disk backup (TMS,
+# On a GPU: tmsdisk side by side with torch_memory_saver's disk backup (TMS,
 # github.com/fzyzcjy/torch_memory_saver). One PyTorch program, run once per tool and case by
 # run_gpu_tms_compare.sh, which compares the two runs.
 #

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-# Issue 9, item 4 on a GPU: PyTorch's free cached blocks are handed back before a pause, so a pause
-# moves the tensors, not the cache. Run under `tmsctl run` (which puts the start-up module on the
-# path); TMSCTL names tmsctl. The program holds GIB GiB of tensors and has freed as much again into
-# PyTorch's cache, pauses itself from outside (tmsctl pause --pid), lets another process take the
-# memory, resumes, and checks every tensor bit for bit. Prints "PASS ..." or "FAIL ...". With
-# `keep` (run under `tmsctl run --keep-torch-cache`) the cache is expected to move too.
+# On a GPU (README.md, "PyTorch's cache"): PyTorch's free cached blocks are handed back before a
+# pause, so a pause moves the tensors, not the cache. Run under `tmsctl run` (which puts the
+# start-up module on the path); TMSCTL names tmsctl. The program holds GIB GiB of tensors and has
+# freed as much again into PyTorch's cache, pauses itself from outside (tmsctl pause --pid), lets
+# another process take the memory, resumes, and checks every tensor bit for bit. Prints "PASS ..."
+# or "FAIL ...". With `keep` (run under `tmsctl run --keep-torch-cache`) the cache is expected to
+# move too.
 #   python3 torch_cache.py [GIB] [keep]
 import json
 import os

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The README's Slurm recipe, end to end on simcuda (issue 10): starts a one-node Slurm cluster of its
+# The README's Slurm recipe, end to end on simcuda: starts a one-node Slurm cluster of its
 # own (munged, slurmctld and slurmd in the foreground, a generated slurm.conf, everything in a temp
 # dir) and a tmsdiskd, then runs job.sh in a two-task allocation: two ranks launched by srun under
 # `tmsctl run`, paused and resumed as a job by `srun --overlap --ntasks-per-node=1 tmsctl`. It checks
