@@ -375,9 +375,9 @@ TEST_CASE("a deleted manifest: after a restart nothing of the lost pause is serv
   m.d.check_serving();
 }
 
-// Defect 9 of issue 11: the daemon took the rank for one that never paused and truncated its data
-// file to nothing, destroying the only copy of its paused memory (a manifest can be rebuilt; the data
-// cannot).
+// Found by the adversarial run this suite keeps: the daemon took the rank for one that never paused
+// and truncated its data file to nothing, destroying the only copy of its paused memory (a manifest
+// can be rebuilt; the data cannot).
 TEST_CASE("a deleted manifest: the daemon leaves the rank's data file as it was") {
   ManifestDeleted m;
   CHECK(file_bytes(m.dir + "/data") == m.data_before);

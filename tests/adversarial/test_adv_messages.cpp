@@ -792,11 +792,11 @@ TEST_CASE("requests well-formed but hostile in meaning are answered with errors 
     const uint8_t whole = proto::kReserveFirst | proto::kReserveLast;
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4096}, {1, 8192}}}) == EINVAL);  // one id twice
     // Chunks are bounded per rank (2^26) before anything is allocated for them: zero chunks take no
-    // disk space, so the space check no longer bounds a set's records (issue 9).
+    // disk space, so the space check no longer bounds a set's records.
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, (uint64_t{1} << 60) + 1}}}) == E2BIG);
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, uint64_t{60} << 40}}}) == ENOSPC);  // 60 TiB
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, ~uint64_t{0}}}}) == E2BIG);
-    // Zero runs that name a blob not in the set, reach past its end or overlap (issue 9).
+    // Zero runs that name a blob not in the set, reach past its end or overlap.
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{2, 0, 1}}}) == EINVAL);
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{1, 3, 2}}}) == EINVAL);
     CHECK(code(proto::Reserve{.flags = whole, .blobs = {{1, 4 * MiB}}, .zero_runs = {{1, 0, 2}, {1, 1, 1}}}) == EINVAL);
@@ -1123,9 +1123,9 @@ TEST_CASE(
   d.check_fds(baseline);
 }
 
-// Defect 6 of issue 11: a message with more descriptors than the daemon takes (proto::kMaxPassedFds)
-// was refused as "message exceeds the 64 KiB protocol limit", which sent a user looking for a size
-// problem.
+// Found by the adversarial run this suite keeps: a message with more descriptors than the daemon
+// takes (proto::kMaxPassedFds) was refused as "message exceeds the 64 KiB protocol limit", which sent
+// a user looking for a size problem.
 TEST_CASE("more descriptors on one message than the protocol takes are refused as too many, not as too large") {
   Daemon d;
   start_small(d);

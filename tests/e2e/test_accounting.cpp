@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // End to end on simcuda: `tmsctl status` accounting adds up for every allocation path the shim
-// knows (issue 4), before and after a pause, and pointer queries on paused memory answer as for a
+// knows, before and after a pause, and pointer queries on paused memory answer as for a
 // native allocation.
 #include <sstream>
 

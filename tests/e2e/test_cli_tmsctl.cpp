@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsctl's command line as a user meets it: tmsctl run as a subprocess against a real tmsdiskd (and
-// simcuda ranks where a rank is needed), its exit status, stdout and stderr asserted (issue 12).
+// simcuda ranks where a rank is needed), its exit status, stdout and stderr asserted.
 #include <signal.h>
 #include <unistd.h>
 
@@ -72,7 +72,7 @@ TEST_CASE(
     CHECK(help.rc == 0);
     CHECK(contains(help.out, "--json"));
     CHECK(contains(help.out, "--socket"));
-    CHECK(contains(help.out, "--timeout"));  // every command gives up in time (issue 11)
+    CHECK(contains(help.out, "--timeout"));  // every command gives up in time
   }
 }
 
@@ -142,7 +142,7 @@ TEST_CASE("a selector that matches no rank says so without a stray strerror, as 
   CHECK(answer.value("errno", 0) == ENOENT);
 }
 
-TEST_CASE("status lists an orphaned session: state orphaned, since when, what it keeps and until when (issue 11)") {
+TEST_CASE("status lists an orphaned session: state orphaned, since when, what it keeps and until when") {
   Node node;
   node.start_daemon();
   // A rank that pauses and loses its connection while its process lives: an orphan, which counts
@@ -313,7 +313,7 @@ TEST_CASE("tmsctl run says at once why the private daemon could not start, in th
   CHECK(took < 10);
 }
 
-TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket (issue 11)") {
+TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --timeout naming the socket") {
   Node node;
   node.start_daemon();
   REQUIRE(::kill(node.daemon.pid(), SIGSTOP) == 0);
@@ -356,7 +356,7 @@ TEST_CASE("a stopped daemon does not hang tmsctl: every command gives up at --ti
   CHECK(contains(answer.value("error", ""), "did not answer within 0.5 s"));
 }
 
-TEST_CASE("a rank that never answers: pause prints the answers it has, names the silent rank, exits 1 (issue 11)") {
+TEST_CASE("a rank that never answers: pause prints the answers it has, names the silent rank, exits 1") {
   Node node;
   node.device_mb = 256;
   node.start_daemon();

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsdiskd's command line and config file as a user meets them: the daemon run as a subprocess, its
-// exit status and messages asserted (issue 12). No GPU or simcuda needed.
+// exit status and messages asserted. No GPU or simcuda needed.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -84,8 +84,8 @@ TEST_CASE("a near miss of a key is refused with the key that was meant, in the f
   CHECK(c.err == "tmsdiskd: " + f.dir / "tmsdiskd.conf" +
                      ":2: unknown key \"staging_mb\": did you mean staging-budget-mb? (staging-mb was renamed)\n");
 
-  // The file named is the one blamed, not the default one (issue 12: `rot` was reported against
-  // /etc/tmsdisk/tmsdiskd.conf).
+  // The file named is the one blamed, not the default one (a daemon once reported `rot` in
+  // this file against /etc/tmsdisk/tmsdiskd.conf).
   const std::string other = write_file(f.dir / "other.conf", "rot = [\"" + f.root + "\"]\n");
   c = tmsdiskd({"--config", other});
   check_refused(c);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// End to end on simcuda (issue 11): one damaged chunk in a rank's backup does not stop the process.
+// End to end on simcuda: one damaged chunk in a rank's backup does not stop the process.
 // A program with two allocations is paused, a byte of one allocation's backup is flipped on disk,
 // and `tmsctl resume` then restores the other one: it is usable while the damaged one stays paused,
 // named by its address, size and reason in the resume's answer and in `tmsctl status`, until the
@@ -211,7 +211,7 @@ TEST_CASE("freeing the damaged allocation leaves the rank running, and the next 
 
 TEST_CASE(
     "a manifest deleted while tmsdiskd was stopped: the resume is refused naming it, the data file and the rank "
-    "live on, --accept-loss gives zeros (issue 11)") {
+    "live on, --accept-loss gives zeros") {
   Node node;
   node.start_daemon();
   Env env = node.shim_env("nomanifest", 0);

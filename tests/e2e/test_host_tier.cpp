@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 9, end to end on simcuda: the node's host-memory tier. With host-tier-mb set, a pause keeps
-// what the rank's fair share allows in host memory the daemon grants and writes only the rest; ranks
-// share the budget; the memory is the rank's, so a daemon killed and restarted while it is paused
-// loses nothing, and a rank killed while paused frees its share. A rank that resumed keeps its memory
-// for its next pause, which reuses it, until another rank's pause needs it (host-tier-keep); a rank
-// whose memory stopped growing gets its memory before its first pause (host-tier-ahead). Each
-// TEST_CASE is its own CTest test. The cases about other things start the daemon with
-// --host-tier-ahead=false: whether a rank sat still long enough to ask ahead must not change them.
+// End to end on simcuda: the node's host-memory tier (README.md, "The host tier"). With host-tier-mb
+// set, a pause keeps what the rank's fair share allows in host memory the daemon grants and writes
+// only the rest; ranks share the budget; the memory is the rank's, so a daemon killed and restarted
+// while it is paused loses nothing, and a rank killed while paused frees its share. A rank that
+// resumed keeps its memory for its next pause, which reuses it, until another rank's pause needs it
+// (host-tier-keep); a rank whose memory stopped growing gets its memory before its first pause
+// (host-tier-ahead). Each TEST_CASE is its own CTest test. The cases about other things start the
+// daemon with --host-tier-ahead=false: whether a rank sat still long enough to ask ahead must not
+// change them.
 #include <signal.h>
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// End to end on simcuda (issue 4): legacy CUDA IPC of memory the shim manages, brokered by tmsdiskd.
+// End to end on simcuda: legacy CUDA IPC of memory the shim manages, brokered by tmsdiskd.
 // One process exports a cuMemAlloc allocation with cuIpcGetMemHandle, another opens and reads it;
 // a pause keeps it resident and correct while it is open, and pauses it normally once closed.
 #include "e2e.h"

@@ -73,7 +73,7 @@ TEST_CASE("a real rank's pause and resume are counted once each, with the bytes 
 
   // The program pauses itself: its bytes go through the daemon, which hears no result of it. The
   // tmsctl resume that follows is counted, and so are both directions' bytes; unchanged since the
-  // first pause, the chunks are not written again, and are counted as skipped (issue 9).
+  // first pause, the chunks are not written again, and are counted as skipped.
   REQUIRE(prog.cmd("api pause") == "ok");
   resumed = node.resume("metrics");
   REQUIRE(resumed.ok());

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 9, end to end on simcuda: bytes that need not move do not. Chunks that are all zero are
+// End to end on simcuda: bytes that need not move do not. Chunks that are all zero are
 // found on the device before the reservation, neither written nor read, and take no disk space;
 // chunks the rank's file already holds are not rewritten. Each answer says what moved. Each
 // TEST_CASE is its own CTest test.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 10, end to end on simcuda: tags. Allocations a thread makes inside a region carry its tag and
-// policy; `tmsctl pause --tag` and tmsdisk_pause_tag move only those, the rest of the program runs;
-// regions nest; discard releases memory unsaved and resumes it zero-filled at the same address;
-// resident memory is never paused; another thread's region does not tag this thread's memory. Each
-// TEST_CASE is its own CTest test.
+// End to end on simcuda: tags (README.md, "Tags: pause part of a process"). Allocations a thread
+// makes inside a region carry its tag and policy; `tmsctl pause --tag` and tmsdisk_pause_tag move
+// only those, the rest of the program runs; regions nest; discard releases memory unsaved and resumes
+// it zero-filled at the same address; resident memory is never paused; another thread's region does
+// not tag this thread's memory. Each TEST_CASE is its own CTest test.
 #include <catch2/catch.hpp>
 #include <string>
 

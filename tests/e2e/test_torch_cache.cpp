@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 9: memory PyTorch's caching allocator holds but no tensor uses is not paused. `tmsctl run`
+// Memory PyTorch's caching allocator holds but no tensor uses is not paused. `tmsctl run`
 // puts the start-up module (python/startup/sitecustomize.py) on PYTHONPATH; it registers a
 // tmsdisk_on_pause callback that calls torch.cuda.empty_cache() before each pause. CI has no torch:
 // a fake one (tests/e2e/python) holds "tensors" and a "cache" on simcuda through ctypes, and counts

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // End to end on simcuda: a pause that may arrive at any moment (the gate and TMSDISK_ON_TOUCH),
-// application-managed VMM, and peer access replayed on resume (issue 4).
+// application-managed VMM, and peer access replayed on resume.
 #include "e2e.h"
 
 using namespace tmsdisk::e2e;

@@ -583,8 +583,8 @@ TEST_CASE("files of a live rank survive a daemon restart and the rank resumes fr
 
 TEST_CASE(
     "a rank paused under a version-1 manifest resumes through the restarted daemon, READs verified with XXH3-64") {
-  // A daemon before issue 9 sealed chunks with 64-bit sums: the hash workers verify each READ with
-  // the kind its chunk was sealed with (a 128-bit check would refuse every one of them).
+  // A version-1 manifest holds 64-bit sums (XXH3-64): the hash workers verify each READ with the kind
+  // its chunk was sealed with (a 128-bit check would refuse every one of them).
   Daemon d;
   d.start();
   auto c = d.shim({.job = "v1"});
@@ -886,7 +886,7 @@ bool hung_up(int sock) {
 
 }  // namespace
 
-TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile (issue 11)") {
+TEST_CASE("a HELLO whose staging buffer is being built holds up no other client and is charged meanwhile") {
   HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
     c.before_staging = gate.staging_hook("held");
@@ -929,7 +929,7 @@ TEST_CASE("a HELLO whose staging buffer is being built holds up no other client 
   CHECK(ctl->list_sessions()->size() == 2);
 }
 
-TEST_CASE("a client that leaves while its staging buffer is built gives its charge back at once (issue 11)") {
+TEST_CASE("a client that leaves while its staging buffer is built gives its charge back at once") {
   HoldGate gate;
   LocalDaemon d([&](server::Config& c) {
     c.before_staging = gate.staging_hook("gone");
@@ -1496,7 +1496,7 @@ proto::Message next_message(int sock, int timeout_ms) {
 
 }  // namespace
 
-TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent rank holds back no other's (issue 11)") {
+TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent rank holds back no other's") {
   Daemon d;
   d.start();
   auto quick = d.shim({.job = "stream", .rank = 0});
@@ -1573,7 +1573,7 @@ TEST_CASE("each rank's result reaches tmsctl as soon as it answers: a silent ran
   for (const auto& r : results->results) CHECK(r.message == "already paused");
 }
 
-TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it and asks that rank too (issue 11)") {
+TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it and asks that rank too") {
   HoldGate gate;
   LocalDaemon d([&](server::Config& c) { c.before_staging = gate.staging_hook("late"); });
   std::future<Result<ShimClient>> late;
@@ -1608,7 +1608,7 @@ TEST_CASE("a pause asked while a matching rank's HELLO is served waits for it an
   CHECK(std::holds_alternative<proto::Command>(cmd->body));
 }
 
-TEST_CASE("a client's own deadline names the ranks that did not answer and keeps the answers it has (issue 11)") {
+TEST_CASE("a client's own deadline names the ranks that did not answer and keeps the answers it has") {
   Daemon d;
   d.start();
   auto quick = d.shim({.job = "late", .rank = 0});
@@ -1688,7 +1688,7 @@ TEST_CASE("a live rank that loses its connection while paused keeps its files un
   CHECK(eventually([&] { return !fs::exists(dir); }));
 }
 
-TEST_CASE("an orphan is listed by LIST_SESSIONS as orphaned, since when and with what it keeps on disk (issue 11)") {
+TEST_CASE("an orphan is listed by LIST_SESSIONS as orphaned, since when and with what it keeps on disk") {
   Daemon d;
   d.start();
   const std::vector<BlobSize> blobs = {{1, 12 * MiB}};
@@ -1730,7 +1730,7 @@ TEST_CASE("an orphan is listed by LIST_SESSIONS as orphaned, since when and with
   REQUIRE(again.commit(proto::CommitState::Resumed));
 }
 
-TEST_CASE("the per-user session limit's refusal counts the orphans among the sessions (issue 11)") {
+TEST_CASE("the per-user session limit's refusal counts the orphans among the sessions") {
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
   d.start({"--max-sessions-per-uid", "2"});
@@ -1836,8 +1836,7 @@ void check_refused_and_kept(Daemon& d, ShimClient& rank, const std::string& what
 
 }  // namespace
 
-TEST_CASE(
-    "a manifest deleted while the daemon was down: the data file is kept, the resume refused naming it (issue 11)") {
+TEST_CASE("a manifest deleted while the daemon was down: the data file is kept, the resume refused naming it") {
   Daemon d;
   std::string data;
   auto rank = paused_rank_after_restart(
@@ -1871,8 +1870,7 @@ TEST_CASE(
   REQUIRE(again.commit(proto::CommitState::Resumed));
 }
 
-TEST_CASE(
-    "a corrupted manifest: the data file is kept, the resume refused saying it is unreadable and why (issue 11)") {
+TEST_CASE("a corrupted manifest: the data file is kept, the resume refused saying it is unreadable and why") {
   Daemon d;
   std::string data;
   auto rank = paused_rank_after_restart(
@@ -1990,7 +1988,7 @@ TEST_CASE("a client that floods requests without reading replies cannot stall th
   CHECK(answered == sent);
 }
 
-TEST_CASE("replies queued for one user's connections that do not read them are bounded in all (issue 11)") {
+TEST_CASE("replies queued for one user's connections that do not read them are bounded in all") {
   LocalDaemon d([](server::Config& c) { c.max_unread_replies_mb_per_uid = 1; });
   CHECK(as_other_user([&] {
           std::vector<ShimClient> conns;
@@ -2015,7 +2013,7 @@ TEST_CASE("replies queued for one user's connections that do not read them are b
   CHECK(peaks.uid_bytes > 1 * MiB / 2);  // it was pushed towards the bound
 }
 
-TEST_CASE("a user's connections beyond max-connections-per-uid are refused with the reason (issue 11)") {
+TEST_CASE("a user's connections beyond max-connections-per-uid are refused with the reason") {
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
   d.start({"--max-connections-per-uid", "2"});
@@ -2035,7 +2033,7 @@ TEST_CASE("a user's connections beyond max-connections-per-uid are refused with 
         }) == 0);
 }
 
-TEST_CASE("allocations reserved and being reserved are bounded per user, with the limit named (issue 11)") {
+TEST_CASE("allocations reserved and being reserved are bounded per user, with the limit named") {
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
   d.start({"--max-blobs-per-uid", "1000"});
@@ -2237,7 +2235,7 @@ TEST_CASE("descriptors a client passes with messages that take none are closed, 
   CHECK(c.call(proto::IpcClose{.export_id = 1}).error().errnum() == ENOENT);
 }
 
-TEST_CASE("more descriptors than a message may carry are refused as such, and all of them are closed (issue 11)") {
+TEST_CASE("more descriptors than a message may carry are refused as such, and all of them are closed") {
   Daemon d;
   d.start();
   auto c = d.shim();
@@ -2277,7 +2275,7 @@ TEST_CASE("a rank whose session ended with nothing to keep reconnects with its t
 }
 
 // ------------------------------------------------------------------------------------------------
-// Issue 9: chunks that need not move.
+// Chunks that need not move (README.md, "What moves").
 
 namespace {
 

@@ -731,7 +731,7 @@ TEST_CASE("a lane boundary inside one allocation: both halves go side by side") 
   resume_check_free(w, {&a});
 }
 
-TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros (issue 9)") {
+TEST_CASE("zero chunks are reserved as zero, never written nor read, and come back as zeros") {
   World& w = world();
   Buffer a(4 * kSlotBytes + 100, 7);
   // Chunks 1 and 2 all zero; the tail chunk (100 bytes) zero but its last byte.
@@ -756,7 +756,7 @@ TEST_CASE("zero chunks are reserved as zero, never written nor read, and come ba
   a.free();
 }
 
-TEST_CASE("the host tier the daemon grants takes the first chunks by DMA; the rest goes to disk (issue 9)") {
+TEST_CASE("the host tier the daemon grants takes the first chunks by DMA; the rest goes to disk") {
   World& w = world();
   Buffer a(4 * kSlotBytes + 100, 9), b(2 * kSlotBytes, 10);
   w.daemon.tier_grant_bytes = 3 * kSlotBytes;
@@ -1249,7 +1249,7 @@ TEST_CASE("a fork child drops the inherited session") {
   a.free();
 }
 
-// Issue 9: tmsdisk_on_pause, through which PyTorch hands back its cache before a pause.
+// tmsdisk_on_pause, through which PyTorch hands back its cache before a pause.
 namespace {
 
 // What a pause callback saw, written on the callbacks' thread and read by the test after the pause.

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// A manifest in the layout of version 1 (daemon/storage/manifest.h), as a daemon before issue 9 wrote
-// it: XXH3-64 sums (each Checksum128's low half) and a bitmap of the chunks that hold data. For the
-// tests that adopt such a record (storage) and resume through it (daemon). Header-only; needs
-// tmsdisk_storage and tmsdisk_xxhash.
+// A manifest in the layout of version 1 (daemon/storage/manifest.h), the one daemons wrote before
+// chunks were sealed with XXH3-128: XXH3-64 sums (each Checksum128's low half) and a bitmap of the
+// chunks that hold data. For the tests that adopt such a record (storage) and resume through it
+// (daemon). Header-only; needs tmsdisk_storage and tmsdisk_xxhash.
 #pragma once
 
 #include <xxhash.h>

@@ -1196,7 +1196,7 @@ TEST_CASE("checksums journaled for an earlier reservation are not taken for the 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Issue 9: zero chunks, unchanged chunks, XXH3-128 checksums and the version-1 formats.
+// Zero chunks, unchanged chunks, XXH3-128 checksums and the version-1 formats.
 
 namespace {
 
@@ -1880,7 +1880,7 @@ TEST_CASE(
     write_through(*store, 1, 2 * kChunk, tail);
     REQUIRE(store->commit(proto::CommitState::Paused));
   }
-  // Rewrite the manifest as a daemon before issue 9 would have: XXH3-64 of each chunk.
+  // Rewrite the manifest in version 1, as an older daemon would have: XXH3-64 of each chunk.
   Manifest m = manifest_of(dir);
   m.blobs[0].sums = {{XXH3_64bits(chunk0.data(), kChunk), 0},
                      {XXH3_64bits(chunk0.data(), kChunk), 0},
@@ -1923,7 +1923,7 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
     REQUIRE(store->reserve(set));
     write_chunk(*store, 1, 0, kChunk, 0x51);
   }
-  // The "writing" manifest and the journal of chunk 0 as a daemon before issue 9 wrote them.
+  // The "writing" manifest and the journal of chunk 0 in version 1, as an older daemon wrote them.
   const std::string v1 = encode_manifest_v1(manifest_of(dir));
   write_text(dir + "/manifest", v1);
   {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tmsctl's deadlines (tools/tmsctl/deadline.h): the defaults each command waits under, --timeout, and
-// a client that gives up on a daemon that accepts its connection but never answers (issue 11).
+// a client that gives up on a daemon that accepts its connection but never answers.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
