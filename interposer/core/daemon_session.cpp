@@ -207,4 +207,17 @@ Status DaemonSession::await_reply(uint64_t request_id, proto::Envelope& reply, U
   }
 }
 
+Status DaemonSession::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd) {
+  reply.body = proto::OkReply{};  // an empty Envelope would read as an ErrorReply (the first alternative)
+  if (!connected()) {
+    if (Status st = connect(); !st) return st;
+  }
+  const uint64_t id = next_id();
+  if (int e = send(id, m, fd); e < 0) return make_error(-e, std::string("cannot send to tmsdiskd: ") + errtext(-e));
+  if (Status st = await_reply(id, reply, reply_fd); !st) return st;
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
+    return make_error(err->code, "tmsdiskd: " + err->message);
+  return {};
+}
+
 }  // namespace tmsdisk::shim

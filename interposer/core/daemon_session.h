@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shim's session with tmsdiskd: finding (or starting) the daemon, the HELLO handshake, requests
-// and their replies, and reconnecting with backoff. Used by the control thread only.
+// and their replies, and reconnecting with backoff. Used by the control thread only; its owner (the
+// engine) says how a session is opened, and the others (host tier, IPC broker) only ask.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -35,9 +37,13 @@ class DaemonSession {
   using OtherHandler = std::function<void(const proto::Envelope&)>;
   // The connection was lost (`why`); called once the socket is closed.
   using LostHandler = std::function<void(const char* why)>;
+  // Opens the session: hello(), what must be ready before the session is used (the staging buffer),
+  // attach(), and what the owner's parts do on a new session.
+  using Connector = std::function<Status()>;
 
   void on_other(OtherHandler h) { other_ = std::move(h); }
   void on_lost(LostHandler h) { lost_ = std::move(h); }
+  void on_connect(Connector c) { connect_ = std::move(c); }
 
   bool connected() const noexcept { return sock_ >= 0; }
   int fd() const noexcept { return sock_; }
@@ -48,6 +54,8 @@ class DaemonSession {
   Result<Welcomed> hello();
   // Makes `w`'s socket this session's.
   void attach(Welcomed& w);
+  // Opens the session through the Connector (connected or not: a reconnect starts a new one).
+  Status connect() { return connect_ ? connect_() : make_error(ENOTCONN, "no way to reach tmsdiskd"); }
   // Closes the socket after the caller gave up on it (fork child: without telling anyone).
   void close_after_fork() noexcept;
 
@@ -64,6 +72,10 @@ class DaemonSession {
   // Waits up to kReplyTimeoutMs for the answer to `request_id`; other messages go to the
   // OtherHandler meanwhile.
   Status await_reply(uint64_t request_id, proto::Envelope& reply, UniqueFd* fd = nullptr);
+  // One request and its reply, connecting first if needed; `fd` rides along and *reply_fd receives
+  // one that comes back. An ErrorReply becomes an error with its code and message; `reply` holds an
+  // ErrorReply only when the daemon sent one (not when the answer never came).
+  Status exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd);
   // Hands a message that answers nothing awaited to the OtherHandler.
   void other(const proto::Envelope& env) {
     if (other_) other_(env);
@@ -81,6 +93,7 @@ class DaemonSession {
   std::vector<uint8_t> rx_;
   OtherHandler other_;
   LostHandler lost_;
+  Connector connect_;
 };
 
 }  // namespace tmsdisk::shim

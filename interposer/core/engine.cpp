@@ -30,11 +30,6 @@ namespace tmsdisk::shim {
 namespace {
 
 constexpr int kReportIntervalMs = 1000;
-// The rank's memory has not changed for this long: its host-tier memory is asked for ahead of a pause.
-constexpr int64_t kAheadQuietMs = 2000;
-// Kept host-tier memory beyond what the last pause placed there, an eighth more and this much more,
-// goes back (and is asked for again ahead of the next pause at the size that pause placed).
-constexpr uint64_t kKeepSlackBytes = 64ull << 20;
 constexpr int kDrainTimeoutMs = 60000;       // calls already inside the gate when a pause starts
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
 constexpr int64_t kMaxConnectWaitMs = 30000;
@@ -76,8 +71,6 @@ uint8_t current_state(uint8_t last, const RegistryTotals& t) {
 }
 
 }  // namespace
-
-// tmsdiskd for the private daemon: $TMSDISK_DAEMON, else beside this library (install tree: lib/ and
 
 // ---------------------------------------------------------------------------------------------
 // Instance and fork handling
@@ -128,9 +121,14 @@ void Engine::fork_child() noexcept {
   pause_callbacks_fork_child();
 }
 
-Engine::Engine() {
+Engine::Engine()
+    : host_tier_(session_, staging_, op_lock_, [this](CUcontext ctx) {
+        if (config().zero_scan) zero_scan_.warm(ctx);
+        pipeline_.warm(ctx);
+      }) {
   session_.on_other([this](const proto::Envelope& env) { handle_other(env); });
   session_.on_lost([this](const char* why) { session_lost(why); });
+  session_.on_connect([this] { return connect_session(); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,8 +271,7 @@ void Engine::control_loop() {
       serve_requests();
     }
     if (n > 0 && session_.connected() && fds[1].revents) serve_socket();
-    if (host_tier_reclaimed_) settle_host_tier();  // another rank's pause waits for the memory this one kept
-    ask_host_tier_ahead(now_ms());
+    host_tier_.tick(now_ms());
     serve_deferred_command();  // one the daemon sent while the ask above waited for its answer
     if (session_.connected() && registry().version() != reported_version_ &&
         now_ms() - last_report_ms_ >= kReportIntervalMs)
@@ -324,7 +321,7 @@ void Engine::serve_requests() {
       busy_ = false;
     }
     cv_.notify_all();
-    settle_host_tier();
+    host_tier_.settle();
   }
 }
 
@@ -374,7 +371,7 @@ void Engine::serve_command(const proto::Envelope& env) {
   done.outcome = static_cast<uint8_t>(r.outcome);
   done.skipped = r.skipped;
   if (session_.connected()) (void)session_.send(env.request_id, done);
-  settle_host_tier();
+  host_tier_.settle();
 }
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag) {
@@ -726,188 +723,13 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
     count_disk_chunks(j, chunk);
     if (std::find(j.place.begin(), j.place.end(), ChunkPlace::Host) != j.place.end()) {
       // Paused with host chunks: the host-tier memory holds them (it is kept while they are there).
-      if (!host_tier_.held()) return make_error(EIO, fmt::format("blob {}: its host-tier memory is gone", j.a->id));
-      j.host = host_tier_.base() + j.a->host_offset;
+      if (!host_tier_.memory().held())
+        return make_error(EIO, fmt::format("blob {}: its host-tier memory is gone", j.a->id));
+      j.host = host_tier_.memory().base() + j.a->host_offset;
     }
     *total += data_bytes(j, chunk);
   }
   return jobs;
-}
-
-void Engine::place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx) {
-  const uint32_t chunk = staging_.chunk_bytes();
-  uint64_t wanted = 0;
-  for (const TransferJob& j : jobs) wanted += j.chunks * uint64_t{chunk};
-  if (!config().host_tier || wanted == 0 || chunk == 0) return;
-  if (host_tier_.held() && host_tier_in_use()) {
-    TMS_DEBUG("the host-tier memory holds chunks of an earlier pause; this one goes to disk");
-    return;
-  }
-  host_tier_asked_at_pause_ = true;
-  host_tier_placed_ = 0;
-  const uint64_t usable = obtain_host_tier(wanted, 0, ctx);
-  if (usable == 0) return;
-  host_tier_placed_ = std::min(usable, wanted);
-  // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
-  uint64_t slots = usable / chunk, next = 0;
-  for (TransferJob& j : jobs) {
-    if (slots == 0) break;
-    const uint64_t all = (j.a->size + chunk - 1) / chunk;
-    if (j.place.size() < all) j.place.resize(all, ChunkPlace::Disk);
-    const uint64_t first = next;
-    for (uint64_t i = 0; i < all && slots > 0; ++i) {
-      if (j.place[i] != ChunkPlace::Disk) continue;
-      j.place[i] = ChunkPlace::Host;
-      --slots;
-      ++next;
-    }
-    if (next != first) {
-      j.host = host_tier_.base() + first * chunk;
-      j.a->host_offset = first * chunk;
-    }
-    count_disk_chunks(j, chunk);
-  }
-}
-
-uint64_t Engine::obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext ctx) {
-  const bool ahead = ask_flags & proto::kTierAskAhead;
-  const char* fallback = ahead ? "its first pause asks again" : "every chunk goes to disk";
-  // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    proto::Envelope reply;
-    UniqueFd memory;
-    if (Status st = exchange(proto::TierAsk{.bytes = wanted, .flags = ask_flags}, -1, reply, &memory); !st) {
-      TMS_WARN("no host tier %s (%s); %s", ahead ? "ahead of a pause" : "for this pause", st.error().message.c_str(),
-               fallback);
-      return 0;
-    }
-    // Any TIER_RECLAIM of the memory kept until now came before this answer: the ask ended that.
-    host_tier_reclaimed_ = false;
-    host_tier_kept_told_ = false;
-    const auto* grant = std::get_if<proto::TierGrant>(&reply.body);
-    if (!grant) {
-      TMS_WARN("unexpected answer to TIER_ASK; %s", fallback);
-      return 0;
-    }
-    if (!grant->note.empty()) TMS_INFO("host tier%s: %s", ahead ? " ahead of a pause" : "", grant->note.c_str());
-    host_tier_keep_ = grant->flags & proto::kTierKeep;
-    // Memory asked for ahead is kept from the start: the daemon counts it so without a TIER_KEEP.
-    host_tier_kept_told_ = ahead;
-    if (grant->flags & proto::kTierReleaseFirst) {
-      give_back_host_tier();
-      continue;
-    }
-    if (grant->flags & proto::kTierReuse) {
-      if (!host_tier_.held()) {
-        // It still counts memory this rank let go of while disconnected: it counts it no more.
-        TMS_WARN("tmsdiskd says to reuse host-tier memory this rank does not hold; %s", fallback);
-        give_back_host_tier();
-        return 0;
-      }
-      return std::min(grant->bytes, host_tier_.bytes());
-    }
-    if (grant->bytes == 0) return 0;
-    host_tier_.release();  // nothing held unless the daemon forgot it (it counts only the new grant)
-    if (Status st = host_tier_.take(std::move(memory), grant->bytes, ctx); !st) {
-      TMS_WARN("cannot use the host tier (%s); %s", st.error().message.c_str(), fallback);
-      give_back_host_tier();
-      return 0;
-    }
-    return grant->bytes;
-  }
-  return 0;
-}
-
-void Engine::ask_host_tier_ahead(int64_t now) {
-  if (!config().host_tier || !session_.connected() || host_tier_reclaimed_) return;
-  if (const uint64_t want = std::exchange(host_tier_resize_bytes_, 0); want && !host_tier_.held()) {
-    // Kept memory went back, larger than the last pause needed: asked for again at that pause's size.
-    CUcontext ctx = nullptr;
-    for (const auto& a : registry().snapshot()) {
-      if (a->state.load() != AllocState::Resident || a->app_vmm || !a->ctx) continue;
-      ctx = a->ctx;
-      break;
-    }
-    if (!ctx) return;
-    const uint64_t got = obtain_host_tier(want, proto::kTierAskAhead, ctx);
-    if (got) TMS_INFO("host tier: %llu bytes ready ahead of the next pause", static_cast<unsigned long long>(got));
-    return;
-  }
-  if (host_tier_asked_at_pause_) return;
-  const uint64_t version = registry().version();
-  if (version != ahead_version_) {
-    ahead_version_ = version;
-    ahead_quiet_since_ms_ = now;
-    return;
-  }
-  if (now - ahead_quiet_since_ms_ < kAheadQuietMs || version == ahead_decided_version_) return;
-  // What a pause would want now: the memory it would back up, in whole chunks (its zero chunks, and
-  // what the program frees before the pause, such as PyTorch's cache, are not known before it: at
-  // most the rank's fair share is granted either way, and settle_host_tier() sizes it again after the
-  // first pause).
-  const uint64_t chunk = staging_.chunk_bytes();
-  if (chunk == 0) return;
-  uint64_t want = 0;
-  CUcontext ctx = nullptr;
-  for (const auto& a : registry().snapshot()) {
-    if (a->state.load() != AllocState::Resident) return;  // a pause is in place: its own ask decided
-    if (a->policy != Policy::Backup || a->pinned.load() >= 0 || a->app_vmm) continue;
-    want += (a->size + chunk - 1) / chunk * chunk;
-    if (!ctx) ctx = a->ctx;
-  }
-  // Decided for this state of the registry: looked at again once an allocation comes or goes.
-  ahead_decided_version_ = version;
-  // Asked for about this much already (granted, or refused with its reason in the log): again only
-  // after the memory grew by a quarter.
-  if (want == 0 || want <= ahead_asked_bytes_ + ahead_asked_bytes_ / 4) return;
-  if (host_tier_.held() && host_tier_.bytes() >= want) return;
-  ahead_asked_bytes_ = want;
-  // What the first pause would otherwise make first: the scan kernel, the copy stream and its events.
-  if (config().zero_scan) zero_scan_.warm(ctx);
-  pipeline_.warm(ctx);
-  const uint64_t got = obtain_host_tier(want, proto::kTierAskAhead, ctx);
-  if (got) TMS_INFO("host tier: %llu bytes ready ahead of the next pause", static_cast<unsigned long long>(got));
-}
-
-void Engine::settle_host_tier() {
-  if (!host_tier_.held()) return;
-  // After the operation's answer (unpinning and freeing a GiB takes a good part of a second, which
-  // nobody needs to wait for), under the op lock: paused allocations' placement is read.
-  std::unique_lock lock(op_lock_);
-  if (host_tier_in_use()) return;
-  // More than the last pause placed (memory asked for ahead of a pause that found much of it zero, or
-  // sized before PyTorch emptied its cache): given back, so that the node's budget counts what is
-  // used, and asked for again ahead of the next pause at the size this one placed.
-  const bool oversized =
-      host_tier_placed_ && host_tier_.bytes() > host_tier_placed_ + host_tier_placed_ / 8 + kKeepSlackBytes;
-  if (host_tier_keep_ && !host_tier_reclaimed_ && !oversized) {
-    if (!host_tier_kept_told_ && session_.connected()) {
-      // No answer: the daemon marks the memory as kept (another rank's pause may reclaim it).
-      if (session_.send(session_.next_id(), proto::TierKeep{}) >= 0) host_tier_kept_told_ = true;
-    }
-    return;
-  }
-  if (host_tier_keep_ && !host_tier_reclaimed_ && oversized) host_tier_resize_bytes_ = host_tier_placed_;
-  give_back_host_tier();
-}
-
-bool Engine::host_tier_in_use() {
-  for (const auto& a : registry().snapshot())
-    if (a->state.load() == AllocState::Paused &&
-        std::find(a->placement.begin(), a->placement.end(), ChunkPlace::Host) != a->placement.end())
-      return true;
-  return false;
-}
-
-void Engine::give_back_host_tier() {
-  host_tier_.release();
-  host_tier_kept_told_ = false;
-  host_tier_reclaimed_ = false;
-  // Not connected: a daemon that adopts this session on reconnect is told then (connect_session).
-  if (!session_.connected()) return;
-  proto::Envelope reply;
-  if (Status st = exchange(proto::TierRelease{}, -1, reply, nullptr); !st)
-    TMS_WARN("cannot tell tmsdiskd the host-tier memory is released: %s", st.error().message.c_str());
 }
 
 Status Engine::reserve(const std::vector<TransferJob>& jobs, const std::vector<std::shared_ptr<Allocation>>& carried) {
@@ -1054,7 +876,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
              static_cast<double>(now_ns() - scan_start) / 1e9);
   // 3. What the node's host tier grants goes there by DMA; disk space for every other data chunk. The
   // reservation refused: nothing changed (the host-tier memory goes back).
-  place_in_host_tier(jobs, resident.front()->ctx);
+  host_tier_.place(jobs, resident.front()->ctx);
   if (Status st = reserve(jobs, carried); !st) return failed(st.error());
 
   // 4./5. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
@@ -1438,32 +1260,7 @@ Status Engine::connect_session() {
     session_id_ = welcome.session_id;
   }
   ipc_session_started(welcome.adopted != 0);
-  if (host_tier_.held() && !welcome.adopted && !host_tier_in_use()) {
-    // Kept for a pause to come, by a daemon that is gone: the new one never counted it.
-    host_tier_.release();
-    host_tier_kept_told_ = false;
-  }
-  if (!welcome.adopted) {  // a new daemon: asked again ahead of a first pause
-    ahead_asked_bytes_ = 0;
-    ahead_decided_version_ = ~0ull;
-  }
-  if (config().host_tier && welcome.adopted && !host_tier_.held()) {
-    // The daemon kept our session, and counts host-tier memory we may have let go of meanwhile.
-    give_back_host_tier();
-  }
-  if (host_tier_.held() && !welcome.adopted) {
-    // A new daemon (or one that dropped our session): it counts our host-tier memory, which holds
-    // paused chunks, again.
-    const uint64_t id = session_.next_id();
-    proto::Envelope reply;
-    Status st = session_.send(id, proto::TierAdopt{}, host_tier_.fd()) < 0 ? make_error(EPIPE, "cannot send TIER_ADOPT")
-                                                                           : session_.await_reply(id, reply);
-    if (st && std::holds_alternative<proto::ErrorReply>(reply.body))
-      st = make_error(EPROTO, std::get<proto::ErrorReply>(reply.body).message);
-    if (!st)
-      TMS_WARN("tmsdiskd does not count this rank's host-tier memory (%s); the paused chunks there are kept",
-               st.error().message.c_str());
-  }
+  host_tier_.session_started(welcome.adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
            static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
            welcome.rank_dir.c_str());
@@ -1507,10 +1304,7 @@ void Engine::handle_other(const proto::Envelope& env) {
     return;
   }
   if (staging_.answer_lost(env.request_id)) return;  // the late answer frees the slot
-  if (std::holds_alternative<proto::TierReclaim>(env.body)) {
-    host_tier_reclaimed_ = true;  // given back by settle_host_tier() once no operation runs
-    return;
-  }
+  if (std::holds_alternative<proto::TierReclaim>(env.body)) return host_tier_.reclaim();
   if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return on_ipc_users(*users);
   if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
     TMS_WARN("tmsdiskd: %s (%s)", err->message.c_str(), std::strerror(err->code));

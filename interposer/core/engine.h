@@ -136,10 +136,6 @@ class Engine {
   // Runs `task` on the control thread; waits for it unless `wait` is false. -ESRCH if the thread
   // cannot be started, -ENOMEM if memory ran out (before or inside the task).
   int post(std::function<void()> task, bool wait) noexcept;
-  // One request and its reply on the session, connecting first if needed; `fd` rides along and
-  // *reply_fd receives one that comes back. An ErrorReply becomes an error with its code and message;
-  // `reply` holds an ErrorReply only when the daemon sent one (not when the answer never came).
-  Status exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd);
   // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
   void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
                   std::vector<std::shared_ptr<Allocation>>& revoked);
@@ -197,28 +193,6 @@ class Engine {
   void settle_gate() noexcept;
   // Jobs for the pipeline, one per allocation, each with its context's stream.
   Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
-  // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
-  // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
-  // says to reuse it, else new memory. Without a grant, every chunk stays on disk.
-  void place_in_host_tier(std::vector<TransferJob>& jobs, CUcontext ctx);
-  // TIER_ASK for `wanted` bytes (kTierAsk* `ask_flags`): kept memory reused, or released and asked
-  // again, or new memory mapped and registered from `ctx`. Returns the bytes usable now (0: none).
-  uint64_t obtain_host_tier(uint64_t wanted, uint8_t ask_flags, CUcontext ctx);
-  // Host-tier memory before the first pause (kTierAskAhead, the daemon's host-tier-ahead): once
-  // nothing was allocated or freed for kAheadQuietMs and nothing is paused, asks for what a pause
-  // would want, on the control thread (a pause asked for meanwhile waits the seconds its own ask
-  // would have taken). Again only when the memory grew by a quarter; never after a pause asked (keep
-  // takes over, and knows better what a pause needs: its zero chunks). Also makes what the first
-  // pause would make first in the rank's context (the scan kernel, the copy stream and events).
-  void ask_host_tier_ahead(int64_t now);
-  // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
-  // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
-  // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.
-  void settle_host_tier();
-  // Whether a paused allocation keeps chunks in the host-tier memory (op lock held).
-  bool host_tier_in_use();
-  // Unmaps the host-tier memory and tells the daemon.
-  void give_back_host_tier();
   // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
   // chunks; refused: nothing changed.
   // RESERVE of the jobs' blobs, and of `carried` ones (paused already) kept as the daemon stores them.
@@ -258,7 +232,7 @@ class Engine {
   StagingSlots staging_;
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
-  HostTier host_tier_;
+  HostTierClient host_tier_;
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is
   // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
   // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
@@ -268,16 +242,6 @@ class Engine {
   // allocator hands it out again), so every call stays held while it is paused, a tag resumed alone
   // or not, until a resume covers it (the whole process, or the tag `untagged`).
   bool untagged_held_ = false;
-  bool host_tier_keep_ = false;             // the grant allows keeping it after the resume (kTierKeep)
-  bool host_tier_kept_told_ = false;        // TIER_KEEP sent since the last ask
-  bool host_tier_reclaimed_ = false;        // TIER_RECLAIM came since the last ask
-  uint64_t ahead_version_ = 0;              // registry version ask_host_tier_ahead() saw last
-  int64_t ahead_quiet_since_ms_ = 0;        // ... and since when
-  uint64_t ahead_asked_bytes_ = 0;          // what it asked for last
-  uint64_t ahead_decided_version_ = ~0ull;  // registry version it last decided for
-  bool host_tier_asked_at_pause_ = false;   // a pause has asked for host-tier memory
-  uint64_t host_tier_placed_ = 0;           // bytes the last pause that asked placed there
-  uint64_t host_tier_resize_bytes_ = 0;     // kept memory went back oversized: asked for ahead at this size
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
   // A pause or resume the daemon asked for while an IPC exchange or a host-tier ask ahead waited for

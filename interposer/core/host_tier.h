@@ -1,16 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// The rank's host-tier memory (issue 9): what tmsdiskd granted of the node's host-memory budget for
-// one pause, a sealed memfd whose pages the daemon faulted in. The shim maps it, registers it with
-// CUDA, and the pipeline copies host chunks into it and back by DMA (transfer.h). The descriptor is
-// kept for as long as the memory holds paused chunks: a daemon that restarts meanwhile is handed it
-// back (TIER_ADOPT), so that it counts the memory against the budget again.
+// The rank's share of the node's host tier (DESIGN.md, "Where the data goes"): the memory tmsdiskd
+// granted of its host-memory budget (HostTier), and the client that negotiates it with the daemon
+// (HostTierClient): asking for it at a pause or ahead of the first one, placing a pause's first disk
+// chunks in it, keeping it for the next pause or giving it back. The memory is a sealed memfd whose
+// pages the daemon faulted in; the shim maps it, registers it with CUDA, and the pipeline copies host
+// chunks into it and back by DMA (transfer.h). The descriptor is kept for as long as the memory holds
+// paused chunks: a daemon that restarts meanwhile is handed it back (TIER_ADOPT), so that it counts the
+// memory against the budget again.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <shared_mutex>
+#include <vector>
 
 #include "cuda_api.h"
+#include "daemon_session.h"
+#include "staging_slots.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
+#include "transfer.h"
 
 namespace tmsdisk::shim {
 
@@ -41,6 +50,72 @@ class HostTier {
   uint64_t bytes_ = 0;
   bool registered_ = false;
   CUcontext registered_ctx_ = nullptr;
+};
+
+// The host-tier policy of one rank, run on the control thread. The engine lends it the session (a
+// request connects first when needed), the staging slots (their chunk size), the op lock (paused
+// allocations' placement is read under it) and `warm`, which makes what the first pause would make
+// first in a context (the scan kernel, the copy stream and its events).
+class HostTierClient {
+ public:
+  using Warm = std::function<void(CUcontext)>;
+  HostTierClient(DaemonSession& session, const StagingSlots& staging, std::shared_mutex& op_lock, Warm warm)
+      : session_(session), staging_(staging), op_lock_(op_lock), warm_(std::move(warm)) {}
+  HostTierClient(const HostTierClient&) = delete;
+  HostTierClient& operator=(const HostTierClient&) = delete;
+
+  // The memory (paused allocations' host chunks lie in it while it is held).
+  const HostTier& memory() const noexcept { return memory_; }
+
+  // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
+  // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
+  // says to reuse it, else new memory. Without a grant, every chunk stays on disk.
+  void place(std::vector<TransferJob>& jobs, CUcontext ctx);
+  // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
+  // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
+  // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.
+  void settle();
+  // Between requests on the control thread: gives back what a TIER_RECLAIM asked for (another rank's
+  // pause waits for it), then asks ahead of a first pause (ask_ahead).
+  void tick(int64_t now);
+  // TIER_RECLAIM came: given back by settle() once no operation runs.
+  void reclaim() noexcept { reclaimed_ = true; }
+  // A new session: what the daemon counts of this rank's memory is made to agree with what it holds.
+  void session_started(bool adopted);
+  // A fork child: the mapping and its registration are the parent's.
+  void forget_after_fork() noexcept { memory_.forget_after_fork(); }
+
+ private:
+  // TIER_ASK for `wanted` bytes (kTierAsk* `ask_flags`): kept memory reused, or released and asked
+  // again, or new memory mapped and registered from `ctx`. Returns the bytes usable now (0: none).
+  uint64_t obtain(uint64_t wanted, uint8_t ask_flags, CUcontext ctx);
+  // Host-tier memory before the first pause (kTierAskAhead, the daemon's host-tier-ahead): once
+  // nothing was allocated or freed for kAheadQuietMs and nothing is paused, asks for what a pause
+  // would want, on the control thread (a pause asked for meanwhile waits the seconds its own ask
+  // would have taken). Again only when the memory grew by a quarter; never after a pause asked (keep
+  // takes over, and knows better what a pause needs: its zero chunks). Also makes what the first
+  // pause would make first in the rank's context (warm).
+  void ask_ahead(int64_t now);
+  // Whether a paused allocation keeps chunks in the host-tier memory (op lock held).
+  bool in_use() const;
+  // Unmaps the host-tier memory and tells the daemon.
+  void give_back();
+
+  DaemonSession& session_;
+  const StagingSlots& staging_;
+  std::shared_mutex& op_lock_;
+  Warm warm_;
+  HostTier memory_;
+  bool keep_ = false;                       // the grant allows keeping it after the resume (kTierKeep)
+  bool kept_told_ = false;                  // TIER_KEEP sent since the last ask
+  bool reclaimed_ = false;                  // TIER_RECLAIM came since the last ask
+  uint64_t ahead_version_ = 0;              // registry version ask_ahead() saw last
+  int64_t ahead_quiet_since_ms_ = 0;        // ... and since when
+  uint64_t ahead_asked_bytes_ = 0;          // what it asked for last
+  uint64_t ahead_decided_version_ = ~0ull;  // registry version it last decided for
+  bool asked_at_pause_ = false;             // a pause has asked for host-tier memory
+  uint64_t placed_ = 0;                     // bytes the last pause that asked placed there
+  uint64_t resize_bytes_ = 0;               // kept memory went back oversized: asked for ahead at this size
 };
 
 }  // namespace tmsdisk::shim

@@ -191,7 +191,7 @@ Result<uint64_t> Engine::ipc_export(const std::shared_ptr<Allocation>& a) noexce
         m.bytes = a->mapped;
         m.device = a->device;
         proto::Envelope reply;
-        rc = exchange(m, fd.get(), reply, nullptr);
+        rc = session_.exchange(m, fd.get(), reply, nullptr);
         if (!rc) return;
         const auto* done = std::get_if<proto::IpcExported>(&reply.body);
         if (!done) {
@@ -222,7 +222,7 @@ Result<Engine::IpcOpen> Engine::ipc_open(uint64_t export_id) noexcept {
         proto::IpcOpen m;
         m.export_id = export_id;
         proto::Envelope reply;
-        rc = exchange(m, -1, reply, &out.fd);
+        rc = session_.exchange(m, -1, reply, &out.fd);
         const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
         const auto* opened = rc ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
         if (opened && out.fd && opened->export_id == export_id) {
@@ -248,7 +248,7 @@ Status Engine::ipc_close(uint64_t export_id) noexcept {
         proto::IpcClose m;
         m.export_id = export_id;
         proto::Envelope reply;
-        rc = exchange(m, -1, reply, nullptr);
+        rc = session_.exchange(m, -1, reply, nullptr);
       },
       true);
   if (posted < 0) return make_error(-posted, {});
@@ -270,7 +270,7 @@ void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
     proto::IpcRevoke m;
     m.export_id = a.export_id;
     proto::Envelope reply;
-    const Status rc = exchange(m, -1, reply, nullptr);
+    const Status rc = session_.exchange(m, -1, reply, nullptr);
     if (rc) {
       revoked.push_back(*it);
       ++it;
@@ -305,7 +305,7 @@ void Engine::ipc_refresh(Allocation& a) noexcept {
       m.bytes = a.mapped;
       m.device = a.device;
       proto::Envelope reply;
-      rc = exchange(m, owned.get(), reply, nullptr);
+      rc = session_.exchange(m, owned.get(), reply, nullptr);
     }
     if (rc) return;
     // Handles given out before the pause no longer open; a new cuIpcGetMemHandle exports it anew.
@@ -355,20 +355,6 @@ void Engine::ipc_session_started(bool adopted) {
     }
     a->export_id = 0;
   }
-}
-
-Status Engine::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd) {
-  reply.body = proto::OkReply{};  // an empty Envelope would read as an ErrorReply (the first alternative)
-  if (!session_.connected()) {
-    if (Status st = connect_session(); !st) return st;
-  }
-  const uint64_t id = session_.next_id();
-  if (int e = session_.send(id, m, fd); e < 0)
-    return make_error(-e, std::string("cannot send to tmsdiskd: ") + std::strerror(-e));
-  if (Status st = session_.await_reply(id, reply, reply_fd); !st) return st;
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return make_error(err->code, "tmsdiskd: " + err->message);
-  return {};
 }
 
 // ---------------------------------------------------------------------------------------------
