@@ -32,7 +32,6 @@ namespace {
 constexpr int kReportIntervalMs = 1000;
 constexpr int kDrainTimeoutMs = 60000;       // calls already inside the gate when a pause starts
 constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
-constexpr int64_t kMaxConnectWaitMs = 30000;
 
 std::atomic<Engine*> g_engine{nullptr};
 
@@ -96,11 +95,17 @@ Engine* Engine::existing() noexcept {
 void Engine::fork_prepare() noexcept {
   gate::fork_prepare();
   registry().lock_for_fork();
-  if (Engine* e = existing()) e->mu_.lock();
+  if (Engine* e = existing()) {
+    e->control_.lock_for_fork();
+    e->mu_.lock();
+  }
 }
 
 void Engine::fork_parent() noexcept {
-  if (Engine* e = existing()) e->mu_.unlock();
+  if (Engine* e = existing()) {
+    e->mu_.unlock();
+    e->control_.unlock_after_fork();
+  }
   registry().unlock_after_fork();
   gate::fork_parent();
 }
@@ -111,7 +116,7 @@ void Engine::fork_child() noexcept {
   // its locks may be held by threads that do not exist here) and start again lazily.
   if (Engine* old = existing()) {
     old->session_.close_after_fork();
-    if (old->wake_fd_ >= 0) ::close(old->wake_fd_);
+    old->control_.forget_after_fork();
     old->staging_.forget_after_fork();  // its CUDA registration is the parent's
     old->host_tier_.forget_after_fork();
     g_engine.store(new (std::nothrow) Engine, std::memory_order_release);
@@ -122,10 +127,25 @@ void Engine::fork_child() noexcept {
 }
 
 Engine::Engine()
-    : host_tier_(session_, staging_, op_lock_, [this](CUcontext ctx) {
-        if (config().zero_scan) zero_scan_.warm(ctx);
-        pipeline_.warm(ctx);
-      }) {
+    : host_tier_(session_, staging_, op_lock_,
+                 [this](CUcontext ctx) {
+                   if (config().zero_scan) zero_scan_.warm(ctx);
+                   pipeline_.warm(ctx);
+                 }),
+      control_(session_,
+               ControlSteps{
+                   .operate = [this](proto::CommandOp op, uint8_t flags, uint64_t command_request,
+                                     const std::string& tag) { return execute(op, flags, command_request, tag); },
+                   .operated = [this] { host_tier_.settle(); },
+                   // The staging mapping is released once no copy can be writing into it: here,
+                   // between operations.
+                   .disconnected =
+                       [this] {
+                         if (staging_.mapped()) staging_.release();
+                       },
+                   .idle = [this] { host_tier_.tick(now_ms()); },
+                   .report = [this] { report_if_due(); },
+               }) {
   session_.on_other([this](const proto::Envelope& env) { handle_other(env); });
   session_.on_lost([this](const char* why) { session_lost(why); });
   session_.on_connect([this] { return connect_session(); });
@@ -134,77 +154,8 @@ Engine::Engine()
 // ---------------------------------------------------------------------------------------------
 // Application side
 
-void Engine::ensure_started() noexcept {
-  if (started_.load(std::memory_order_acquire)) return;
-  std::lock_guard lock(mu_);
-  if (thread_started_) return;
-  if (wake_fd_ < 0) wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) {
-    TMS_LOG_ONCE(LogLevel::Error, "cannot create the control thread's eventfd: %s", std::strerror(errno));
-    return;
-  }
-  if (const int rc = start_shim_thread(&Engine::thread_main, this, "tmsdisk-ctl"); rc != 0) {
-    TMS_LOG_ONCE(LogLevel::Error, "cannot start the control thread: %s", std::strerror(rc));
-    return;
-  }
-  thread_started_ = true;
-  started_.store(true, std::memory_order_release);
-}
-
-int Engine::post(std::function<void()> task, bool wait) noexcept {
-  try {
-    ensure_started();
-    auto req = std::make_unique<Request>();
-    req->task = std::move(task);
-    req->detached = !wait;
-    Request* r = req.get();
-    {
-      std::lock_guard lock(mu_);
-      if (!thread_started_) return -ESRCH;
-      queue_.push_back(r);
-      req.release();  // the queue owns it until done (detached) or until we take it back below
-    }
-    const uint64_t one = 1;
-    ssize_t w;
-    do {
-      w = ::write(wake_fd_, &one, sizeof(one));
-    } while (w < 0 && errno == EINTR);
-    if (!wait) return 0;
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return r->done; });
-    const int code = r->result.code();
-    delete r;
-    return code ? -code : 0;
-  } catch (...) {
-    return -ENOMEM;
-  }
-}
-
 Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept {
-  try {
-    ensure_started();
-    Request req;
-    req.op = op;
-    req.flags = flags;
-    req.tag = std::move(tag);
-    {
-      std::unique_lock lock(mu_);
-      if (!thread_started_) return make_error(EAGAIN, "the tmsdisk control thread could not be started");
-      if (busy_ || std::any_of(queue_.begin(), queue_.end(), [](const Request* q) { return !q->task; }))
-        return make_error(EBUSY, "another pause or resume is running");
-      queue_.push_back(&req);
-    }
-    const uint64_t one = 1;
-    ssize_t w;
-    do {
-      w = ::write(wake_fd_, &one, sizeof(one));
-    } while (w < 0 && errno == EINTR);
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return req.done; });
-    return std::move(req.result.status);
-  } catch (...) {
-    return make_error(ENOMEM, {});  // no message: building one could fail again
-  }
+  return control_.run(op, flags, std::move(tag));
 }
 
 EngineStatus Engine::status() const {
@@ -227,152 +178,7 @@ EngineStatus Engine::status() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Control thread
-
-void* Engine::thread_main(void* self) noexcept {
-  mark_shim_thread();  // CUDA and dlsym calls from here go straight to the driver
-  auto* engine = static_cast<Engine*>(self);
-  for (;;) {
-    try {
-      engine->control_loop();
-    } catch (...) {
-      // Out of memory somewhere in a step: log, breathe, carry on. The thread must not die, or
-      // callers of tmsdisk_pause() would wait forever.
-      TMS_ERROR("control thread: unexpected failure; continuing");
-      ::usleep(100000);
-    }
-  }
-  return nullptr;
-}
-
-void Engine::control_loop() {
-  for (;;) {
-    int64_t now = now_ms();
-    // The staging mapping is released once no copy can be writing into it: here, between operations.
-    if (!session_.connected() && staging_.mapped()) staging_.release();
-    if (!session_.connected() && session_.retry_due(now)) {
-      if (Status st = connect_session(); !st) session_.attempt_failed(st.error(), now);
-    }
-    now = now_ms();
-    int timeout = kReportIntervalMs;
-    if (!session_.connected())
-      timeout = static_cast<int>(std::clamp<int64_t>(session_.retry_in(now), 0, kMaxConnectWaitMs));
-    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {session_.fd(), POLLIN, 0}};
-    const int n = ::poll(fds, session_.connected() ? 2 : 1, timeout);
-    if (n < 0 && errno != EINTR) {
-      TMS_ERROR("control thread: poll failed: %s", std::strerror(errno));
-      ::usleep(100000);
-      continue;
-    }
-    if (n > 0 && (fds[0].revents & POLLIN)) {
-      uint64_t count;
-      while (::read(wake_fd_, &count, sizeof(count)) < 0 && errno == EINTR) {
-      }
-      serve_requests();
-    }
-    if (n > 0 && session_.connected() && fds[1].revents) serve_socket();
-    host_tier_.tick(now_ms());
-    serve_deferred_command();  // one the daemon sent while the ask above waited for its answer
-    if (session_.connected() && registry().version() != reported_version_ &&
-        now_ms() - last_report_ms_ >= kReportIntervalMs)
-      send_report();
-  }
-}
-
-void Engine::serve_requests() {
-  for (;;) {
-    Request* req;
-    {
-      std::lock_guard lock(mu_);
-      if (queue_.empty()) return;
-      req = queue_.front();
-      queue_.pop_front();
-      busy_ = !req->task;
-    }
-    if (req->task) {
-      try {
-        req->task();
-      } catch (...) {
-        TMS_ERROR("control thread: an IPC request ran out of memory");
-        req->result = OpResult{make_error(ENOMEM, {})};  // the waiter must not read the task's results as a success
-      }
-      if (req->detached) {
-        delete req;
-      } else {
-        {
-          std::lock_guard lock(mu_);
-          req->done = true;
-        }
-        cv_.notify_all();
-      }
-      serve_deferred_command();
-      continue;
-    }
-    OpResult result;
-    try {
-      result = execute(req->op, req->flags, 0, req->tag);
-    } catch (...) {
-      result = OpResult{make_error(ENOMEM, "out of memory")};
-    }
-    {
-      std::lock_guard lock(mu_);
-      req->result = std::move(result);
-      req->done = true;
-      busy_ = false;
-    }
-    cv_.notify_all();
-    host_tier_.settle();
-  }
-}
-
-void Engine::serve_deferred_command() {
-  if (!deferred_command_) return;
-  const proto::Envelope cmd = std::move(*deferred_command_);
-  deferred_command_.reset();
-  serve_command(cmd);
-}
-
-void Engine::serve_socket() {
-  proto::Envelope env;
-  if (session_.receive(env, 0) <= 0) return;
-  if (!std::holds_alternative<proto::Command>(env.body)) return handle_other(env);
-  serve_command(env);
-}
-
-void Engine::serve_command(const proto::Envelope& env) {
-  const auto* cmd = std::get_if<proto::Command>(&env.body);
-  {
-    std::lock_guard lock(mu_);
-    if (busy_) {
-      // Cannot happen while this thread is the only one running operations; kept for safety.
-      proto::CommandDone done;
-      done.code = EBUSY;
-      done.message = "another pause or resume is running";
-      (void)session_.send(env.request_id, done);
-      return;
-    }
-    busy_ = true;
-  }
-  OpResult r;
-  try {
-    r = execute(static_cast<proto::CommandOp>(cmd->op), cmd->flags, env.request_id, cmd->tag);
-  } catch (...) {
-    r = OpResult{make_error(ENOMEM, "out of memory")};
-  }
-  {
-    std::lock_guard lock(mu_);
-    busy_ = false;
-  }
-  proto::CommandDone done;
-  done.code = r.code();
-  done.bytes = r.bytes;
-  done.nanos = r.nanos;
-  done.message = proto::wire_text(r.message());  // what the daemon's decoder accepts
-  done.outcome = static_cast<uint8_t>(r.outcome);
-  done.skipped = r.skipped;
-  if (session_.connected()) (void)session_.send(env.request_id, done);
-  host_tier_.settle();
-}
+// Operations
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag) {
   const uint64_t t0 = now_ns();
@@ -1285,24 +1091,7 @@ void Engine::session_lost(const char* why) {
 }
 
 void Engine::handle_other(const proto::Envelope& env) {
-  if (std::holds_alternative<proto::Command>(env.body) && !deferred_command_) {
-    bool running;
-    {
-      std::lock_guard lock(mu_);
-      running = busy_;
-    }
-    if (!running) {
-      deferred_command_ = env;  // an IPC exchange is waiting for its reply: the command runs right after
-      return;
-    }
-  }
-  if (std::holds_alternative<proto::Command>(env.body)) {
-    proto::CommandDone done;
-    done.code = EBUSY;
-    done.message = "another pause or resume is running";
-    (void)session_.send(env.request_id, done);
-    return;
-  }
+  if (std::holds_alternative<proto::Command>(env.body)) return control_.command_while_waiting(env);
   if (staging_.answer_lost(env.request_id)) return;  // the late answer frees the slot
   if (std::holds_alternative<proto::TierReclaim>(env.body)) return host_tier_.reclaim();
   if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return on_ipc_users(*users);
@@ -1396,7 +1185,7 @@ void Engine::settle_gate() noexcept {
 }
 
 void Engine::paused_freed() noexcept {
-  (void)post(
+  (void)control_.post(
       [this] {
         {
           std::unique_lock lock(op_lock_);
@@ -1422,6 +1211,12 @@ void Engine::paused_freed() noexcept {
         if (session_.connected()) send_report();
       },
       false);
+}
+
+void Engine::report_if_due() {
+  if (session_.connected() && registry().version() != reported_version_ &&
+      now_ms() - last_report_ms_ >= kReportIntervalMs)
+    send_report();
 }
 
 void Engine::send_report() {

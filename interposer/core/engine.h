@@ -23,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "control_thread.h"
 #include "cuda_api.h"
 #include "daemon_session.h"
 #include "host_tier.h"
+#include "op_result.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
@@ -35,30 +37,6 @@
 #include "zero_scan.h"
 
 namespace tmsdisk::shim {
-
-// What a pause or resume did: failed (with why) or not; the bytes that moved all the same (a failed
-// pause: what it released), and what is worth saying of a success. A no-op (the rank was already in
-// the state asked for) is a success that says which state ("already paused").
-struct OpResult {
-  OpResult() = default;
-  OpResult(Status s, uint64_t moved = 0, uint64_t took = 0, std::string what = {})
-      : status(std::move(s)), bytes(moved), nanos(took), note(std::move(what)) {}
-  static OpResult no_op(std::string state) {
-    OpResult r({}, 0, 0, std::move(state));
-    r.outcome = proto::Outcome::NoOp;
-    return r;
-  }
-
-  Status status;
-  uint64_t bytes = 0;
-  uint64_t nanos = 0;
-  std::string note;
-  proto::Outcome outcome = proto::Outcome::Done;
-  proto::Skipped skipped;  // of `bytes`, what did not move (zero chunks, unchanged chunks)
-
-  int code() const noexcept { return status ? 0 : status.error().errnum(); }
-  const std::string& message() const noexcept { return status ? note : status.error().message; }
-};
 
 struct EngineStatus {
   proto::RankStats stats;
@@ -78,7 +56,7 @@ class Engine {
   static Engine* existing() noexcept;
 
   // Starts the control thread (which connects to the daemon) unless it runs. Cheap once started.
-  void ensure_started() noexcept;
+  void ensure_started() noexcept { control_.start(); }
 
   // Runs a pause or resume on the control thread and waits for it; EBUSY when another operation
   // is running. `flags`: proto::kAcceptLoss (resume only). `tag`: only the allocations carrying it
@@ -123,19 +101,6 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
  private:
-  struct Request {
-    proto::CommandOp op{};
-    uint8_t flags = 0;           // proto::kAcceptLoss
-    std::string tag;             // empty: every allocation
-    std::function<void()> task;  // set: other work for the control thread (IPC) instead of `op`
-    bool detached = false;       // nobody waits: the control thread deletes it
-    bool done = false;
-    OpResult result;
-  };
-
-  // Runs `task` on the control thread; waits for it unless `wait` is false. -ESRCH if the thread
-  // cannot be started, -ENOMEM if memory ran out (before or inside the task).
-  int post(std::function<void()> task, bool wait) noexcept;
   // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
   void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
                   std::vector<std::shared_ptr<Allocation>>& revoked);
@@ -148,12 +113,6 @@ class Engine {
   // Sends `m` now, or after the next reconnect when disconnected; no answer is awaited.
   void ipc_notify(const proto::Message& m);
 
-  static void* thread_main(void* self) noexcept;
-  void control_loop();
-  void serve_requests();
-  void serve_socket();
-  void serve_command(const proto::Envelope& env);
-  void serve_deferred_command();
   OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag);
   // The allocations an operation is about: every one, or those of one tag.
   struct Selection {
@@ -209,17 +168,13 @@ class Engine {
   void session_lost(const char* why);
   void handle_other(const proto::Envelope& env);
   void send_report();
+  // The rank's report, when the registry changed and the last one is a report interval old.
+  void report_if_due();
   void set_state(proto::RankState s);
   proto::RankStats make_stats();
 
   // Shared with application threads (guarded by mu_).
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Request*> queue_;
-  bool thread_started_ = false;
-  std::atomic<bool> started_{false};  // thread_started_, readable without the lock (allocation path)
-  bool busy_ = false;
-  int wake_fd_ = -1;
   proto::RankStats last_;  // state and last_* fields
   bool connected_ = false;
   uint64_t session_id_ = 0;
@@ -233,6 +188,7 @@ class Engine {
   TransferPipeline pipeline_{session_, staging_};
   ZeroScanner zero_scan_;
   HostTierClient host_tier_;
+  ControlThread control_;
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is
   // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
   // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
@@ -244,9 +200,6 @@ class Engine {
   bool untagged_held_ = false;
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
-  // A pause or resume the daemon asked for while an IPC exchange or a host-tier ask ahead waited for
-  // its reply: run next (serve_deferred_command).
-  std::optional<proto::Envelope> deferred_command_;
   // IPC messages that found no session (a close, a forget): sent once the session is back.
   std::vector<proto::Message> ipc_pending_;
 };

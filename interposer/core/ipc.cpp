@@ -157,7 +157,7 @@ CUresult open_hook(const Driver& d, Real real, CUdeviceptr* pdptr, const CUipcMe
 Result<uint64_t> Engine::ipc_export(const std::shared_ptr<Allocation>& a) noexcept {
   Status rc;
   uint64_t export_id = 0;
-  const int posted = post(
+  const int posted = control_.post(
       [&] {
         UniqueFd fd;
         {
@@ -217,7 +217,7 @@ Result<uint64_t> Engine::ipc_export(const std::shared_ptr<Allocation>& a) noexce
 Result<Engine::IpcOpen> Engine::ipc_open(uint64_t export_id) noexcept {
   Status rc;
   IpcOpen out;
-  const int posted = post(
+  const int posted = control_.post(
       [&] {
         proto::IpcOpen m;
         m.export_id = export_id;
@@ -243,7 +243,7 @@ Result<Engine::IpcOpen> Engine::ipc_open(uint64_t export_id) noexcept {
 
 Status Engine::ipc_close(uint64_t export_id) noexcept {
   Status rc;
-  const int posted = post(
+  const int posted = control_.post(
       [&] {
         proto::IpcClose m;
         m.export_id = export_id;
@@ -256,7 +256,7 @@ Status Engine::ipc_close(uint64_t export_id) noexcept {
 }
 
 void Engine::ipc_forget(uint64_t export_id) noexcept {
-  (void)post([this, export_id] { ipc_notify(proto::IpcRevoke{.export_id = export_id, .freed = 1}); }, false);
+  (void)control_.post([this, export_id] { ipc_notify(proto::IpcRevoke{.export_id = export_id, .freed = 1}); }, false);
 }
 
 void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shim's own threads: the control thread (engine.cpp) and the one running a pause's callbacks
+// The shim's own threads: the control thread (control_thread.cpp) and the one running a pause's callbacks
 // (pause_callbacks.cpp).
 #pragma once
 
