@@ -273,7 +273,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) noexcept {
     a = registry().remove(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;  // freed concurrently by another thread
     if (a->export_id)
-      if (Engine* e = Engine::existing()) e->ipc_forget(a->export_id);  // importers keep what they mapped
+      if (Engine* e = Engine::existing()) e->ipc().forget(a->export_id);  // importers keep what they mapped
     const bool was_paused = a->state.load() == AllocState::Paused;
     // Before the range is returned: the driver may hand it out again at once, and calls on the new
     // memory must not be held as lost.

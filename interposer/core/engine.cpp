@@ -640,14 +640,14 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // back on the way out.
   std::vector<std::shared_ptr<Allocation>> revoked;
   struct Reexport {
-    Engine* engine;
+    IpcBroker* broker;
     std::vector<std::shared_ptr<Allocation>>& list;
     ~Reexport() {
       for (auto& a : list)
-        if (a->state.load() == AllocState::Resident) engine->ipc_refresh(*a);
+        if (a->state.load() == AllocState::Resident) broker->refresh(*a);
     }
-  } reexport{this, revoked};
-  ipc_revoke(resident, revoked);
+  } reexport{&ipc_, revoked};
+  ipc_.revoke(resident, revoked);
   // Done, not a no-op: the rank was not paused, and stays running only because other processes hold
   // its memory; 0 bytes is what this pause moved, and what its figures should say.
   if (resident.empty())
@@ -866,7 +866,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     if (!j.complete)
       unmap_job(j);
     else if (j.a->export_id)
-      ipc_refresh(*j.a);
+      ipc_.refresh(*j.a);
   }
 
   // What the daemon could not give back as written is damaged: it stays paused, unmapped, with its
@@ -910,7 +910,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.a->state.store(AllocState::Resident);
     j.a->damage.store(0);
     j.a->placement.clear();
-    if (j.a->export_id) ipc_refresh(*j.a);
+    if (j.a->export_id) ipc_.refresh(*j.a);
     zeroed.push_back(what);
   }
   std::string lost_note;
@@ -967,7 +967,7 @@ OpResult Engine::discard(std::vector<std::shared_ptr<Allocation>> list) {
   if (Status st = synchronize_users(list); !st) return failed(st.error());
   // Exported through legacy IPC: what another process has open stays resident, as in pause_all.
   std::vector<std::shared_ptr<Allocation>> revoked;
-  ipc_revoke(list, revoked);
+  ipc_.revoke(list, revoked);
   const DriverApi& api = driver().api;
   OpResult r;
   for (const auto& a : list) {
@@ -985,7 +985,7 @@ OpResult Engine::discard(std::vector<std::shared_ptr<Allocation>> list) {
     r.bytes += a->size;
   }
   for (auto& a : revoked)
-    if (a->state.load() == AllocState::Resident) ipc_refresh(*a);
+    if (a->state.load() == AllocState::Resident) ipc_.refresh(*a);
   r.skipped.discarded_bytes = r.bytes;
   TMS_INFO("discarded %llu bytes (policy discard: not saved; zero-filled on resume)",
            static_cast<unsigned long long>(r.bytes));
@@ -1005,7 +1005,7 @@ OpResult Engine::refill(std::vector<std::shared_ptr<Allocation>> list) {
     }
     a->handle = j.handle;
     a->state.store(AllocState::Resident);
-    if (a->export_id) ipc_refresh(*a);
+    if (a->export_id) ipc_.refresh(*a);
     r.bytes += a->size;
   }
   r.skipped.discarded_bytes = r.bytes;
@@ -1065,7 +1065,7 @@ Status Engine::connect_session() {
     connected_ = true;
     session_id_ = welcome.session_id;
   }
-  ipc_session_started(welcome.adopted != 0);
+  ipc_.session_started(welcome.adopted != 0);
   host_tier_.session_started(welcome.adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
            static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
@@ -1094,7 +1094,7 @@ void Engine::handle_other(const proto::Envelope& env) {
   if (std::holds_alternative<proto::Command>(env.body)) return control_.command_while_waiting(env);
   if (staging_.answer_lost(env.request_id)) return;  // the late answer frees the slot
   if (std::holds_alternative<proto::TierReclaim>(env.body)) return host_tier_.reclaim();
-  if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return on_ipc_users(*users);
+  if (const auto* users = std::get_if<proto::IpcUsers>(&env.body)) return ipc_.on_users(*users);
   if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
     TMS_WARN("tmsdiskd: %s (%s)", err->message.c_str(), std::strerror(err->code));
     return;

@@ -27,6 +27,7 @@
 #include "cuda_api.h"
 #include "daemon_session.h"
 #include "host_tier.h"
+#include "ipc_broker.h"
 #include "op_result.h"
 #include "registry.h"
 #include "staging_slots.h"
@@ -72,21 +73,8 @@ class Engine {
   // The state (running, paused, partially paused) that `t` amounts to between operations.
   static proto::RankState settled_state(const RegistryTotals& t) noexcept;
 
-  // Legacy CUDA IPC brokered by tmsdiskd (ipc.cpp). Called by application threads; each exchange
-  // runs on the control thread, serialized with pauses.
-  //
-  // Shares `a`'s physical memory with the daemon (once; later calls return the same id).
-  Result<uint64_t> ipc_export(const std::shared_ptr<Allocation>& a) noexcept;
-  // Resolves an export id: its size, device and exporter, and the memory's fd.
-  struct IpcOpen {
-    proto::IpcOpened info;
-    UniqueFd fd;
-  };
-  Result<IpcOpen> ipc_open(uint64_t export_id) noexcept;
-  // Ends one ipc_open of `export_id`.
-  Status ipc_close(uint64_t export_id) noexcept;
-  // The exported allocation was freed: the daemon forgets the export. Does not wait.
-  void ipc_forget(uint64_t export_id) noexcept;
+  // Legacy CUDA IPC brokered by tmsdiskd, for the hooks (ipc.cpp) and frees.
+  IpcBroker& ipc() noexcept { return ipc_; }
 
   // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
   std::shared_mutex& op_lock() noexcept { return op_lock_; }
@@ -101,18 +89,6 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
  private:
-  // Pause: drops the daemon's fds of exported allocations; those open elsewhere leave `resident`.
-  void ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
-                  std::vector<std::shared_ptr<Allocation>>& revoked);
-  // After a resume (or a pause that failed): hands the daemon the new physical memory of `a`.
-  void ipc_refresh(Allocation& a) noexcept;
-  void on_ipc_users(const proto::IpcUsers& m);
-  // A new session: sends what waited for one, or, when the daemon kept nothing of the old session
-  // (it restarted), forgets exports it no longer knows.
-  void ipc_session_started(bool adopted);
-  // Sends `m` now, or after the next reconnect when disconnected; no answer is awaited.
-  void ipc_notify(const proto::Message& m);
-
   OpResult execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag);
   // The allocations an operation is about: every one, or those of one tag.
   struct Selection {
@@ -189,6 +165,7 @@ class Engine {
   ZeroScanner zero_scan_;
   HostTierClient host_tier_;
   ControlThread control_;
+  IpcBroker ipc_{session_, control_, op_lock_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is
   // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
   // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
@@ -200,8 +177,6 @@ class Engine {
   bool untagged_held_ = false;
   uint64_t reported_version_ = ~0ull;
   int64_t last_report_ms_ = 0;
-  // IPC messages that found no session (a close, a forget): sent once the session is back.
-  std::vector<proto::Message> ipc_pending_;
 };
 
 }  // namespace tmsdisk::shim

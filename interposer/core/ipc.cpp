@@ -4,8 +4,8 @@
 // The shim backs cuMemAlloc with VMM memory, which the driver never shares through legacy IPC. So
 // cuIpcGetMemHandle on it hands the physical memory to the daemon as a POSIX fd and returns a
 // handle naming the export; a shimmed importer's cuIpcOpenMemHandle asks the daemon for the fd and
-// maps it. The exporter keeps the allocation resident while any process has it open, and revokes
-// the daemon's fd before pausing it (engine.cpp) so that no old physical memory stays alive.
+// maps it. The exchanges with the daemon are the broker's (ipc_broker.h); this file holds the hooks
+// and the importer's mappings.
 // Native allocations (below TMSDISK_MIN_BYTES, devices without VMM) keep the driver's own IPC.
 #include <cerrno>
 #include <cstdint>
@@ -77,7 +77,7 @@ CUresult open_brokered(const DriverApi& api, const BrokeredHandle& h, CUdevicept
   }
   Engine* e = Engine::instance();
   if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-  Result<Engine::IpcOpen> opened = e->ipc_open(h.export_id);
+  Result<IpcBroker::Opened> opened = e->ipc().open(h.export_id);
   if (!opened) {
     const int rc = -opened.error().errnum();
     TMS_WARN("cuIpcOpenMemHandle: %s", opened.error().message.c_str());
@@ -91,7 +91,7 @@ CUresult open_brokered(const DriverApi& api, const BrokeredHandle& h, CUdevicept
   auto undo = [&](const char* what, CUresult r) {
     TMS_WARN("cuIpcOpenMemHandle: %s failed (%s) for export %llu", what, cu_error_name(r),
              static_cast<unsigned long long>(h.export_id));
-    (void)e->ipc_close(h.export_id);
+    (void)e->ipc().close(h.export_id);
     return r;
   };
   const std::size_t bytes = info.bytes;
@@ -152,212 +152,6 @@ CUresult open_hook(const Driver& d, Real real, CUdeviceptr* pdptr, const CUipcMe
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Engine side: each runs on the control thread (post), serialized with pauses and resumes.
-
-Result<uint64_t> Engine::ipc_export(const std::shared_ptr<Allocation>& a) noexcept {
-  Status rc;
-  uint64_t export_id = 0;
-  const int posted = control_.post(
-      [&] {
-        UniqueFd fd;
-        {
-          // No free of this allocation while its handle is exported (pauses run on this thread).
-          std::unique_lock lock(op_lock_);
-          if (registry().find(a->base) != a) {
-            rc = make_error(EINVAL, "the allocation was freed");
-            return;
-          }
-          if (a->state.load() != AllocState::Resident) {
-            rc = make_error(EAGAIN, "the allocation is paused");
-            return;
-          }
-          if (a->export_id) {
-            export_id = a->export_id;
-            return;
-          }
-          int raw = -1;
-          const CUresult r =
-              driver().api.cuMemExportToShareableHandle(&raw, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-          if (r != CUDA_SUCCESS) {
-            rc = make_error(ENOTSUP,
-                            std::string("cannot export the allocation's physical memory as a file descriptor (") +
-                                cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles");
-            return;
-          }
-          fd.reset(raw);
-        }
-        // The round trip runs without the lock: frees in the meantime must not wait for the daemon.
-        proto::IpcExport m;
-        m.bytes = a->mapped;
-        m.device = a->device;
-        proto::Envelope reply;
-        rc = session_.exchange(m, fd.get(), reply, nullptr);
-        if (!rc) return;
-        const auto* done = std::get_if<proto::IpcExported>(&reply.body);
-        if (!done) {
-          rc = make_error(EPROTO, "unexpected answer to IPC_EXPORT");
-          return;
-        }
-        std::unique_lock lock(op_lock_);
-        if (registry().find(a->base) != a) {
-          // Freed while the daemon was answering: its free could not name the export yet.
-          ipc_notify(proto::IpcRevoke{.export_id = done->export_id, .freed = 1});
-          rc = make_error(EINVAL, "the allocation was freed");
-          return;
-        }
-        a->export_id = done->export_id;
-        export_id = done->export_id;
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
-  if (!rc) return std::move(rc).error();
-  return export_id;
-}
-
-Result<Engine::IpcOpen> Engine::ipc_open(uint64_t export_id) noexcept {
-  Status rc;
-  IpcOpen out;
-  const int posted = control_.post(
-      [&] {
-        proto::IpcOpen m;
-        m.export_id = export_id;
-        proto::Envelope reply;
-        rc = session_.exchange(m, -1, reply, &out.fd);
-        const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
-        const auto* opened = rc ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
-        if (opened && out.fd && opened->export_id == export_id) {
-          out.info = *opened;
-          return;
-        }
-        if (rc) rc = make_error(EPROTO, "tmsdiskd's answer to IPC_OPEN carries no memory");
-        out.fd.reset();
-        // Unless the daemon said no, it may have counted the open (the answer was lost, or came
-        // without its descriptor): close it there, or the exporter could never pause it again.
-        if (!refused) ipc_notify(proto::IpcClose{.export_id = export_id});
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
-  if (!rc) return std::move(rc).error();
-  return out;
-}
-
-Status Engine::ipc_close(uint64_t export_id) noexcept {
-  Status rc;
-  const int posted = control_.post(
-      [&] {
-        proto::IpcClose m;
-        m.export_id = export_id;
-        proto::Envelope reply;
-        rc = session_.exchange(m, -1, reply, nullptr);
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
-  return rc;
-}
-
-void Engine::ipc_forget(uint64_t export_id) noexcept {
-  (void)control_.post([this, export_id] { ipc_notify(proto::IpcRevoke{.export_id = export_id, .freed = 1}); }, false);
-}
-
-void Engine::ipc_revoke(std::vector<std::shared_ptr<Allocation>>& resident,
-                        std::vector<std::shared_ptr<Allocation>>& revoked) {
-  for (auto it = resident.begin(); it != resident.end();) {
-    Allocation& a = **it;
-    if (!a.export_id) {
-      ++it;
-      continue;
-    }
-    proto::IpcRevoke m;
-    m.export_id = a.export_id;
-    proto::Envelope reply;
-    const Status rc = session_.exchange(m, -1, reply, nullptr);
-    if (rc) {
-      revoked.push_back(*it);
-      ++it;
-      continue;
-    }
-    const std::string& why = rc.error().message;
-    if (rc.error().errnum() == EBUSY) {
-      TMS_INFO("allocation %llu stays resident: %s", static_cast<unsigned long long>(a.id), why.c_str());
-    } else if (rc.error().errnum() == ENOENT) {
-      // The daemon lost the export (it restarted): whoever opened it before may still use it.
-      TMS_WARN("allocation %llu stays resident for good: tmsdiskd no longer knows its legacy IPC export",
-               static_cast<unsigned long long>(a.id));
-      registry().pin(a, proto::Unmanaged::Exported);
-    } else {
-      TMS_WARN("allocation %llu stays resident: cannot revoke its legacy IPC export: %s",
-               static_cast<unsigned long long>(a.id), why.c_str());
-    }
-    it = resident.erase(it);
-  }
-}
-
-void Engine::ipc_refresh(Allocation& a) noexcept {
-  try {
-    const DriverApi& api = driver().api;
-    int fd = -1;
-    CUresult r = api.cuMemExportToShareableHandle(&fd, a.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    Status rc = make_error(ENOTSUP, std::string("cuMemExportToShareableHandle: ") + cu_error_name(r));
-    if (r == CUDA_SUCCESS) {
-      UniqueFd owned(fd);
-      proto::IpcExport m;
-      m.export_id = a.export_id;
-      m.bytes = a.mapped;
-      m.device = a.device;
-      proto::Envelope reply;
-      rc = session_.exchange(m, owned.get(), reply, nullptr);
-    }
-    if (rc) return;
-    // Handles given out before the pause no longer open; a new cuIpcGetMemHandle exports it anew.
-    TMS_WARN("allocation %llu: cannot share its memory again through legacy IPC: %s",
-             static_cast<unsigned long long>(a.id), rc.error().message.c_str());
-    ipc_notify(proto::IpcRevoke{.export_id = a.export_id, .freed = 1});
-    a.export_id = 0;
-  } catch (...) {
-    a.export_id = 0;
-  }
-}
-
-void Engine::on_ipc_users(const proto::IpcUsers& m) {
-  for (const auto& a : registry().snapshot()) {
-    if (a->export_id == m.export_id) {
-      registry().set_importers(*a, m.importers);
-      return;
-    }
-  }
-}
-
-void Engine::ipc_notify(const proto::Message& m) {
-  try {
-    if (!session_.connected() || session_.send(session_.next_id(), m) < 0) ipc_pending_.push_back(m);
-  } catch (...) {
-    TMS_WARN("out of memory: a legacy IPC close or forget is lost");
-  }
-}
-
-void Engine::ipc_session_started(bool adopted) {
-  if (adopted) {
-    // The daemon kept our session: what waited for it goes now (answers are not awaited).
-    for (const auto& m : ipc_pending_) (void)session_.send(session_.next_id(), m);
-    ipc_pending_.clear();
-    return;
-  }
-  ipc_pending_.clear();  // addressed to a session the daemon no longer has
-  for (const auto& a : registry().snapshot()) {
-    if (!a->export_id) continue;
-    // Exported before the daemon restarted: whoever opened it may still map it, and the new daemon
-    // cannot say. Resident memory stays so for good; paused memory was open nowhere (a pause needs
-    // that), so it only loses its id. A new cuIpcGetMemHandle exports it anew.
-    if (a->state.load() == AllocState::Resident) {
-      registry().pin(*a, proto::Unmanaged::Exported);
-      TMS_WARN("allocation %llu stays resident for good: tmsdiskd lost its legacy IPC export (restart)",
-               static_cast<unsigned long long>(a->id));
-    }
-    a->export_id = 0;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Hooks
 
 namespace hook {
@@ -378,7 +172,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept {
               GateScope gate("cuIpcGetMemHandle", [&]() noexcept { return gate::range_touch(dptr, 1); });
               if (gate.result() != CUDA_SUCCESS) return gate.result();
             }
-            Result<uint64_t> exported = e->ipc_export(a);
+            Result<uint64_t> exported = e->ipc().share(a);
             const int rc = exported ? 0 : -exported.error().errnum();
             if (rc == -EAGAIN && attempt < 100) continue;  // paused again between the gate and the export
             if (rc < 0) {
@@ -442,7 +236,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
           d.api.cuMemRelease(imp.handle);
           d.api.cuMemAddressFree(dptr, imp.bytes);
           if (Engine* e = Engine::instance()) {
-            if (Status closed = e->ipc_close(imp.export_id); !closed)
+            if (Status closed = e->ipc().close(imp.export_id); !closed)
               TMS_DEBUG("closing legacy IPC export %llu: %s", static_cast<unsigned long long>(imp.export_id),
                         closed.error().message.c_str());
           }

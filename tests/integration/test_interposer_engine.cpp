@@ -1196,7 +1196,7 @@ TEST_CASE("a pause the daemon asks for while an IPC exchange waits for its answe
   Engine* e = Engine::instance();
   REQUIRE(e);
   w.daemon.pause_on_ipc_open = true;
-  const auto opened = e->ipc_open(5);
+  const auto opened = e->ipc().open(5);
   REQUIRE_FALSE(opened);
   CHECK(opened.error().errnum() == ENOENT);
   // Not refused as "another pause or resume is running": deferred, then done.
