@@ -3,35 +3,29 @@
 #include "engine.h"
 
 #include <fmt/format.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <new>
-#include <string_view>
 #include <type_traits>
 
 #include "config.h"
+#include "damage.h"
+#include "device_memory.h"
 #include "driver.h"
 #include "gate.h"
 #include "log.h"
 #include "pause_callbacks.h"
-#include "threads.h"
-#include "tmsdisk/common/human.h"
 #include "vmm.h"
 
 namespace tmsdisk::shim {
 namespace {
 
 constexpr int kReportIntervalMs = 1000;
-constexpr int kDrainTimeoutMs = 60000;       // calls already inside the gate when a pause starts
-constexpr std::size_t kReserveBatch = 3000;  // blobs per RESERVE message (16 bytes each, < 64 KiB)
+constexpr int kDrainTimeoutMs = 60000;  // calls already inside the gate when a pause starts
 
 std::atomic<Engine*> g_engine{nullptr};
 
@@ -44,10 +38,6 @@ uint64_t unix_ms() noexcept {
   timespec ts;
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
-
-std::string cuda_failure(const char* what, CUresult r) {
-  return fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r));
 }
 
 // TMSDISK_ON_TOUCH=resume: a gated call found the gate closed (gate.h).
@@ -313,60 +303,6 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
 // ---------------------------------------------------------------------------------------------
 // Pause and resume
 
-namespace {
-
-// What the daemon's refusal of a chunk says of the allocation's backup: damaged (its data cannot be
-// read back as written), or not (0: a failure of ours or of the transfer, which a retry may fix).
-uint8_t damage_of(const TransferJob& j) noexcept {
-  if (!j.refused_offset || !j.error) return 0;
-  switch (j.error->errnum()) {
-    case EBADMSG: return static_cast<uint8_t>(proto::Damage::ChecksumMismatch);
-    case EIO: return static_cast<uint8_t>(proto::Damage::ReadError);
-    case ENODATA:
-    case ENOENT:
-    case EUCLEAN: return static_cast<uint8_t>(proto::Damage::Missing);
-    default: return 0;
-  }
-}
-
-// The errno a resume that left `damage` (a proto::Damage) returns: what the daemon said of the chunk.
-int damage_errno(uint8_t damage) noexcept {
-  switch (static_cast<proto::Damage>(damage)) {
-    case proto::Damage::ChecksumMismatch: return EBADMSG;
-    case proto::Damage::ReadError: return EIO;
-    default: return ENODATA;
-  }
-}
-
-// The damaged allocation `a` in the application's terms: "0x7f2a40000000 (6.0 MiB; checksum
-// mismatch in chunk 1)".
-std::string damage_text(const Allocation& a) {
-  const uint64_t chunk = a.damaged_chunk.load();
-  std::string why;
-  switch (static_cast<proto::Damage>(a.damage.load())) {
-    case proto::Damage::ChecksumMismatch: why = fmt::format("checksum mismatch in chunk {}", chunk); break;
-    case proto::Damage::ReadError: why = fmt::format("read error in chunk {} (I/O error or short read)", chunk); break;
-    case proto::Damage::Missing: why = fmt::format("chunk {} is missing from the backup", chunk); break;
-    default: why = "damaged"; break;
-  }
-  return fmt::format("{:#x} ({}; {})", a.base, human_bytes(a.size), why);
-}
-
-// At most a few of `list`, then how many more: a message must stay readable with a thousand of them.
-std::string damage_list(const std::vector<std::shared_ptr<Allocation>>& list) {
-  constexpr std::size_t kNamed = proto::kMaxDamagedRanges;
-  std::string out;
-  for (std::size_t i = 0; i < list.size() && i < kNamed; ++i) out += (i ? ", " : "") + damage_text(*list[i]);
-  if (list.size() > kNamed) out += fmt::format(" and {} more (see `tmsctl status`)", list.size() - kNamed);
-  return out;
-}
-
-constexpr const char* kDamageAdvice =
-    "repair the file and run `tmsctl resume` again (the C API: tmsdisk_resume), or `tmsctl resume --accept-loss` "
-    "(tmsdisk_resume_accept_loss) to replace it with zero-filled memory";
-
-}  // namespace
-
 OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
   std::vector<std::shared_ptr<Allocation>> resident, paused, damaged, discarding;
   std::vector<std::string> holding;  // tags outside the selection whose backed-up allocations are paused
@@ -403,7 +339,7 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
   if (!resident.empty() && !holding.empty()) {
     // The rank's backed-up pause (one reservation, one manifest) holds other tags' data: once committed,
     // this pause's set carries it as it is stored. A pause of theirs that did not commit cannot be.
-    Result<bool> holds = committed_pause();
+    Result<bool> holds = record_.committed();
     if (!holds) return failed(holds.error());
     if (!*holds) {
       std::string tags;
@@ -426,7 +362,7 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
     r.skipped.discarded_bytes += dropped.skipped.discarded_bytes;
     return r;
   };
-  Result<bool> committed = committed_pause();
+  Result<bool> committed = record_.committed();
   if (!committed) return with_dropped(failed(committed.error()));
   if (*committed && !paused.empty()) {
     // What is paused already (tags paused one by one, or memory a whole pause left behind) was stored by
@@ -438,7 +374,7 @@ OpResult Engine::pause(ProgressReporter& progress, const Selection& which) {
     // Every allocation is resident (a resume brought the data back but its commit failed, or what was
     // paused has been freed): the committed pause holds nothing the process still needs. Close it.
     TMS_INFO("tmsdiskd still records a committed pause though every allocation is resident; recording the resume");
-    if (OpResult closed = commit(proto::CommitState::Resumed, 0, "every allocation is resident"); closed.code())
+    if (OpResult closed = record_.commit(proto::CommitState::Resumed, 0, "every allocation is resident"); closed.code())
       return with_dropped(std::move(closed));
   }
   if (!paused.empty()) {
@@ -471,7 +407,7 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Sele
     if (!which.all) return OpResult::no_op(fmt::format("nothing with tag {} is paused", which.name));
     // Nothing to bring back; a committed pause the daemon still records (its allocations were freed,
     // or an earlier resume's commit failed) is closed here.
-    Result<bool> committed = committed_pause();
+    Result<bool> committed = record_.committed();
     if (!committed) return failed(committed.error());
     if (!*committed) return OpResult::no_op("nothing is paused");
   }
@@ -482,10 +418,10 @@ OpResult Engine::resume(ProgressReporter& progress, bool accept_loss, const Sele
   if (others && resuming && !r.code()) {
     // The daemon's set still holds what was just resumed: it now carries only what stays paused, so
     // that this tag's next pause (or another's) finds the others where they are and nothing stale.
-    if (Status st = reserve({}, staying); !st) {
+    if (Status st = record_.reserve({}, staying); !st) {
       TMS_WARN("the other tags' pause could not be recorded without this one (%s); it stays recorded with it",
                st.error().message.c_str());
-    } else if (OpResult c = commit(proto::CommitState::Paused, 0, "the other tags stay paused"); c.code()) {
+    } else if (OpResult c = record_.commit(proto::CommitState::Paused, 0, "the other tags stay paused"); c.code()) {
       TMS_WARN("%s", c.message().c_str());
     }
   }
@@ -538,97 +474,8 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
   return jobs;
 }
 
-Status Engine::reserve(const std::vector<TransferJob>& jobs, const std::vector<std::shared_ptr<Allocation>>& carried) {
-  // Blobs and their runs of zero and host chunks, in messages of at most kReserveBatch entries; a run
-  // follows its blob, in the same message or a later one. Carried blobs (paused already, another
-  // tag's) are named in the set and in `carry`: the daemon keeps them as it stores them.
-  proto::Reserve m;
-  m.flags = proto::kReserveFirst;
-  auto send = [&](bool last) -> Status {
-    if (last) m.flags |= proto::kReserveLast;
-    const uint64_t id = session_.next_id();
-    proto::Envelope reply;
-    if (int e = session_.send(id, m); e < 0)
-      return make_error(-e, fmt::format("cannot send RESERVE: {}", std::strerror(-e)));
-    if (Status st = session_.await_reply(id, reply); !st) return st;
-    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-      return make_error(err->code, "tmsdiskd refused the reservation: " + err->message);
-    if (!std::holds_alternative<proto::OkReply>(reply.body)) return make_error(EPROTO, "unexpected answer to RESERVE");
-    m = proto::Reserve{};
-    return {};
-  };
-  auto full = [&] {
-    return m.blobs.size() + m.zero_runs.size() + m.host_runs.size() + m.carry.size() >= kReserveBatch;
-  };
-  for (const auto& a : carried) {
-    if (full())
-      if (Status st = send(false); !st) return st;
-    m.blobs.push_back({a->id, a->size});
-    m.carry.push_back(a->id);
-  }
-  for (const TransferJob& j : jobs) {
-    if (full())
-      if (Status st = send(false); !st) return st;
-    m.blobs.push_back({j.a->id, j.a->size});
-    for (const ChunkPlace where : {ChunkPlace::Zero, ChunkPlace::Host}) {
-      Status st = for_each_run(j, where, [&](uint64_t first, uint64_t count) -> Status {
-        if (full())
-          if (Status sent = send(false); !sent) return sent;
-        (where == ChunkPlace::Zero ? m.zero_runs : m.host_runs).push_back({j.a->id, first, count});
-        return {};
-      });
-      if (!st) return st;
-    }
-  }
-  return send(true);
-}
-
-Status Engine::synchronize_users(const std::vector<std::shared_ptr<Allocation>>& list) {
-  const DriverApi& api = driver().api;
-  std::vector<CUcontext> contexts;
-  for (const auto& a : list)
-    if (std::find(contexts.begin(), contexts.end(), a->ctx) == contexts.end()) contexts.push_back(a->ctx);
-  for (CUcontext ctx : contexts) {
-    CtxScope scope(api, ctx);
-    if (!scope.ok()) return make_error(EIO, "cannot make an allocation's context current (was it destroyed?)");
-    if (CUresult r = api.cuCtxSynchronize(); r != CUDA_SUCCESS)
-      return make_error(EIO, cuda_failure("cuCtxSynchronize", r));
-  }
-  // Peer devices granted access (cuCtxEnablePeerAccess, application access lists) may have kernels
-  // still writing this memory from their own contexts: synchronize their primary contexts too, those
-  // that are active (retaining an inactive one would create it).
-  if (api.cuDevicePrimaryCtxGetState && api.cuDevicePrimaryCtxRetain && api.cuDevicePrimaryCtxRelease_v2 &&
-      api.cuDeviceGet) {
-    std::vector<int> peers;
-    for (const auto& a : list)
-      for (const CUmemAccessDesc& d : a->access)
-        if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-            std::find(peers.begin(), peers.end(), d.location.id) == peers.end())
-          peers.push_back(d.location.id);
-    for (int ordinal : peers) {
-      CUdevice dev;
-      unsigned int flags = 0;
-      int active = 0;
-      CUcontext primary = nullptr;
-      if (api.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
-          api.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
-          api.cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS)
-        continue;
-      CUresult r = CUDA_SUCCESS;
-      if (std::find(contexts.begin(), contexts.end(), primary) == contexts.end()) {
-        CtxScope scope(api, primary);
-        r = scope.ok() ? api.cuCtxSynchronize() : CUDA_ERROR_INVALID_CONTEXT;
-      }
-      api.cuDevicePrimaryCtxRelease_v2(dev);
-      if (r != CUDA_SUCCESS) return make_error(EIO, cuda_failure("cuCtxSynchronize (peer device)", r));
-    }
-  }
-  return {};
-}
-
 OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, ProgressReporter& progress,
                            std::vector<std::shared_ptr<Allocation>> carried) {
-  const DriverApi& api = driver().api;
   set_state(proto::RankState::Pausing);
 
   // 1. Let every context finish what it was doing with this memory.
@@ -683,7 +530,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   // 3. What the node's host tier grants goes there by DMA; disk space for every other data chunk. The
   // reservation refused: nothing changed (the host-tier memory goes back).
   host_tier_.place(jobs, resident.front()->ctx);
-  if (Status st = reserve(jobs, carried); !st) return failed(st.error());
+  if (Status st = record_.reserve(jobs, carried); !st) return failed(st.error());
 
   // 4./5. Chunk by chunk: device -> slot, slot -> disk; an allocation's memory goes once all of its
   // chunks are acknowledged.
@@ -694,13 +541,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     // Invariant 1: every chunk of this allocation is on disk, sealed by the daemon's storage, in the
     // host-tier memory, or recorded as zero with the reservation.
     Allocation& a = *j.a;
-    CtxScope scope(api, a.ctx);
-    if (CUresult r = api.cuMemUnmap(a.base, a.mapped); r != CUDA_SUCCESS)
-      return make_error(EIO, cuda_failure("cuMemUnmap", r));  // still mapped: the allocation stays resident
-    if (CUresult r = api.cuMemRelease(a.handle); r != CUDA_SUCCESS)
-      TMS_ERROR("blob %llu: %s; its physical memory may leak", static_cast<unsigned long long>(a.id),
-                cuda_failure("cuMemRelease", r).c_str());
-    a.handle = 0;
+    if (Status st = release_memory(a); !st) return st;
     a.placement = j.place;  // copied: the pipeline still walks j.place
     a.state.store(AllocState::Paused);
     released_bytes += a.size;
@@ -730,7 +571,8 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
   }
 
   // 6. The daemon syncs the data and commits its manifest.
-  OpResult committed = commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
+  OpResult committed =
+      record_.commit(proto::CommitState::Paused, released_bytes, "every allocation was written and released");
   if (committed.code()) return result(std::move(committed.status));
   return result({});
 }
@@ -743,81 +585,14 @@ void Engine::record_paused_after_failure(std::vector<std::shared_ptr<Allocation>
   // a whole pause first brings everything back, which may need the device memory they freed.
   for (const TransferJob& j : jobs)
     if (j.a->state.load() == AllocState::Paused) paused.push_back(j.a);
-  if (Status st = reserve({}, paused); !st) {
+  if (Status st = record_.reserve({}, paused); !st) {
     TMS_WARN("what stays paused after the failed pause could not be recorded again (%s); a resume restores it",
              st.error().message.c_str());
-  } else if (OpResult c = commit(proto::CommitState::Paused, 0, "what stays paused after a failed pause"); c.code()) {
+  } else if (OpResult c = record_.commit(proto::CommitState::Paused, 0, "what stays paused after a failed pause");
+             c.code()) {
     TMS_WARN("%s", c.message().c_str());
   }
 }
-
-namespace {
-
-// Resume: new physical memory with the original properties, at the same address, with the original
-// access rights (peers included).
-Status map_job(TransferJob& j) {
-  const DriverApi& api = driver().api;
-  Allocation& a = *j.a;
-  CtxScope scope(api, a.ctx);
-  auto fail = [&](int code, const char* what, CUresult r) {
-    return make_error(code, fmt::format("{:#x} ({}): {}", a.base, human_bytes(a.size), cuda_failure(what, r)));
-  };
-  CUmemGenericAllocationHandle h = 0;
-  CUresult r = api.cuMemCreate(&h, a.mapped, &a.prop, 0);
-  if (r != CUDA_SUCCESS) return fail(r == CUDA_ERROR_OUT_OF_MEMORY ? ENOMEM : EIO, "cuMemCreate", r);
-  r = api.cuMemMap(a.base, a.mapped, 0, h, 0);
-  if (r != CUDA_SUCCESS) {
-    api.cuMemRelease(h);
-    return fail(EIO, "cuMemMap", r);
-  }
-  // Devices that enabled peer access while this allocation was paused (allowed while only lost
-  // memory is held back) see it too; the shim's own allocations only, as cuCtxEnablePeerAccess does.
-  if (!a.app_vmm) {
-    try {
-      vmm_peer_access(a.device, a.access);
-    } catch (...) {
-      TMS_WARN("blob %llu: out of memory recording peer access; peers enabled while it was paused do not see it",
-               static_cast<unsigned long long>(a.id));
-    }
-  }
-  // Application mappings paused before their first cuMemSetAccess have no rights to restore.
-  if (!a.access.empty()) r = api.cuMemSetAccess(a.base, a.mapped, a.access.data(), a.access.size());
-  if (r != CUDA_SUCCESS) {
-    api.cuMemUnmap(a.base, a.mapped);
-    api.cuMemRelease(h);
-    return fail(EIO, "cuMemSetAccess", r);
-  }
-  j.handle = h;
-  j.mapped = true;
-  return {};
-}
-
-void unmap_job(TransferJob& j) noexcept {
-  if (!j.mapped) return;
-  const DriverApi& api = driver().api;
-  CtxScope scope(api, j.a->ctx);
-  api.cuMemUnmap(j.a->base, j.a->mapped);
-  api.cuMemRelease(j.handle);
-  j.handle = 0;
-  j.mapped = false;
-}
-
-// The loss of a damaged allocation is accepted: new memory as map_job makes it, zero-filled (the
-// driver does not clear what cuMemCreate hands out), instead of the data.
-Status zero_fill(TransferJob& j) {
-  if (Status st = map_job(j); !st) return st;
-  const DriverApi& api = driver().api;
-  CtxScope scope(api, j.a->ctx);
-  CUresult r = api.cuMemsetD8_v2 ? api.cuMemsetD8_v2(j.a->base, 0, j.a->mapped) : CUDA_ERROR_NOT_FOUND;
-  if (r == CUDA_SUCCESS) r = api.cuCtxSynchronize();
-  if (r != CUDA_SUCCESS) {
-    unmap_job(j);
-    return make_error(EIO, cuda_failure("cuMemsetD8", r));
-  }
-  return {};
-}
-
-}  // namespace
 
 OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, ProgressReporter& progress,
                             bool accept_loss, bool last) {
@@ -913,17 +688,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     if (j.a->export_id) ipc_.refresh(*j.a);
     zeroed.push_back(what);
   }
-  std::string lost_note;
-  if (!zeroed.empty()) {
-    lost_note = fmt::format(
-        "DATA LOST: {} allocation(s) whose backup was damaged are now zero-filled memory, as "
-        "--accept-loss asked: ",
-        zeroed.size());
-    for (std::size_t i = 0; i < zeroed.size() && i < proto::kMaxDamagedRanges; ++i)
-      lost_note += (i ? ", " : "") + zeroed[i];
-    if (zeroed.size() > proto::kMaxDamagedRanges)
-      lost_note += fmt::format(" and {} more", zeroed.size() - proto::kMaxDamagedRanges);
-  }
+  const std::string lost_note = loss_note(zeroed);
 
   if (resumed + zeroed.size() < jobs.size()) {
     std::string message;
@@ -954,7 +719,8 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
   }
 
   if (last) {
-    OpResult committed = commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
+    OpResult committed =
+        record_.commit(proto::CommitState::Resumed, resumed_bytes, "every allocation is resident again");
     if (committed.code()) return committed;
   }
   OpResult done{{}, resumed_bytes, 0, lost_note};
@@ -968,18 +734,12 @@ OpResult Engine::discard(std::vector<std::shared_ptr<Allocation>> list) {
   // Exported through legacy IPC: what another process has open stays resident, as in pause_all.
   std::vector<std::shared_ptr<Allocation>> revoked;
   ipc_.revoke(list, revoked);
-  const DriverApi& api = driver().api;
   OpResult r;
   for (const auto& a : list) {
-    CtxScope scope(api, a->ctx);
-    if (CUresult e = api.cuMemUnmap(a->base, a->mapped); e != CUDA_SUCCESS) {
-      r.status = make_error(EIO, cuda_failure("cuMemUnmap", e));  // still mapped: stays resident
+    if (Status st = release_memory(*a); !st) {
+      r.status = std::move(st);
       continue;
     }
-    if (CUresult e = api.cuMemRelease(a->handle); e != CUDA_SUCCESS)
-      TMS_ERROR("blob %llu: %s; its physical memory may leak", static_cast<unsigned long long>(a->id),
-                cuda_failure("cuMemRelease", e).c_str());
-    a->handle = 0;
     a->placement.clear();
     a->state.store(AllocState::Paused);
     r.bytes += a->size;
@@ -1011,36 +771,6 @@ OpResult Engine::refill(std::vector<std::shared_ptr<Allocation>> list) {
   r.skipped.discarded_bytes = r.bytes;
   if (failures) TMS_WARN("%zu discarded allocation(s) stay unmapped: %s", failures, r.message().c_str());
   return r;
-}
-
-Result<bool> Engine::committed_pause() {
-  const uint64_t id = session_.next_id();
-  proto::Envelope reply;
-  if (int e = session_.send(id, proto::PauseState{}); e < 0)
-    return make_error(-e, fmt::format("cannot ask tmsdiskd for the pause state: {}", std::strerror(-e)));
-  if (Status st = session_.await_reply(id, reply); !st) return std::move(st).error();
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return make_error(err->code, "tmsdiskd cannot tell the pause state: " + err->message);
-  const auto* state = std::get_if<proto::PauseStateReply>(&reply.body);
-  if (!state) return make_error(EPROTO, "unexpected answer to PAUSE_STATE");
-  return state->paused != 0;
-}
-
-OpResult Engine::commit(proto::CommitState state, uint64_t bytes, const char* done) {
-  proto::Commit c;
-  c.state = static_cast<uint8_t>(state);
-  const uint64_t id = session_.next_id();
-  proto::Envelope reply;
-  const Status sent = [&]() -> Status {
-    if (int e = session_.send(id, c); e < 0)
-      return make_error(-e, fmt::format("cannot send COMMIT: {}", std::strerror(-e)));
-    return session_.await_reply(id, reply);
-  }();
-  if (!sent)
-    return OpResult{make_error(sent.error().errnum(), fmt::format("{}, but {}", done, sent.error().message)), bytes};
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.body))
-    return OpResult{make_error(err->code, fmt::format("{}, but the commit failed: {}", done, err->message)), bytes};
-  return OpResult{{}, bytes};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1199,9 +929,9 @@ void Engine::paused_freed() noexcept {
         if (t.paused_allocations == 0 && session_.connected()) {
           // What the committed pause held is gone with the frees: the daemon's record says so too,
           // so that its files no longer count as the only copy of anything.
-          Result<bool> committed = committed_pause();
+          Result<bool> committed = record_.committed();
           if (committed && *committed) {
-            if (OpResult closed = commit(proto::CommitState::Resumed, 0, "the paused allocations were freed");
+            if (OpResult closed = record_.commit(proto::CommitState::Resumed, 0, "the paused allocations were freed");
                 closed.code())
               TMS_WARN("%s", closed.message().c_str());
             else

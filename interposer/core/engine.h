@@ -29,6 +29,7 @@
 #include "host_tier.h"
 #include "ipc_broker.h"
 #include "op_result.h"
+#include "pause_record.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
@@ -119,27 +120,12 @@ class Engine {
   OpResult discard(std::vector<std::shared_ptr<Allocation>> list);
   // ... and comes back: new memory at the same addresses, zero-filled.
   OpResult refill(std::vector<std::shared_ptr<Allocation>> list);
-  // Every context that `list` was used from, and the active primary contexts of peers granted access,
-  // finish their work (before the memory is copied or released).
-  Status synchronize_users(const std::vector<std::shared_ptr<Allocation>>& list);
   // After an operation, or a free of paused memory, with the op lock held exclusively: the gate
   // closed while anything is paused for another reason than a damaged backup; else open, with the
   // damaged allocations' ranges lost (gate.h). Closed if memory ran out.
   void settle_gate() noexcept;
   // Jobs for the pipeline, one per allocation, each with its context's stream.
   Result<std::vector<TransferJob>> make_jobs(std::vector<std::shared_ptr<Allocation>> list, uint64_t* total);
-  // Asks the daemon for file extents for every disk chunk of `jobs`, recording their zero and host
-  // chunks; refused: nothing changed.
-  // RESERVE of the jobs' blobs, and of `carried` ones (paused already) kept as the daemon stores them.
-  Status reserve(const std::vector<TransferJob>& jobs, const std::vector<std::shared_ptr<Allocation>>& carried = {});
-  // The last step of a pause or resume: the daemon syncs the data and commits its manifest. `done`
-  // says what already happened (for the message of a failure); `bytes` is what moved.
-  OpResult commit(proto::CommitState state, uint64_t bytes, const char* done);
-  // Asks the daemon whether its manifest holds a committed pause of this rank. The manifest is the
-  // one record of that: the shim keeps no copy that could disagree with it (a resume whose commit
-  // failed left the two apart once).
-  Result<bool> committed_pause();
-
   Status connect_session();
   void session_lost(const char* why);
   void handle_other(const proto::Envelope& env);
@@ -166,6 +152,7 @@ class Engine {
   HostTierClient host_tier_;
   ControlThread control_;
   IpcBroker ipc_{session_, control_, op_lock_};
+  PauseRecord record_{session_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is
   // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
   // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
