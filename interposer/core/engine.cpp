@@ -24,7 +24,6 @@
 namespace tmsdisk::shim {
 namespace {
 
-constexpr int kReportIntervalMs = 1000;
 constexpr int kDrainTimeoutMs = 60000;  // calls already inside the gate when a pause starts
 
 std::atomic<Engine*> g_engine{nullptr};
@@ -34,12 +33,6 @@ uint64_t now_ns() noexcept {
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
-uint64_t unix_ms() noexcept {
-  timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
-
 // TMSDISK_ON_TOUCH=resume: a gated call found the gate closed (gate.h).
 Status auto_resume() noexcept {
   Engine* e = Engine::instance();
@@ -49,14 +42,6 @@ Status auto_resume() noexcept {
 
 OpResult failed(const Error& e) {
   return OpResult{e};
-}
-
-// Between operations the state follows the registry: a free of the last paused allocation makes a
-// paused rank running without any pause or resume. During one, the operation's own state stands.
-uint8_t current_state(uint8_t last, const RegistryTotals& t) {
-  const auto s = static_cast<proto::RankState>(last);
-  if (s == proto::RankState::Pausing || s == proto::RankState::Resuming) return last;
-  return static_cast<uint8_t>(Engine::settled_state(t));
 }
 
 }  // namespace
@@ -87,13 +72,13 @@ void Engine::fork_prepare() noexcept {
   registry().lock_for_fork();
   if (Engine* e = existing()) {
     e->control_.lock_for_fork();
-    e->mu_.lock();
+    e->report_.lock_for_fork();
   }
 }
 
 void Engine::fork_parent() noexcept {
   if (Engine* e = existing()) {
-    e->mu_.unlock();
+    e->report_.unlock_after_fork();
     e->control_.unlock_after_fork();
   }
   registry().unlock_after_fork();
@@ -134,7 +119,7 @@ Engine::Engine()
                          if (staging_.mapped()) staging_.release();
                        },
                    .idle = [this] { host_tier_.tick(now_ms()); },
-                   .report = [this] { report_if_due(); },
+                   .report = [this] { report_.send_if_due(); },
                }) {
   session_.on_other([this](const proto::Envelope& env) { handle_other(env); });
   session_.on_lost([this](const char* why) { session_lost(why); });
@@ -149,22 +134,7 @@ Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept
 }
 
 EngineStatus Engine::status() const {
-  EngineStatus s;
-  s.totals = registry().totals();
-  std::lock_guard lock(mu_);
-  s.stats = last_;
-  s.connected = connected_;
-  s.session_id = session_id_;
-  s.last_error = last_error_;
-  s.last_message = last_message_;
-  s.stats.state = current_state(s.stats.state, s.totals);
-  s.stats.resident_bytes = s.totals.resident_bytes;
-  s.stats.paused_bytes = s.totals.paused_bytes;
-  s.stats.damaged_allocations = s.totals.damaged_allocations;
-  s.stats.damaged_bytes = s.totals.damaged_bytes;
-  s.stats.unmanaged_bytes = s.totals.unmanaged_bytes;
-  s.stats.managed_allocations = s.totals.managed_allocations;
-  return s;
+  return report_.status();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,30 +220,7 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
   }
   r.nanos = now_ns() - t0;
 
-  const proto::RankState state = settled_state(registry().totals());
-  {
-    std::lock_guard lock(mu_);
-    last_.state = static_cast<uint8_t>(state);
-    // A no-op changed nothing: the last pause and resume figures stay those of operations that ran
-    // (a repeated `tmsctl pause` must not turn them to zeros), and so does the time of the last change,
-    // which says since when the rank is in its state. A failure counts as a change: it may have
-    // released part of the memory. last_error_ and last_message_ are what the latest call said,
-    // no-op or not (tmsdisk_status documents them so).
-    if (r.outcome == proto::Outcome::Done) {
-      if (r.code() == 0 && pausing) {
-        last_.last_pause_bytes = r.bytes;
-        last_.last_pause_ns = r.nanos;
-        last_.last_pause_skipped = r.skipped;
-      } else if (r.code() == 0) {
-        last_.last_resume_bytes = r.bytes;
-        last_.last_resume_ns = r.nanos;
-        last_.last_resume_skipped = r.skipped;
-      }
-      last_.last_change_unix_ms = unix_ms();
-    }
-    last_error_ = r.code();
-    last_message_ = r.message();
-  }
+  report_.record(pausing, r);
   if (gated) {
     {
       // A free of paused memory changes the lost ranges too (gate::forget_lost, under the shared
@@ -790,11 +737,7 @@ Status Engine::connect_session() {
         "tmsdiskd has no committed pause of this process; its %zu paused allocation(s) will be read back, "
         "verified against the checksums its storage journaled when it sealed each chunk",
         paused);
-  {
-    std::lock_guard lock(mu_);
-    connected_ = true;
-    session_id_ = welcome.session_id;
-  }
+  report_.session_opened(welcome.session_id);
   ipc_.session_started(welcome.adopted != 0);
   host_tier_.session_started(welcome.adopted != 0);
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
@@ -808,11 +751,7 @@ void Engine::session_lost(const char* why) {
   // Whatever the daemon held is gone with the connection; the staging mapping is released once no
   // copy can be writing into it (control loop, between operations).
   staging_.drop_daemon_held();
-  {
-    std::lock_guard lock(mu_);
-    connected_ = false;
-    session_id_ = 0;
-  }
+  report_.session_closed();
   const std::size_t paused = registry().totals().paused_allocations;
   if (paused)
     TMS_ERROR("connection to tmsdiskd lost (%s) while %zu allocation(s) are paused; reconnecting", why, paused);
@@ -832,47 +771,6 @@ void Engine::handle_other(const proto::Envelope& env) {
   TMS_DEBUG("ignoring %s (request %llu) from tmsdiskd",
             proto::type_name(std::visit([](const auto& m) { return std::decay_t<decltype(m)>::kType; }, env.body)),
             static_cast<unsigned long long>(env.request_id));
-}
-
-proto::RankState Engine::settled_state(const RegistryTotals& t) noexcept {
-  if (t.paused_allocations == 0) return proto::RankState::Running;
-  return t.paused_allocations == t.managed_allocations ? proto::RankState::Paused : proto::RankState::PartiallyPaused;
-}
-
-proto::RankStats Engine::make_stats() {
-  const RegistryTotals t = registry().totals();
-  proto::RankStats s;
-  {
-    std::lock_guard lock(mu_);
-    s = last_;
-  }
-  s.state = current_state(s.state, t);
-  s.resident_bytes = t.resident_bytes;
-  s.paused_bytes = t.paused_bytes;
-  s.unmanaged_bytes = t.unmanaged_bytes;
-  s.managed_allocations = t.managed_allocations;
-  s.damaged_allocations = t.damaged_allocations;
-  s.damaged_bytes = t.damaged_bytes;
-  s.damaged.clear();
-  if (t.damaged_allocations) {
-    for (const auto& a : registry().snapshot()) {  // address order: the first ones by address
-      if (s.damaged.size() == proto::kMaxDamagedRanges) break;
-      const uint8_t reason = a->damage.load();
-      if (a->state.load() != AllocState::Paused || reason == 0) continue;
-      s.damaged.push_back({.address = a->base, .size = a->size, .reason = reason, .chunk = a->damaged_chunk.load()});
-    }
-    // The registry may have changed between the two looks: keep the report consistent.
-    s.damaged_allocations = std::max<uint32_t>(s.damaged_allocations, static_cast<uint32_t>(s.damaged.size()));
-  }
-  s.tags.clear();
-  for (const TagTotals& t : registry().tag_totals()) {
-    if (s.tags.size() == proto::kMaxTagsReported) break;
-    s.tags.push_back({.tag = tag_name(t.tag),
-                      .policy = static_cast<uint8_t>(t.policy),
-                      .resident_bytes = t.resident_bytes,
-                      .paused_bytes = t.paused_bytes});
-  }
-  return s;
 }
 
 void Engine::settle_gate() noexcept {
@@ -922,10 +820,7 @@ void Engine::paused_freed() noexcept {
           settle_gate();
         }
         const RegistryTotals t = registry().totals();
-        {
-          std::lock_guard lock(mu_);
-          last_.state = static_cast<uint8_t>(settled_state(t));
-        }
+        report_.set_state(settled_state(t));
         if (t.paused_allocations == 0 && session_.connected()) {
           // What the committed pause held is gone with the frees: the daemon's record says so too,
           // so that its files no longer count as the only copy of anything.
@@ -943,26 +838,13 @@ void Engine::paused_freed() noexcept {
       false);
 }
 
-void Engine::report_if_due() {
-  if (session_.connected() && registry().version() != reported_version_ &&
-      now_ms() - last_report_ms_ >= kReportIntervalMs)
-    send_report();
-}
-
 void Engine::send_report() {
-  reported_version_ = registry().version();
-  last_report_ms_ = now_ms();
-  proto::Report r;
-  r.stats = make_stats();
-  (void)session_.send(session_.next_id(), r);
+  report_.send();
 }
 
 void Engine::set_state(proto::RankState s) {
-  {
-    std::lock_guard lock(mu_);
-    last_.state = static_cast<uint8_t>(s);
-  }
-  if (session_.connected()) send_report();
+  report_.set_state(s);
+  if (session_.connected()) report_.send();
 }
 
 }  // namespace tmsdisk::shim

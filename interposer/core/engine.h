@@ -30,6 +30,7 @@
 #include "ipc_broker.h"
 #include "op_result.h"
 #include "pause_record.h"
+#include "rank_report.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
@@ -39,15 +40,6 @@
 #include "zero_scan.h"
 
 namespace tmsdisk::shim {
-
-struct EngineStatus {
-  proto::RankStats stats;
-  RegistryTotals totals;
-  bool connected = false;
-  uint64_t session_id = 0;
-  int last_error = 0;
-  std::string last_message;
-};
 
 class Engine {
  public:
@@ -71,8 +63,6 @@ class Engine {
   void paused_freed() noexcept;
 
   EngineStatus status() const;
-  // The state (running, paused, partially paused) that `t` amounts to between operations.
-  static proto::RankState settled_state(const RegistryTotals& t) noexcept;
 
   // Legacy CUDA IPC brokered by tmsdiskd, for the hooks (ipc.cpp) and frees.
   IpcBroker& ipc() noexcept { return ipc_; }
@@ -130,18 +120,8 @@ class Engine {
   void session_lost(const char* why);
   void handle_other(const proto::Envelope& env);
   void send_report();
-  // The rank's report, when the registry changed and the last one is a report interval old.
-  void report_if_due();
   void set_state(proto::RankState s);
-  proto::RankStats make_stats();
 
-  // Shared with application threads (guarded by mu_).
-  mutable std::mutex mu_;
-  proto::RankStats last_;  // state and last_* fields
-  bool connected_ = false;
-  uint64_t session_id_ = 0;
-  int last_error_ = 0;
-  std::string last_message_;
   std::shared_mutex op_lock_;
 
   // Control thread only.
@@ -153,6 +133,7 @@ class Engine {
   ControlThread control_;
   IpcBroker ipc_{session_, control_, op_lock_};
   PauseRecord record_{session_};
+  RankReport report_{session_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is
   // paused, or a tag is resumed alone, the gate holds every CUDA call (settle_gate). After a pause of
   // one tag only calls naming paused memory are held: the program asked for part of its memory to go,
@@ -162,8 +143,6 @@ class Engine {
   // allocator hands it out again), so every call stays held while it is paused, a tag resumed alone
   // or not, until a resume covers it (the whole process, or the tag `untagged`).
   bool untagged_held_ = false;
-  uint64_t reported_version_ = ~0ull;
-  int64_t last_report_ms_ = 0;
 };
 
 }  // namespace tmsdisk::shim
