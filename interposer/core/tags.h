@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tags (issue 10): the part of a process an allocation belongs to ("weights", "kv_cache"), and what a
-// pause does with it. A thread pushes a tag with its policy (tmsdisk_tag_push, a Python region) and
-// every allocation it makes until the matching pop carries the innermost one; allocations made outside
-// any region carry "untagged", which is a tag like the others. Only the allocating thread's stack
-// counts: another thread's region never tags this one's memory.
+// Tags (DESIGN.md, "Where the data goes"): the part of a process an allocation belongs to ("weights", "kv_cache"), and
+// what a pause does with it. A thread pushes a tag with its policy (tmsdisk_tag_push, a Python region) and every
+// allocation it makes until the matching pop carries the innermost one; allocations made outside any region carry
+// "untagged", which is a tag like the others. Only the allocating thread's stack counts: another thread's region never
+// tags this one's memory.
 //
 // Policies: backup (the pause saves the bytes: host tier, disk), discard (the pause releases the
 // memory without saving it; the resume maps new memory at the same addresses, zero-filled: for a KV

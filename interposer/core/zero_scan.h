@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Zero chunks (issue 9): before a pause reserves disk space, a kernel on each allocation's device
-// reads its memory once and flags the chunks that hold a non-zero byte. The others are all zero: they
-// are not staged, written nor read back, take no disk space, and resume sets them to zero on the
-// device. A preallocated pool that was never touched (XLA's 75% of HBM) then costs nothing.
+// Zero chunks (DESIGN.md, "Where the data goes"): before a pause reserves disk space, a kernel on each allocation's
+// device reads its memory once and flags the chunks that hold a non-zero byte. The others are all zero: they are not
+// staged, written nor read back, take no disk space, and resume sets them to zero on the device. A preallocated pool
+// that was never touched (XLA's 75% of HBM) then costs nothing.
 //
 // The kernel is PTX text, compiled by the driver's JIT when first loaded in a context: no CUDA
 // compiler at build time, and it runs on any GPU the driver supports. It reads HBM at its bandwidth
