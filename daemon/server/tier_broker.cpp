@@ -208,7 +208,7 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
   s->host_tier_kept = ahead;  // a pause's memory is in use; memory asked for ahead is kept until a pause
   spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use){}", s->id,
                human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_),
-               ahead ? ", ahead of its first pause" : "");
+               ahead ? ", asked for ahead of a pause" : "");
   send_(s->conn_id, t.request_id,
         proto::TierGrant{.bytes = t.bytes,
                          .note = proto::wire_text(t.note),
