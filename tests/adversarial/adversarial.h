@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the adversarial suites share: a tmsdiskd child on temp roots with what every attack is checked
-// against afterwards (the descriptors it holds, a well-formed client it still serves), snapshots of
-// files an attack must not change, and the suite's seed. Header-only; Catch2 test programs that link
-// tmsdisk_ctl and the test-support library.
+// What the adversarial suites share beside the daemon fixture (daemon_fixture.h: a tmsdiskd child and
+// what every attack is checked against afterwards, the descriptors it holds and a well-formed client
+// it still serves): their session sizes, snapshots of files an attack must not change, and the
+// suite's seed. Header-only; Catch2 test programs that link tmsdisk_ctl and the test-support library.
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "client.h"
+#include "daemon_fixture.h"
 #include "disk_faults.h"
 #include "test_support.h"
 #include "tmsdisk/protocol/messages.h"
@@ -31,8 +31,6 @@ namespace tmsdisk::adversarial {
 
 namespace fs = std::filesystem;
 using namespace tmsdisk::testing;
-
-inline constexpr uint64_t MiB = 1ull << 20;
 
 // The seed of every generated input: fixed, so that a failure repeats; TMSDISK_ADVERSARIAL_SEED picks
 // another. Printed once per program (and INFO'd by the cases that use it).
@@ -47,114 +45,8 @@ inline uint64_t suite_seed() {
   return seed;
 }
 
-// Descriptors open in process `pid` right now (/proc/<pid>/fd), or -1 when they cannot be counted.
-inline int open_fds(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return -1;
-  int n = 0;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
-// What process `pid`'s descriptors name, one per line (for a failure's message).
-inline std::string describe_fds(pid_t pid) {
-  std::string out;
-  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    std::error_code link_ec;
-    out += e.path().filename().string() + " -> " + fs::read_symlink(e.path(), link_ec).string() + "\n";
-  }
-  return out;
-}
-
-// A tmsdiskd child on its own socket and roots (see DaemonProcess), with what an attack is measured by.
-struct Daemon {
-  TempDir dir{test_tmp_root(), "adv"};
-  std::string socket = dir / "d.sock";
-  std::vector<std::string> roots;
-  DaemonProcess proc;
-
-  explicit Daemon(int nroots = 1) {
-    for (int i = 0; i < nroots; ++i) {
-      roots.push_back(dir / ("root" + std::to_string(i)));
-      fs::create_directories(roots.back());
-    }
-  }
-  std::vector<std::string> args(const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> a{"--socket", socket, "--log-level", "debug"};
-    for (auto& r : roots) a.insert(a.end(), {"--root", r});
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  }
-  void start(const std::vector<std::string>& extra = {}) {
-    int rc = proc.start(TMSDISK_DAEMON_PATH, args(extra));
-    INFO(proc.log());
-    REQUIRE(rc == 0);
-  }
-  // A shim-role session with a small staging budget unless the options say otherwise.
-  Result<ShimClient> try_shim(ShimClient::Options o = {}) const {
-    if (!o.staging_budget_bytes) o.staging_budget_bytes = 4 * MiB;
-    if (!o.chunk_bytes) o.chunk_bytes = 1 * MiB;
-    return ShimClient::connect(socket, o);
-  }
-  ShimClient shim(ShimClient::Options o = {}) const {
-    auto c = try_shim(std::move(o));
-    INFO((c ? "" : c.error().describe()));
-    REQUIRE(c);
-    return std::move(c.value());
-  }
-  ctl::Client control() const {
-    auto c = ctl::Client::connect(socket);
-    INFO((c ? "" : c.error().describe()));
-    REQUIRE(c);
-    return std::move(c.value());
-  }
-  std::string rank_dir(std::size_t root, const std::string& job, int64_t rank, pid_t pid,
-                       uid_t uid = ::getuid()) const {
-    return roots[root] + "/" + std::to_string(uid) + "/" + job + "/rank" + std::to_string(rank) + "-" +
-           std::to_string(pid);
-  }
-  int fds() const { return open_fds(proc.pid()); }
-
-  // The daemon still serves a well-formed client: a control client lists the sessions, and a
-  // shim-role client pauses and resumes two chunks (reserve, write, commit, read back verified,
-  // commit). Resumed, the canary's session and files go when this returns (a session closed mid-pause
-  // would rightly be kept as an orphan while this process lives).
-  void check_serving(const std::string& job = "canary") const {
-    auto ctl = control();
-    auto list = ctl.list_sessions();
-    INFO((list ? "" : list.error().describe()));
-    CHECK(list);
-    static int64_t next_rank = 0;
-    auto c = shim({.job = job, .rank = next_rank++});
-    const std::vector<proto::BlobSize> blobs = {{1, 2 * MiB}};
-    auto reserved = c.reserve(blobs);
-    INFO((reserved ? "" : reserved.error().describe()));
-    REQUIRE(reserved);
-    auto written = c.write_all(blobs, fill_pattern);
-    INFO((written ? "" : written.error().describe()));
-    REQUIRE(written);
-    REQUIRE(c.commit(proto::CommitState::Paused));
-    auto read = c.read_all(blobs, check_pattern);
-    INFO((read ? "" : read.error().describe()));
-    CHECK(read);
-    CHECK(c.commit(proto::CommitState::Resumed));
-  }
-
-  // The daemon holds no more descriptors than `baseline` once what it was handed is closed (its
-  // reaper thread closes passed descriptors, sessions end after their I/O: waited for, not slept on).
-  void check_fds(int baseline) const {
-    REQUIRE(baseline > 0);
-    int now = -1;
-    const bool back = eventually([&] { return (now = fds()) <= baseline; }, std::chrono::seconds(20));
-    INFO("daemon descriptors: " << baseline << " before, " << now << " after:\n" << describe_fds(proc.pid()));
-    CHECK(back);
-  }
-};
+// The adversarial cases' daemon: its shim-role sessions ask for 4 MiB of staging in 1 MiB chunks.
+inline constexpr Daemon::Options kSmallSessions{.staging_budget_bytes = 4 * MiB, .chunk_bytes = 1 * MiB};
 
 // One line per entry under `dir` (links not followed): relative path -> type, mode, owner, size,
 // mtime and, for a regular file, the hash of its bytes. Two equal snapshots: nothing was created,

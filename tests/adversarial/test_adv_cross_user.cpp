@@ -9,9 +9,10 @@
 // look like a rank's, is snapshotted before and compared after (contents, sizes, modes, times).
 //
 // Already elsewhere, not repeated here: another uid cannot list or pause by job, nor open an export
-// by its id (tests/integration/test_daemon.cpp); per-user session and staging limits (same file);
-// symlinks as <root>/<uid> at the daemon and at every level in storage (test_daemon.cpp,
-// tests/unit/test_storage.cpp); directories planted by another owner (test_storage_root.cpp).
+// by its id (tests/integration/test_daemon_hostile.cpp, test_daemon_ipc.cpp); per-user session and
+// staging limits (test_daemon_limits.cpp); symlinks as <root>/<uid> at the daemon and at every level
+// in storage (test_daemon_hostile.cpp, tests/unit/test_storage_rank_dirs.cpp); directories planted
+// by another owner (test_storage_root.cpp).
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -65,7 +66,7 @@ UniqueFd memory_fd(const std::string& text) {
 
 TEST_CASE("another user cannot pause or resume root's ranks by job, rank, pid or all, and they receive no COMMAND") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto running = d.shim({.job = "owned", .rank = 0});
   auto paused = d.shim({.job = "owned", .rank = 1});
@@ -104,7 +105,7 @@ TEST_CASE("another user cannot pause or resume root's ranks by job, rank, pid or
 
 TEST_CASE("another user's gc removes none of root's live ranks: running, mid-pause or paused") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   const std::vector<proto::BlobSize> blobs = {{1, 2 * MiB}};
   auto running = d.shim({.job = "gc", .rank = 0});
@@ -130,7 +131,7 @@ TEST_CASE("another user's gc removes none of root's live ranks: running, mid-pau
 
 TEST_CASE("a token stolen from root's orphaned rank gives another user a session of its own, never root's files") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   const std::vector<proto::BlobSize> blobs = {{1, 3 * MiB}};
   uint64_t token = 0;
@@ -173,7 +174,7 @@ TEST_CASE("a token stolen from root's orphaned rank gives another user a session
 
 TEST_CASE("another user cannot revoke, forget, refresh, close or open root's legacy IPC export, even knowing its id") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto exporter = d.shim({.job = "ipc", .rank = 0});
   UniqueFd mem = memory_fd("root's device bytes");
@@ -217,7 +218,7 @@ TEST_CASE("another user cannot revoke, forget, refresh, close or open root's leg
 
 TEST_CASE("another user's TMS_DISK_BACKUP_DIR at root's rank directory or outside the root is refused or confined") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   Sentinel outside;
   auto victim = d.shim({.job = "victim", .rank = 0});
@@ -264,7 +265,7 @@ TEST_CASE("another user's TMS_DISK_BACKUP_DIR at root's rank directory or outsid
 
 TEST_CASE("job names built to leave the root are refused for another user, and nothing is made outside its own") {
   need_root();
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   Sentinel outside;
   auto victim = d.shim({.job = "victim", .rank = 0});
@@ -330,7 +331,7 @@ TEST_CASE("job names built to leave the root are refused for another user, and n
 // Symlinks planted in a root (any user: the daemon's own directories)
 
 TEST_CASE("a job directory that is a symlink out of the root: the session is refused, gc passes it by") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   Sentinel outside;
   const std::string uid_dir = d.roots[0] + "/" + std::to_string(::getuid());
@@ -455,7 +456,7 @@ void swap_for_symlink(const std::string& dir, const std::string& target) {
 
 TEST_CASE(
     "a rank directory swapped for a symlink mid-pause: nothing outside the root is touched, through a restart and gc") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   const std::vector<proto::BlobSize> blobs = {{1, 4 * MiB}};
   ChildRank rank(d, "swapped", blobs);
@@ -489,7 +490,7 @@ TEST_CASE(
 }
 
 TEST_CASE("rank and job directories swapped for symlinks before their sessions end: closing removes nothing outside") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   Sentinel outside;
   const std::vector<proto::BlobSize> blobs = {{1, 2 * MiB}};

@@ -14,12 +14,12 @@
 // truncated (daemon running and stopped), the manifest deleted or corrupted before a restart. The
 // disk fills up after the reservation.
 //
-// Already elsewhere, not repeated here: SIGKILL mid-pause (test_daemon.cpp on the wire, test_e2e.cpp
-// on simcuda), a victim that exits or is killed mid-transfer (test_daemon.cpp), a flipped data byte
-// (test_daemon.cpp, and tests/e2e/test_damaged.cpp with what the program sees), ENOSPC at
-// reservation (test_daemon.cpp, test_e2e.cpp), injected EIO and short transfers (test_daemon.cpp,
-// test_e2e.cpp), a daemon stopped before tmsctl connects and a rank that never answers
-// (test_cli_tmsctl.cpp).
+// Already elsewhere, not repeated here: SIGKILL mid-pause (test_daemon_sessions.cpp and
+// test_daemon_restart.cpp on the wire, test_e2e.cpp on simcuda), a victim that exits or is killed
+// mid-transfer (test_daemon_sessions.cpp), a flipped data byte (test_daemon_restart.cpp, and
+// tests/e2e/test_damaged.cpp with what the program sees), ENOSPC at reservation (test_daemon_io.cpp,
+// test_e2e.cpp), injected EIO and short transfers (test_daemon_io.cpp, test_e2e.cpp), a daemon
+// stopped before tmsctl connects and a rank that never answers (test_cli_tmsctl.cpp).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -113,7 +113,7 @@ bool stopped(pid_t pid) {
 
 TEST_CASE(
     "the daemon terminated (SIGTERM) mid-pause exits cleanly, and restarted serves the acknowledged chunks verified") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "term");
   const uint64_t token = c.welcome().token;
@@ -143,7 +143,7 @@ namespace {
 // A committed pause, a resume that has read back some chunks, then `fault` to the daemon; restarted,
 // the rank reconnects with its token and the pause is restored whole.
 void interrupt_resume(int sig) {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "resume");
   const uint64_t token = c.welcome().token;
@@ -181,7 +181,7 @@ TEST_CASE("the daemon terminated (SIGTERM) mid-resume: restarted, the committed 
 TEST_CASE(
     "the daemon stopped (SIGSTOP) mid-pause: tmsctl --timeout gives up naming the rank, and continued the pause "
     "completes") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "stopped");
   const auto started = std::chrono::steady_clock::now();
@@ -230,7 +230,7 @@ TEST_CASE(
 // Damaged files
 
 TEST_CASE("a checksum journal damaged across a crash mid-pause: the chunk it vouched for is refused, never served") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "journal");
   const uint64_t token = c.welcome().token;
@@ -247,7 +247,7 @@ TEST_CASE("a checksum journal damaged across a crash mid-pause: the chunk it vou
 }
 
 TEST_CASE("a data file truncated under a paused rank: the chunks past its end are refused, those before served") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "cut");
   REQUIRE(c.reserve(kBlobs));
@@ -275,7 +275,7 @@ TEST_CASE("a data file truncated under a paused rank: the chunks past its end ar
 }
 
 TEST_CASE("a data file truncated while the daemon is down: no chunk past its end is served, its files kept") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "cutdown");
   const uint64_t token = c.welcome().token;
@@ -302,7 +302,7 @@ TEST_CASE("a data file truncated while the daemon is down: no chunk past its end
 }
 
 TEST_CASE("a corrupted manifest: after a restart nothing is served, the rank's data file and manifest kept") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   auto c = rank_of(d, "corrupt");
   const uint64_t token = c.welcome().token;
@@ -340,7 +340,7 @@ namespace {
 // A committed pause whose manifest is deleted while the daemon is down; the rank reconnects with its
 // token to the restarted daemon. Returns the rank, and the data file's bytes before the restart.
 struct ManifestDeleted {
-  Daemon d;
+  Daemon d{kSmallSessions};
   std::string dir;
   std::string data_before;
   std::optional<ShimClient> again;
@@ -411,7 +411,7 @@ TEST_CASE(
   std::string why_not;
   auto small = SmallFilesystem::mount(48, &why_not);
   if (!small) skip(why_not);
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.roots = {small->path() + "/root"};
   fs::create_directories(d.roots[0]);
   d.start();

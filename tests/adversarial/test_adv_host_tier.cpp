@@ -83,7 +83,7 @@ TEST_CASE(
   // The attack: connect / TIER_ASK / close, and TIER_ASK / TIER_RELEASE, keeping every memfd and
   // mapping. Before, the daemon stopped counting and the client held all the pages, charged to the
   // daemon: past the budget, past the client's own cgroup.
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   std::vector<UniqueFd> kept;
   std::vector<std::pair<uint8_t*, uint64_t>> maps;
@@ -124,7 +124,7 @@ TEST_CASE(
 }
 
 TEST_CASE("TIER_ADOPT counts only memory an earlier daemon's records vouch for, once per memfd") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start({"--host-tier-mb", "64", "--host-tier-ahead=false"});
   // Not after a restart: this daemon counts what it granted itself; a forged memfd is refused.
   {
@@ -174,7 +174,7 @@ TEST_CASE("TIER_ADOPT counts only memory an earlier daemon's records vouch for, 
 
 TEST_CASE("one user's many idle ranks give way to another user's pause: the budget is split between users first") {
   if (::geteuid() != 0) skip("needs root to act as a second user (other_user.h)");
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start({"--host-tier-mb", "256"});  // keep and ahead on (the defaults)
   // Sixteen ranks of root's take the whole budget ahead of their pauses and keep it, idle.
   std::vector<ShimClient> idle;

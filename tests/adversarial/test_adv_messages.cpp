@@ -18,7 +18,7 @@
 //
 // Already elsewhere, not repeated here: the decoder's unit cases (tests/unit/test_protocol.cpp), the
 // decoder fuzz target (tests/fuzz), a handful of malformed messages and a silent connection
-// (tests/integration/test_daemon.cpp).
+// (tests/integration/test_daemon_hostile.cpp).
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -650,7 +650,7 @@ void start_small(Daemon& d) {
 void run_batch(Place place) {
   const uint64_t seed = suite_seed();
   INFO("seed " << seed << ", " << place_name(place));
-  Daemon d;
+  Daemon d(kSmallSessions);
   start_small(d);
   d.check_serving();
   const int baseline = d.fds();
@@ -779,7 +779,7 @@ TEST_CASE("hostile messages of every type on a shim session: malformed, daemon-o
 // Well-formed on the wire, hostile in meaning
 
 TEST_CASE("requests well-formed but hostile in meaning are answered with errors and the session stays usable") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   start_small(d);
   d.check_serving();
   const int baseline = d.fds();
@@ -951,7 +951,7 @@ int flood_as_this_user(const std::string& socket, int report) {
 
 TEST_CASE("a connection flood up to the per-user limit: the one beyond is closed, the others and other users served") {
   if (!allow_descriptors(2 * kMaxFlood + 256)) skip("RLIMIT_NOFILE's hard limit is below 4352 descriptors");
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();  // inherits the raised limit: it must hold every connection of the flood
   d.check_serving();
   const int baseline = d.fds();
@@ -991,7 +991,7 @@ TEST_CASE("a connection flood up to the per-user limit: the one beyond is closed
 
 TEST_CASE(
     "a flood beyond the daemon's own descriptor limit: it keeps serving, and takes the waiting ones as others go") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   d.start();
   // Room for 64 descriptors (tmsdiskd raises its soft limit to the hard one at startup, so both).
   rlimit lim{64, 64};
@@ -1044,7 +1044,7 @@ TEST_CASE(
 // Passed descriptors
 
 TEST_CASE("thousands of descriptors passed with messages that take none are all closed, on every kind of connection") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   start_small(d);
   d.check_serving();
   const int baseline = d.fds();
@@ -1104,7 +1104,7 @@ TEST_CASE("thousands of descriptors passed with messages that take none are all 
 
 TEST_CASE(
     "more descriptors on one message than the protocol takes: all closed, the connection refused, the daemon serving") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   start_small(d);
   d.check_serving();
   const int baseline = d.fds();
@@ -1127,7 +1127,7 @@ TEST_CASE(
 // takes (proto::kMaxPassedFds) was refused as "message exceeds the 64 KiB protocol limit", which sent
 // a user looking for a size problem.
 TEST_CASE("more descriptors on one message than the protocol takes are refused as too many, not as too large") {
-  Daemon d;
+  Daemon d(kSmallSessions);
   start_small(d);
   Witness w;
   UniqueFd sock = open_in(d, Place::Control);

@@ -4,32 +4,12 @@
 // the tests' own parser of the format after each operation (the interval is an hour: what is seen was
 // written because the operation completed).
 #include <catch2/catch.hpp>
-#include <fstream>
-#include <regex>
 
 #include "e2e.h"
-#include "exposition_parser.h"
+#include "metrics_file.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::e2e;
-
-namespace {
-
-ParsedExposition read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ParsedExposition e = parse_exposition(text);
-  INFO(text);
-  for (const auto& p : e.problems) UNSCOPED_INFO(p);
-  CHECK(e.problems.empty());
-  const std::regex valid_name("^tmsdisk_[a-z0-9_]+$");
-  for (const auto& s : e.samples) CHECK(std::regex_match(s.name, valid_name));
-  for (const auto& [name, type] : e.type) CHECK(e.help.count(name));
-  return e;
-}
-
-}  // namespace
 
 TEST_CASE("a real rank's pause and resume are counted once each, with the bytes it paused moved to disk and back") {
   Node node;

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "client.h"
-#include "exposition_parser.h"
-#include "test_support.h"
+#include "daemon_fixture.h"
+#include "metrics_file.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace fs = std::filesystem;
@@ -24,30 +24,18 @@ using namespace tmsdisk::testing;
 
 namespace {
 
-constexpr uint64_t MiB = 1ull << 20;
-
-struct Node {
-  TempDir dir{test_tmp_root()};
-  std::string socket = dir / "d.sock";
-  std::string root = dir / "root0";
+// The daemon fixture with a metrics file in a textfile collector's directory, and a rank's part in
+// tmsctl's pause and resume.
+struct MetricsNode : Daemon {
+  std::string root = roots[0];
   std::string textfile_dir = dir / "textfile";
   std::string metrics = textfile_dir + "/tmsdisk.prom";
-  DaemonProcess proc;
 
-  Node() { fs::create_directories(root); }
+  MetricsNode() : Daemon(Options{.staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB}) {}
   void start(const std::string& metrics_file) {
-    const int rc = proc.start(TMSDISK_DAEMON_PATH, {"--socket", socket, "--root", root, "--log-level", "debug",
-                                                    "--metrics-file", metrics_file, "--metrics-interval-s", "3600"});
-    INFO(proc.log());
-    REQUIRE(rc == 0);
+    Daemon::start({"--metrics-file", metrics_file, "--metrics-interval-s", "3600"});
   }
-  ShimClient rank(const std::string& job, int64_t rank) {
-    auto c = ShimClient::connect(socket,
-                                 {.job = job, .rank = rank, .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
-    INFO((c ? "" : c.error().describe()));
-    REQUIRE(c);
-    return std::move(c.value());
-  }
+  ShimClient rank(const std::string& job, int64_t rank) { return shim({.job = job, .rank = rank}); }
   // tmsctl pause or resume of `job`; `answer` plays the one rank's part once the COMMAND reaches it,
   // and gives its answer (none: the rank went without one).
   ctl::ControlAnswer control(proto::CommandOp op, const std::string& job, ShimClient& rank,
@@ -75,20 +63,7 @@ struct Node {
     return std::move(results.value());
   }
   // The file as node-exporter would read it now, checked line by line against the format.
-  ParsedExposition read_metrics() const {
-    std::ifstream in(metrics);
-    REQUIRE(in);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ParsedExposition e = parse_exposition(text);
-    INFO(text);
-    for (const auto& p : e.problems) UNSCOPED_INFO(p);
-    CHECK(e.problems.empty());
-    const std::regex valid_name("^tmsdisk_[a-z0-9_]+$");
-    for (const auto& s : e.samples) CHECK(std::regex_match(s.name, valid_name));
-    for (const auto& [name, type] : e.type) CHECK(e.help.count(name));
-    for (const auto& [name, help] : e.help) CHECK(e.type.count(name));
-    return e;
-  }
+  ParsedExposition read_metrics() const { return testing::read_metrics(metrics); }
 };
 
 proto::CommandDone done(uint64_t bytes, uint64_t nanos) {
@@ -98,7 +73,7 @@ proto::CommandDone done(uint64_t bytes, uint64_t nanos) {
 }  // namespace
 
 TEST_CASE("the metrics file counts a pause and a resume as each completes, with the bytes moved and its duration") {
-  Node node;
+  MetricsNode node;
   fs::create_directories(node.textfile_dir);
   node.start(node.metrics);
   {
@@ -168,7 +143,7 @@ TEST_CASE("the metrics file counts a pause and a resume as each completes, with 
 }
 
 TEST_CASE("failures are counted by cause - a rank whose connection drops before it answers, as disconnected") {
-  Node node;
+  MetricsNode node;
   fs::create_directories(node.textfile_dir);
   node.start(node.metrics);
   auto full = node.rank("full", 0);
@@ -203,7 +178,7 @@ TEST_CASE("failures are counted by cause - a rank whose connection drops before 
 }
 
 TEST_CASE("a metrics file that cannot be written is logged once - the daemon serves on and writes it once it can") {
-  Node node;
+  MetricsNode node;
   node.start(node.metrics);  // its directory does not exist yet
   auto rank = node.rank("nowhere", 0);
   auto nothing_to_do = [](const proto::Command&) {
@@ -245,7 +220,7 @@ std::vector<std::string> names_in(const std::string& dir) {
 }  // namespace
 
 TEST_CASE("a metrics directory swapped for a symbolic link after start - what the link points at is never touched") {
-  Node node;
+  MetricsNode node;
   fs::create_directories(node.textfile_dir);
   node.start(node.metrics);
   REQUIRE(fs::exists(node.metrics));
@@ -283,7 +258,7 @@ TEST_CASE("a metrics directory swapped for a symbolic link after start - what th
 }
 
 TEST_CASE("a metrics directory that is a symbolic link at start is refused, saying so, and its target untouched") {
-  Node node;
+  MetricsNode node;
   const std::string real = node.dir / "real";
   fs::create_directories(real);
   fs::create_directory_symlink(real, node.textfile_dir);

@@ -34,8 +34,6 @@ namespace fs = std::filesystem;
 using namespace tmsdisk::testing;
 using nlohmann::json;
 
-inline constexpr uint64_t MiB = 1ull << 20;
-
 using Env = std::map<std::string, std::string>;
 
 // The current environment, minus anything that would leak between tests, plus `extra`.
