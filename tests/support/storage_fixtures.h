@@ -1,13 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers shared by the storage tests: identities, file checks, and the shared TempDir. Header-only;
-// the test links tmsdisk_storage.
+// Helpers shared by the storage tests: identities, file checks, the shared TempDir, and a rank's store
+// written and read as the daemon does. Header-only, for Catch2 programs that link tmsdisk_storage.
 #pragma once
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "manifest.h"
 #include "storage.h"
 #include "temp_dir.h"
 #include "tmsdisk/common/proc.h"
@@ -58,5 +70,144 @@ inline FileUsage usage_of(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return {};
   return {static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_blocks)};
 }
+
+// What the storage tests do to a rank's store and its files: open roots, make a store of 64 KiB
+// chunks, write chunks through their locations as the I/O engine would, and read files back. They
+// speak the store's own names, as the tests do.
+using namespace tmsdisk;
+using namespace tmsdisk::storage;
+
+inline constexpr uint32_t kChunk = 64 * 1024;
+
+inline Roots open_roots(const std::vector<std::string>& paths) {
+  auto r = Roots::open(paths, false);
+  INFO((r ? std::string() : r.error().describe()));
+  REQUIRE(r);
+  return std::move(r).value();
+}
+
+inline std::unique_ptr<RankStore> make_store(Roots& roots, const RankIdentity& id, uint32_t chunk = kChunk) {
+  auto s = RankStore::create(roots, id, chunk);
+  INFO((s ? std::string() : s.error().describe()));
+  REQUIRE(s);
+  return std::move(s).value();
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+inline std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// A pid that existed and is gone (reaped), with the start time it had: an owner that provably died.
+inline pid_t dead_process(uint64_t& start_time) {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) ::_exit(0);
+  // Until reaped, the exited child is a zombie whose /proc/<pid>/stat is still readable.
+  auto st = process_start_time(pid);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(st);
+  start_time = *st;
+  REQUIRE_FALSE(process_alive(pid, start_time));
+  return pid;
+}
+
+inline RankIdentity dead_identity(const std::string& job, int64_t rank = 0) {
+  uint64_t start = 0;
+  pid_t pid = dead_process(start);
+  RankIdentity id = storage_test::identity_of(pid, job, rank);
+  id.start_time = start;
+  return id;
+}
+
+inline void fill_checksums(RankStore& store, const std::vector<proto::BlobSize>& set, uint64_t salt = 0) {
+  for (const auto& b : set) {
+    for (uint64_t off = 0; off < b.size; off += kChunk)
+      REQUIRE(store.record_checksum(b.id, off, Checksum128{b.id * 1000 + off + salt}));
+  }
+}
+
+// Writes `fill` over the chunk through its Location, as the I/O engine would (aligned for O_DIRECT).
+inline void write_chunk(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  auto loc = store.locate(blob, off, len);
+  REQUIRE(loc);
+  void* buf = std::aligned_alloc(kIoAlignment, loc->io_length);
+  REQUIRE(buf);
+  std::memset(buf, fill, loc->io_length);
+  ssize_t n = ::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
+  std::free(buf);
+  REQUIRE(n == static_cast<ssize_t>(loc->io_length));
+}
+
+inline bool chunk_is(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  auto loc = store.locate(blob, off, len);
+  REQUIRE(loc);
+  auto* buf = static_cast<unsigned char*>(std::aligned_alloc(kIoAlignment, loc->io_length));
+  REQUIRE(buf);
+  ssize_t n = ::pread(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
+  bool same = n == static_cast<ssize_t>(loc->io_length) &&
+              std::all_of(buf, buf + len, [fill](unsigned char c) { return c == fill; });
+  std::free(buf);
+  return same;
+}
+
+inline uint64_t offset_of(const RankStore& store, uint64_t blob, uint64_t off, uint64_t size) {
+  auto loc = store.locate(blob, off, static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)));
+  INFO((loc ? std::string() : loc.error().describe()));
+  REQUIRE(loc);
+  return loc->file_offset;
+}
+
+inline std::vector<uint8_t> filled(uint32_t len, uint8_t byte) {
+  return std::vector<uint8_t>(len, byte);
+}
+
+// Writes `bytes` at (blob, off) as the daemon does: begin_write() first, then the data file and
+// end_write() unless the store found it unchanged. Returns whether it was unchanged.
+inline bool write_through(RankStore& store, uint64_t blob, uint64_t off, const std::vector<uint8_t>& bytes) {
+  auto plan = store.begin_write(blob, off, bytes);
+  INFO((plan ? std::string() : plan.error().describe()));
+  REQUIRE(plan);
+  if (plan->unchanged) return true;
+  write_chunk(store, blob, off, static_cast<uint32_t>(bytes.size()), bytes.empty() ? 0 : bytes[0]);
+  REQUIRE(store.end_write(blob, off, static_cast<uint32_t>(bytes.size()), plan->sum));
+  return false;
+}
+
+inline uint64_t allocated_bytes(const std::string& path) {
+  return usage_of(path).blocks * 512;
+}
+
+inline Manifest manifest_of(const std::string& dir) {
+  std::string why;
+  auto m = decode_manifest(read_text(dir + "/manifest"), why);
+  INFO(why);
+  REQUIRE(m);
+  return *m;
+}
+
+// A rank paused with 3 chunks of blob 1 written (bytes 0x11, 0x22, 0x33); returns its data file path.
+inline std::string paused_rank(Roots& roots, const RankIdentity& id) {
+  auto store = make_store(roots, id);
+  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  REQUIRE(store->reserve(set));
+  for (uint64_t c = 0; c < 3; ++c)
+    write_chunk(*store, 1, c * kChunk, kChunk, static_cast<unsigned char>(0x11 * (c + 1)));
+  fill_checksums(*store, set);
+  REQUIRE(store->commit(proto::CommitState::Paused));
+  return store->dir_path() + "/data";
+}  // the daemon "exits" without removing anything
 
 }  // namespace storage_test
