@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <initializer_list>
 #include <map>
 #include <mutex>
@@ -34,11 +35,13 @@
 #include "pause_callbacks.h"
 #include "registry.h"
 #include "shim.h"
+#include "skip.h"
 #include "tmsdisk/protocol/messages.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace proto = tmsdisk::proto;
 using namespace tmsdisk::shim;
+using tmsdisk::testing::eventually;
 
 // Set by test_interposer_engine_main.cpp before the tests run.
 extern std::string g_test_dir;
@@ -567,16 +570,11 @@ struct tmsdisk_status status() {
   return st;
 }
 
-// Waits for a condition the control thread makes true on its own time (work a free posted to it),
-// looking every few milliseconds up to a deadline; the assertion is on the condition.
-template <class Pred>
-bool eventually(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return pred();
+// The wall clock in milliseconds, as the rank's report stamps its last change (CLOCK_REALTIME).
+uint64_t unix_ms_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
 }
 
 std::string hex(CUdeviceptr p) {
@@ -844,7 +842,8 @@ TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops tha
   CHECK(after_pause.last_pause_ns > 0);
   CHECK(after_pause.last_change_unix_ms > 0);
 
-  ::usleep(5000);  // a no-op that moved the time of the last change would show it
+  // A no-op that moved the time of the last change would show it once the clock has moved on.
+  REQUIRE(eventually([&] { return unix_ms_now() > after_pause.last_change_unix_ms; }));
   const int commits_paused = w.daemon.commits_paused.load();
   const proto::CommandDone again = w.daemon.command(proto::CommandOp::Pause);
   CHECK(again.code == 0);
@@ -871,7 +870,7 @@ TEST_CASE("a pause of a paused rank and a resume of a running one are no-ops tha
   CHECK(after_resume.last_resume_ns > 0);
   CHECK(after_resume.last_pause_ns == after_pause.last_pause_ns);
 
-  ::usleep(5000);
+  REQUIRE(eventually([&] { return unix_ms_now() > after_resume.last_change_unix_ms; }));
   const proto::CommandDone again_resumed = w.daemon.command(proto::CommandOp::Resume);
   CHECK(again_resumed.code == 0);
   CHECK(again_resumed.outcome == noop);
