@@ -32,11 +32,11 @@ Status make_private_dir(const std::filesystem::path& path) {
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return errno_error("cannot create " + path.string());
+  // The words tmsctl run and the shim use for the same refusal: whose the directory is, what to do.
+  if (std::string why = private_dir_problem((path / "tmsdiskd.sock").string()); !why.empty())
+    return make_error(EPERM, why);
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077) != 0)
-    return make_error(EPERM, path.string() +
-                                 " must be a directory of this user with mode 0700; remove it "
-                                 "(another user may have created it) or set XDG_RUNTIME_DIR");
+  if (::lstat(path.c_str(), &st) != 0) return errno_error("cannot look at " + path.string());
   return {};
 }
 

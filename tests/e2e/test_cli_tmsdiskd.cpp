@@ -322,6 +322,22 @@ TEST_CASE("a private daemon with a missing TMS_DISK_BACKUP_DIR says it does not 
   CHECK_THAT(c.err, Contains("TMS_DISK_BACKUP_DIR=" + file + " is not a directory"));
 }
 
+TEST_CASE("tmsdiskd --private refuses a socket directory another user made, saying whose it is and what to do") {
+  if (::geteuid() != 0) skip("making a directory that belongs to another user needs root");
+  Files f;
+  const std::string runtime = f.dir / "xdg";
+  fs::create_directories(runtime + "/tmsdisk");
+  fs::permissions(runtime, fs::perms::owner_all);
+  REQUIRE(::chown((runtime + "/tmsdisk").c_str(), 65534, 65534) == 0);  // "nobody" got there first
+  Captured c = tmsdiskd({"--config", "/dev/null", "--private", "--detach"},
+                        {{"XDG_RUNTIME_DIR", runtime}, {"TMS_DISK_BACKUP_DIR", f.root}});
+  INFO(c.err);
+  CHECK(c.rc == 1);
+  CHECK_THAT(c.err, Contains(runtime + "/tmsdisk belongs to another user (uid 65534), not to you (uid 0)"));
+  CHECK_THAT(c.err, Contains("XDG_RUNTIME_DIR"));
+  CHECK_FALSE(fs::exists(runtime + "/tmsdisk/tmsdiskd.sock"));
+}
+
 TEST_CASE("tmsdiskd --private --detach exits 0 once the daemon serves, and lets go of its stderr") {
   Files f;
   const std::string runtime = f.dir / "xdg";
