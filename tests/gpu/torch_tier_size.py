@@ -46,6 +46,18 @@ def wait_for(tmsctl, what, cond, limit_s=180):
     raise RuntimeError(f"timed out after {limit_s} s waiting for {what}: {this_rank(tmsctl)}")
 
 
+def cycle(kept, which):
+    """Pauses and resumes the whole process, checks every tensor; returns the pause's wall time."""
+    t0 = time.time()
+    tmsdisk.pause()
+    took = time.time() - t0
+    tmsdisk.resume()
+    for i, t in enumerate(kept):
+        if not torch.all(t == float(i + 1)).item():
+            fail(f"tensor {i} differs after the {which} resume")
+    return took
+
+
 def fail(why):
     print(f"FAIL torch_tier_size: {why}", flush=True)
     sys.exit(1)
@@ -71,13 +83,7 @@ def main():
     ahead_bytes = ahead["host_tier_bytes"]
     print(f"ahead of the first pause: {ahead_bytes / GiB:.2f} GiB of host-tier memory", flush=True)
 
-    t0 = time.time()
-    tmsdisk.pause()
-    first_pause = time.time() - t0
-    tmsdisk.resume()
-    for i, t in enumerate(kept):
-        if not torch.all(t == float(i + 1)).item():
-            fail(f"tensor {i} differs after the first resume")
+    first_pause = cycle(kept, "first")
     placed = args.tensors_gib * GiB
     limit = placed + placed // 8 + 64 * MiB
     settled = wait_for(
@@ -88,13 +94,7 @@ def main():
     kept_bytes = settled["host_tier_bytes"]
     print(f"after the first pause: {kept_bytes / GiB:.2f} GiB kept (placed {placed / GiB:.2f} GiB)", flush=True)
 
-    t0 = time.time()
-    tmsdisk.pause()
-    second_pause = time.time() - t0
-    tmsdisk.resume()
-    for i, t in enumerate(kept):
-        if not torch.all(t == float(i + 1)).item():
-            fail(f"tensor {i} differs after the second resume")
+    second_pause = cycle(kept, "second")
     after = this_rank(tmsctl)
     print(
         f"pauses: first {first_pause:.2f} s (memory asked ahead), second {second_pause:.2f} s (memory kept); "
