@@ -68,28 +68,28 @@ constexpr Setting kSettings[] = {
              "mode 0755)"},
     {.name = "staging-budget-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.staging_budget_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.staging_budget_bytes; },
      .help = "default staging budget per rank (pinned host memory); at least 2 x chunk-mb",
      .min = 2,
      .max = kMaxBudgetMiB,
      .unit = "MiB"},
     {.name = "max-staging-budget-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.max_staging_budget_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.max_staging_budget_bytes; },
      .help = "largest staging budget a rank may ask for (TMS_DISK_BACKUP_CHUNK_MB); at least staging-budget-mb",
      .min = 2,
      .max = kMaxBudgetMiB,
      .unit = "MiB"},
     {.name = "max-staging-per-uid-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.max_staging_per_uid_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.max_staging_per_uid_bytes; },
      .help = "pinned staging all sessions of one user may hold together (root: unlimited)",
      .min = 0,
      .max = kMaxLimitMiB,
      .unit = "MiB"},
     {.name = "max-total-staging-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.max_total_staging_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.max_total_staging_bytes; },
      .help = "pinned staging of all sessions together",
      .min = 2,
      .max = kMaxLimitMiB,
@@ -109,7 +109,7 @@ constexpr Setting kSettings[] = {
      .max = kMaxCount},
     {.name = "max-unread-replies-mb-per-uid",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.max_unread_replies_mb_per_uid; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.max_unread_replies_bytes_per_uid; },
      .help = "replies the daemon keeps for one user's connections that do not read them; a connection whose "
              "reply does not fit is closed (root: unlimited)",
      .min = 1,
@@ -145,7 +145,7 @@ constexpr Setting kSettings[] = {
      .max = kMaxCount},
     {.name = "host-tier-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.host_tier_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.host_tier_bytes; },
      .help = "host memory of the whole node that pausing ranks use before the disk (the host tier; default 0: "
              "off). Each rank gets at most this divided by the ranks on the node, and never what the node cannot "
              "spare at pause time (MemAvailable less 5% of memory and 1 GiB, the daemon's cgroup limit): the rest "
@@ -167,7 +167,7 @@ constexpr Setting kSettings[] = {
              "memory is (--host-tier-ahead=false: made at the first pause)"},
     {.name = "chunk-mb",
      .value_name = "N",
-     .target = [](DaemonOptions& o) -> Target { return &o.config.chunk_mb; },
+     .target = [](DaemonOptions& o) -> Target { return &o.config.chunk_bytes; },
      .help = "chunk size (bytes per request and per checksum)",
      .min = 1,
      .max = 64,
@@ -258,6 +258,12 @@ template <class T>
 constexpr bool kIsInteger =
     std::is_same_v<T, uint64_t> || std::is_same_v<T, uint32_t> || std::is_same_v<T, std::vector<uint32_t>>;
 
+// A setting given in MiB is held in bytes (Config's *_bytes): converted here, where it is read and
+// shown, and nowhere else.
+uint64_t bytes_per_unit(const Setting& s) {
+  return s.unit == "MiB" ? server::kMiB : 1;
+}
+
 bool is_list(const Setting& s) {
   DaemonOptions scratch;
   return std::visit([](auto* t) { return kIsList<std::remove_pointer_t<decltype(t)>>; }, s.target(scratch));
@@ -321,7 +327,7 @@ bool store(const Setting& s, const std::vector<Element>& elements, DaemonOptions
           } else {
             auto v = integer(elements[0]);
             if (!v) return false;
-            *target = static_cast<T>(*v);
+            *target = static_cast<T>(static_cast<uint64_t>(*v) * bytes_per_unit(s));
           }
           return true;
         }
@@ -356,7 +362,7 @@ std::string toml_text(const toml::node& n) {
 // A setting's value in `o`, as a config file would write it.
 std::string toml_value(const Setting& s, DaemonOptions& o) {
   return std::visit(
-      [](auto* v) -> std::string {
+      [&s](auto* v) -> std::string {
         using T = std::remove_pointer_t<decltype(v)>;
         if constexpr (std::is_same_v<T, bool>) {
           return *v ? "true" : "false";
@@ -373,7 +379,7 @@ std::string toml_value(const Setting& s, DaemonOptions& o) {
           }
           return toml_text(a);
         } else {
-          return std::to_string(*v);
+          return std::to_string(*v / bytes_per_unit(s));
         }
       },
       s.target(o));
@@ -382,14 +388,14 @@ std::string toml_value(const Setting& s, DaemonOptions& o) {
 // The default --help shows (N=256); empty for flags and lists, whose default is "not given".
 std::string shown_default(const Setting& s, DaemonOptions& defaults) {
   return std::visit(
-      [](auto* v) -> std::string {
+      [&s](auto* v) -> std::string {
         using T = std::remove_pointer_t<decltype(v)>;
         if constexpr (std::is_same_v<T, bool> || kIsList<T>) {
           return "";
         } else if constexpr (std::is_same_v<T, std::string>) {
           return *v;
         } else {
-          return std::to_string(*v);
+          return std::to_string(*v / bytes_per_unit(s));
         }
       },
       s.target(defaults));

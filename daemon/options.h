@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "config.h"
 #include "server.h"
 
 namespace tmsdisk {
@@ -41,7 +42,7 @@ struct Setting {
   SettingTarget (*target)(DaemonOptions&) = nullptr;
   std::string_view help{};
   int64_t min = 0, max = 0;                     // integers (and each element of a list of them)
-  std::string_view unit{};                      // integers: MiB, s
+  std::string_view unit{};                      // integers: MiB (held in bytes: the value x 2^20), s
   std::span<const std::string_view> choices{};  // text that must be one of these
   bool command_line_only = false;               // refused as a config-file key (--config, --detach...)
   bool may_be_empty = false;                    // text: "" is a value, meaning none (metrics-file)

@@ -148,7 +148,7 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     spdlog::warn("session {}: reservation refused: {}", s.id, st.error().describe());
     return error_reply(st.error().errnum(), st.error().describe());
   }
-  if (on_skipped) on_skipped(SkipReason::zero, s.store->zero_bytes(carry));  // carried ones were counted before
+  if (metrics_) metrics_->skipped(SkipReason::zero, s.store->zero_bytes(carry));  // carried ones were counted before
   return proto::OkReply{};
 }
 
@@ -256,7 +256,7 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
       spdlog::error("session {}: cannot seal blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
       return error_reply(sum.error().errnum(), sum.error().describe());
     }
-    if (on_moved) on_moved(p.op, p.length);
+    if (metrics_) metrics_->moved(p.op, p.length);
     return proto::Written{};
   }
   return error_reply(EIO, "internal: a READ's completion was not verified");  // on_completions() prevents it
@@ -286,7 +286,7 @@ proto::Message ChunkIo::settle_read(Session& s, const Pending& p, const storage:
     spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, verified.error().describe());
     return error_reply(verified.error().errnum(), verified.error().describe());
   }
-  if (on_moved) on_moved(p.op, p.length);
+  if (metrics_) metrics_->moved(p.op, p.length);
   return proto::ReadDone{};
 }
 
@@ -343,7 +343,7 @@ void ChunkIo::on_hashed(const std::function<void(Session&, uint64_t, const proto
     if (!plan) {
       answer = error_reply(plan.error().errnum(), plan.error().describe());
     } else if (plan->unchanged) {
-      if (on_skipped) on_skipped(SkipReason::unchanged, p.length);
+      if (metrics_) metrics_->skipped(SkipReason::unchanged, p.length);
       answer = proto::Written{.unchanged = 1};
     } else {
       p.sum = plan->sum;

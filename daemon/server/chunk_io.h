@@ -16,16 +16,11 @@
 
 #include "hash_workers.h"
 #include "io_engine.h"
+#include "metrics_observer.h"
 #include "session_table.h"
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::server {
-
-// Why a pause did not write some bytes (the metrics count them by reason).
-enum class SkipReason : std::size_t {
-  zero,       // chunks all zero, named by the RESERVE: they take no disk space
-  unchanged,  // the rank's file already held those very bytes
-};
 
 // An error reply, its text bounded by the protocol.
 proto::ErrorReply error_reply(int code, const std::string& message);
@@ -74,10 +69,9 @@ class ChunkIo {
   // staging buffer after this). Requests still waiting for a worker are never answered.
   void stop_hashing() noexcept { hashers_.stop(); }
 
-  // Told each chunk written or read and checked, with its length (the metrics' moved bytes).
-  std::function<void(io::Op, uint64_t)> on_moved;
-  // Told the bytes a pause skipped: a reservation's zero chunks, each unchanged chunk.
-  std::function<void(SkipReason, uint64_t)> on_skipped;
+  // Told each chunk written or read and checked (the metrics' moved bytes), and the bytes a pause
+  // skipped: a reservation's zero chunks, each unchanged chunk. Null: nobody counts.
+  void set_metrics(MetricsObserver* metrics) noexcept { metrics_ = metrics; }
 
  private:
   struct Pending {
@@ -130,6 +124,7 @@ class ChunkIo {
   // Its jobs read sessions' staging slots: the server stops it (stop_hashing(), or destroying this)
   // before the sessions go.
   HashWorkers hashers_;
+  MetricsObserver* metrics_ = nullptr;
 };
 
 }  // namespace tmsdisk::server

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "chunk_io.h"
-#include "metrics.h"
 
 namespace tmsdisk::server {
 namespace {

@@ -16,12 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "metrics_observer.h"
 #include "session_table.h"
 #include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::server {
-
-class Metrics;
 
 class ControlRouter {
  public:
@@ -34,7 +33,7 @@ class ControlRouter {
       : sessions_(sessions), send_(std::move(send)), host_tier_budget_(host_tier_budget) {}
 
   // Counts each COMMAND's result there (metrics.h), answered or lost, whoever still waits for it.
-  void set_metrics(Metrics* metrics) noexcept { metrics_ = metrics; }
+  void set_metrics(MetricsObserver* metrics) noexcept { metrics_ = metrics; }
 
   // A tmsctl's requests, on connection `conn_id` of a client of uid `uid`.
   void list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_id, const proto::ListSessions& m);
@@ -94,7 +93,7 @@ class ControlRouter {
   std::vector<Parked> parked_;
   uint64_t next_op_ = 1;
   uint64_t next_command_ = 1;
-  Metrics* metrics_ = nullptr;
+  MetricsObserver* metrics_ = nullptr;
 };
 
 }  // namespace tmsdisk::server

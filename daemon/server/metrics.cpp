@@ -15,9 +15,7 @@
 #include <exception>
 #include <filesystem>
 
-#include "chunk_io.h"
-#include "control_router.h"
-#include "server.h"
+#include "config.h"
 #include "session_table.h"
 #include "storage.h"
 
@@ -420,16 +418,12 @@ void MetricsFile::remove() {
     spdlog::warn("metrics: cannot remove {} on stopping: {}", path_, std::strerror(errno));
 }
 
-MetricsExporter::MetricsExporter(const Config& config, SessionTable& sessions, const storage::Roots& roots,
-                                 ControlRouter& router, ChunkIo& chunks)
+MetricsExporter::MetricsExporter(const Config& config, SessionTable& sessions, const storage::Roots& roots)
     : metrics_(TMSDISK_VERSION, std::chrono::system_clock::now()),
       sessions_(sessions),
       roots_(roots),
       interval_(config.metrics_interval_s),
-      host_tier_budget_(config.host_tier_mb << 20) {
-  router.set_metrics(&metrics_);
-  chunks.on_moved = [this](io::Op op, uint64_t bytes) { metrics_.moved(op, bytes); };
-  chunks.on_skipped = [this](SkipReason reason, uint64_t bytes) { metrics_.skipped(reason, bytes); };
+      host_tier_budget_(config.host_tier_bytes) {
   if (config.metrics_file.empty()) return;
   // Absolute, so that messages name the file a reader can find whatever the daemon's working directory.
   std::error_code ec;

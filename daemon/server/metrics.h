@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "io_engine.h"
+#include "metrics_observer.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 
@@ -35,9 +36,6 @@ namespace tmsdisk::server {
 
 struct Config;
 class SessionTable;
-class ControlRouter;
-class ChunkIo;
-enum class SkipReason : std::size_t;  // chunk_io.h
 
 // ------------------------------------------------------------------------------------------------
 // The text exposition format (version 0.0.4)
@@ -119,21 +117,16 @@ struct MetricsSnapshot {
 // bytes on each root.
 MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget);
 
-class Metrics {
+class Metrics final : public MetricsObserver {
  public:
   Metrics(std::string version, std::chrono::system_clock::time_point started);
 
-  // The control router's COMMANDs: `command_id` asked session `session_id` for `op`. Each is counted
-  // once, by the rank's answer or by the loss of its connection, whichever comes first.
-  void command_sent(uint64_t command_id, uint64_t session_id, proto::CommandOp op);
-  void command_answered(uint64_t command_id, const proto::CommandDone& answer);
-  void session_lost(uint64_t session_id);
-
-  // A chunk written (a pause) or read (a resume) by the daemon, `bytes` long, completed and checked.
-  void moved(io::Op op, uint64_t bytes);
-  // Bytes a pause did not write: zero chunks (at their reservation), and chunks the data
-  // file already held (unchanged).
-  void skipped(SkipReason reason, uint64_t bytes);
+  // What the control router and the chunk I/O report (metrics_observer.h).
+  void command_sent(uint64_t command_id, uint64_t session_id, proto::CommandOp op) override;
+  void command_answered(uint64_t command_id, const proto::CommandDone& answer) override;
+  void session_lost(uint64_t session_id) override;
+  void moved(io::Op op, uint64_t bytes) override;
+  void skipped(SkipReason reason, uint64_t bytes) override;
 
   // One operation's result: its code (0, or a positive errno), duration and outcome.
   void record(Operation op, const proto::CommandDone& answer);
@@ -197,15 +190,15 @@ class MetricsFile {
   std::string last_error_;  // what was last logged, empty once a write succeeds
 };
 
-// What the event loop holds: the counters, fed by the router and chunk I/O it hooks into; the file,
-// written at once when created, after each recorded operation and when the interval has passed.
+// What the event loop holds: the counters, which the router and the chunk I/O report to (the server
+// hands them metrics()); the file, written at once when created, after each recorded operation and
+// when the interval has passed.
 class MetricsExporter {
  public:
   using Clock = std::chrono::steady_clock;
   // `config` decides the file (none: counting only) and the interval. `sessions` and `roots` must
-  // outlive the exporter; `router` and `chunks` are told to report to it.
-  MetricsExporter(const Config& config, SessionTable& sessions, const storage::Roots& roots, ControlRouter& router,
-                  ChunkIo& chunks);
+  // outlive the exporter.
+  MetricsExporter(const Config& config, SessionTable& sessions, const storage::Roots& roots);
   ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;
   MetricsExporter& operator=(const MetricsExporter&) = delete;

@@ -27,6 +27,7 @@
 #include <set>
 
 #include "chunk_io.h"
+#include "connection.h"
 #include "control_router.h"
 #include "fd_reaper.h"
 #include "hash_workers.h"
@@ -48,10 +49,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace proto = tmsdisk::proto;
 
-constexpr uint64_t kMiB = 1ull << 20;
-// A peer with this many replies queued (or kReadPauseBytes of them, server.h) is not read further.
-constexpr std::size_t kReadPauseReplies = 256;
-constexpr std::size_t kMaxQueuedFds = 16;  // descriptors queued for a peer that does not read them
 constexpr auto kHelloDeadline = std::chrono::seconds(10);
 constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
@@ -65,31 +62,6 @@ enum : uint64_t {
   kKeyStaging = 5,
   kKeyHashed = 6,
   kFirstConnection = 16
-};
-
-// A reply waiting in a connection's outbox, with the descriptor it passes (IPC_OPENED).
-struct Outgoing {
-  std::vector<uint8_t> bytes;
-  UniqueFd fd;
-};
-
-struct Connection {
-  uint64_t id = 0;
-  UniqueFd fd;
-  ucred cred{};
-  bool hello_done = false;
-  // Its HELLO is accepted and its staging buffer is being built off the loop: nothing more is read
-  // from it until the WELCOME (or the refusal) is sent.
-  bool hello_pending = false;
-  uint64_t hello_request_id = 0;
-  proto::Role role = proto::Role::Control;
-  uint64_t session_id = 0;  // shim connections
-  std::deque<Outgoing> outbox;
-  std::size_t outbox_bytes = 0;
-  std::size_t outbox_fds = 0;  // descriptors among the queued replies (each one of ours)
-  uint32_t interest = 0;       // the epoll events currently asked for
-  Clock::time_point accepted = Clock::now();
-  bool closing = false;  // close once the outbox drains (after a fatal error reply)
 };
 
 }  // namespace
@@ -109,10 +81,7 @@ struct Server::Impl {
   bool stopping = false;
 
   std::map<uint64_t, std::unique_ptr<Connection>> conns;
-  std::map<uid_t, std::size_t> backlog_by_uid;  // queued_cost() of the replies queued for each user
-  // The most ever queued for one connection and for one user, for tests (reply_backlog_peaks()).
-  std::atomic<uint64_t> peak_connection_backlog{0};
-  std::atomic<uint64_t> peak_uid_backlog{0};
+  ReplyQueues replies{config.max_unread_replies_bytes_per_uid};
   uint64_t next_conn = kFirstConnection;
   IpcExports ipc{random_token, IpcExports::Limits{config.max_ipc_exports_per_uid, config.max_ipc_exports}};
   FdReaper reaper;  // descriptors clients passed that are not kept
@@ -177,9 +146,9 @@ struct Server::Impl {
       return make_error(EINVAL,
                         "no storage root configured: pass --root DIR (one per NVMe) or set root = [\"DIR\"] in the "
                         "config file");
-    if (config.chunk_mb == 0 || (config.chunk_mb * kMiB) > kMaxChunkBytes)
-      return make_error(EINVAL,
-                        fmt::format("chunk-mb ({}) must be from 1 to {}", config.chunk_mb, kMaxChunkBytes / kMiB));
+    if (config.chunk_bytes == 0 || config.chunk_bytes > kMaxChunkBytes)
+      return make_error(
+          EINVAL, fmt::format("chunk-mb ({}) must be from 1 to {}", config.chunk_bytes / kMiB, kMaxChunkBytes / kMiB));
     if (auto wrong = inconsistencies(config); !wrong.empty()) return make_error(EINVAL, wrong.front());
 
     auto r = storage::Roots::open(config.roots, config.allow_tmpfs);
@@ -205,7 +174,7 @@ struct Server::Impl {
     io::Engine::Options eo;
     eo.queue_depth = config.queue_depth;
     eo.buffer_slots = 256;
-    eo.fault = config.io_fault;
+    eo.fault = config.hooks.io_fault;
     auto e = io::Engine::create(eo);
     if (!e) return std::move(e).error();
     engine = std::move(e.value());
@@ -213,16 +182,17 @@ struct Server::Impl {
       spdlog::warn("io_uring unavailable ({}); using synchronous pread/pwrite, which is slower",
                    engine->fallback_reason());
 
-    staging = std::make_unique<StagingWorkers>(*engine, config.before_staging);
+    staging = std::make_unique<StagingWorkers>(*engine, config.hooks.before_staging);
 
     epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
     stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!epoll_fd || !stop_fd) return errno_error("cannot create epoll/eventfd");
+    replies.watch_with(epoll_fd.get());
     sessions = std::make_unique<SessionTable>(config, roots, *engine, ipc, *staging, epoll_fd.get(),
                                               [this](const IpcExports::Users& u) { notify_users(u); });
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
-                                       config.before_hash);
+                                       config.hooks.before_hash);
     spdlog::info("hashing chunks (WRITEs before their write, READs after their read) on {} thread(s){}",
                  chunks->hash_threads(), config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
     router = std::make_unique<ControlRouter>(
@@ -230,8 +200,8 @@ struct Server::Impl {
         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
         },
-        config.host_tier_mb * kMiB);
-    tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_mb * kMiB, config.host_tier_keep,
+        config.host_tier_bytes);
+    tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_bytes, config.host_tier_keep,
                                         config.host_tier_ahead,
                                         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
                                           if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
@@ -239,7 +209,9 @@ struct Server::Impl {
 
     if (auto s = take_lock(); !s) return s;
     // After the lock: a second daemon refused here must not overwrite (or remove) the first one's file.
-    metrics = std::make_unique<MetricsExporter>(config, *sessions, roots, *router, *chunks);
+    metrics = std::make_unique<MetricsExporter>(config, *sessions, roots);
+    router->set_metrics(&metrics->metrics());
+    chunks->set_metrics(&metrics->metrics());
     sweep();
     if (auto s = bind_socket(); !s) return s;
     if (config.sweep_interval_s > 0) {
@@ -293,137 +265,11 @@ struct Server::Impl {
   // Sending
 
   void send(Connection& c, uint64_t request_id, const proto::Message& m, int fd = -1) {
-    auto bytes = proto::encode(request_id, m);
-    if (bytes.empty()) {
-      spdlog::error("internal: could not encode a reply to connection {}", c.id);
-      return;
-    }
-    if (c.outbox.empty()) {
-      int rc = proto::send_message(c.fd.get(), bytes, fd);
-      if (rc == 0) return;
-      if (rc != -EAGAIN) {
-        c.closing = true;  // peer gone; the read side notices too
-        return;
-      }
-    }
-    Outgoing out;
-    out.bytes = std::move(bytes);
-    if (fd >= 0 && c.outbox_fds >= kMaxQueuedFds) {
-      spdlog::warn("connection {} (pid {}) does not read the descriptors it asked for; closing it", c.id, c.cred.pid);
-      c.closing = true;
-      return;
-    }
-    if (fd >= 0) {
-      // The descriptor must outlive whatever owns it now (an export revoked meanwhile).
-      out.fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-      if (!out.fd) {
-        spdlog::warn("connection {} (pid {}): cannot queue a descriptor: {}", c.id, c.cred.pid, std::strerror(errno));
-        c.closing = true;
-        return;
-      }
-    }
-    // Reading stops well before these (update_interest): what passes them comes from replies the
-    // peer's requests did not just ask for (I/O completions, a pause's progress and results, IPC
-    // notices), which cannot be held back. Such a peer is closed rather than buffered for: it gets
-    // no error, as it reads nothing; the log says why.
-    const std::size_t cost = queued_cost(out);
-    if (c.outbox_bytes + cost > kMaxOutboxBytes) {
-      spdlog::warn(
-          "connection {} (pid {} uid {}) does not read its replies ({} bytes queued, the most one connection "
-          "may have); closing it",
-          c.id, c.cred.pid, c.cred.uid, c.outbox_bytes);
-      c.closing = true;
-      drop_outbox(c);
-      return;
-    }
-    std::size_t& uid_backlog = backlog_by_uid[c.cred.uid];
-    if (c.cred.uid != 0 && uid_backlog + cost > config.max_unread_replies_mb_per_uid * kMiB) {
-      spdlog::warn(
-          "uid {} has {} bytes of replies queued for connections that do not read them, the most one user "
-          "may have (max-unread-replies-mb-per-uid); closing connection {} (pid {}), whose reply does not "
-          "fit",
-          c.cred.uid, uid_backlog, c.id, c.cred.pid);
-      c.closing = true;
-      drop_outbox(c);
-      return;
-    }
-    c.outbox_bytes += cost;
-    uid_backlog += cost;
-    c.outbox_fds += out.fd ? 1 : 0;
-    c.outbox.push_back(std::move(out));
-    raise_peak(peak_connection_backlog, c.outbox_bytes);
-    raise_peak(peak_uid_backlog, uid_backlog);
-    update_interest(c);
-  }
-
-  // What a queued reply costs the daemon: its bytes, and its share of the outbox's bookkeeping (the
-  // deque's entry, the allocator's header).
-  static std::size_t queued_cost(const Outgoing& o) noexcept { return o.bytes.capacity() + sizeof(Outgoing) + 32; }
-
-  static void raise_peak(std::atomic<uint64_t>& peak, uint64_t now) noexcept {
-    uint64_t seen = peak.load(std::memory_order_relaxed);
-    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
-  }
-
-  void pop_outgoing(Connection& c) {
-    const std::size_t cost = queued_cost(c.outbox.front());
-    c.outbox_bytes -= cost;
-    forget_backlog(c.cred.uid, cost);
-    c.outbox_fds -= c.outbox.front().fd ? 1 : 0;
-    c.outbox.pop_front();
-  }
-
-  void drop_outbox(Connection& c) {
-    forget_backlog(c.cred.uid, c.outbox_bytes);
-    c.outbox.clear();
-    c.outbox_bytes = 0;
-    c.outbox_fds = 0;
-  }
-
-  void forget_backlog(uid_t uid, std::size_t cost) {
-    auto it = backlog_by_uid.find(uid);
-    if (it == backlog_by_uid.end()) return;
-    it->second -= std::min(it->second, cost);
-    if (it->second == 0) backlog_by_uid.erase(it);
+    replies.send(c, request_id, m, fd);
   }
 
   void send_error(Connection& c, uint64_t request_id, int code, const std::string& message) {
     send(c, request_id, error_reply(code, message));
-  }
-
-  // Requests are read from a peer only while few of its replies wait for it (backpressure: a peer
-  // that does not read its replies stops being read, and its requests wait in its own socket, so it
-  // cannot make the daemon buffer without bound by sending more), and not while its HELLO is served.
-  static bool reads_paused(const Connection& c) noexcept {
-    return c.hello_pending || c.outbox.size() >= kReadPauseReplies || c.outbox_bytes >= kReadPauseBytes;
-  }
-
-  // Writable while replies wait; readable unless reads_paused().
-  void update_interest(Connection& c) {
-    uint32_t want = 0;
-    if (!reads_paused(c)) want |= EPOLLIN;
-    if (!c.outbox.empty()) want |= EPOLLOUT;
-    if (want == c.interest) return;
-    c.interest = want;
-    epoll_event ev{};
-    ev.events = want;
-    ev.data.u64 = c.id;
-    ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
-  }
-
-  void flush(Connection& c) {
-    while (!c.outbox.empty()) {
-      int rc = proto::send_message(c.fd.get(), c.outbox.front().bytes, c.outbox.front().fd.get());
-      if (rc == -EAGAIN) break;
-      if (rc != 0) {
-        drop_outbox(c);
-        c.closing = true;
-        break;
-      }
-      pop_outgoing(c);
-    }
-    update_interest(c);
   }
 
   Connection* conn(uint64_t id) {
@@ -521,7 +367,7 @@ struct Server::Impl {
       sessions->detach(c.session_id);
     }
     router->connection_closed(id);
-    drop_outbox(c);  // its replies no longer count against its user
+    replies.drop(c);  // its replies no longer count against its user
     conns.erase(it);
     set_accepting(true);
   }
@@ -530,7 +376,7 @@ struct Server::Impl {
     std::vector<uint8_t> buf;
     // Bounded per wakeup so one busy peer cannot starve the others; a peer that leaves its replies
     // unread is not read further (update_interest).
-    for (int i = 0; i < 64 && !c.closing && !reads_paused(c); ++i) {
+    for (int i = 0; i < 64 && !c.closing && !ReplyQueues::reads_paused(c); ++i) {
       int fd = -1;
       std::vector<int> extra;
       long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
@@ -547,7 +393,7 @@ struct Server::Impl {
       if (n == -EAGAIN) return;
       if (n == 0) {
         c.closing = true;
-        drop_outbox(c);
+        replies.drop(c);
         return;
       }
       if (n == -EMSGSIZE) {
@@ -568,7 +414,7 @@ struct Server::Impl {
       }
       if (n < 0) {
         c.closing = true;
-        drop_outbox(c);
+        replies.drop(c);
         return;
       }
       auto d = proto::decode(buf);
@@ -667,9 +513,9 @@ struct Server::Impl {
       c.hello_done = true;
       proto::Welcome w;
       w.rank_dir = roots[0].path;  // tmsctl env offers it as TMS_DISK_BACKUP_DIR
-      w.staging_budget_bytes = config.staging_budget_mb * kMiB;
-      w.chunk_bytes = static_cast<uint32_t>(config.chunk_mb * kMiB);
-      w.max_staging_budget_bytes = config.max_staging_budget_mb * kMiB;
+      w.staging_budget_bytes = config.staging_budget_bytes;
+      w.chunk_bytes = config.chunk_bytes;
+      w.max_staging_budget_bytes = config.max_staging_budget_bytes;
       w.version = TMSDISK_VERSION;  // `tmsctl doctor` names the daemon it reached
       send(c, rid, w);
       return;
@@ -686,7 +532,7 @@ struct Server::Impl {
     }
     c.hello_pending = true;
     c.hello_request_id = rid;
-    update_interest(c);
+    replies.update_interest(c);
     std::string why;
     const int claimed = engine->claim_buffer_slot(&why);
     if (claimed < 0)
@@ -724,7 +570,7 @@ struct Server::Impl {
       }
       if (!awaited) continue;  // the client went away: the buffer goes with `b` (StagingPtr)
       c->hello_pending = false;
-      update_interest(*c);
+      replies.update_interest(*c);
       if (b.buffer) {
         finish_hello(*c, std::move(b.buffer));
       } else {
@@ -953,7 +799,7 @@ struct Server::Impl {
             }
             Connection* c = conn(key);
             if (!c) break;
-            if (events[i].events & EPOLLOUT) flush(*c);
+            if (events[i].events & EPOLLOUT) replies.flush(*c);
             if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(*c);
             // Not read while its HELLO is served, but a hangup still says it has gone.
             if (c->hello_pending && (events[i].events & (EPOLLHUP | EPOLLERR))) c->closing = true;
@@ -995,15 +841,15 @@ std::vector<std::string> inconsistencies(const Config& config) {
   std::vector<std::string> wrong;
   // A rank streams through its staging budget one chunk per slot, and needs two slots so that one is
   // filled while the other is written.
-  if (config.staging_budget_mb < 2ull * config.chunk_mb)
+  if (config.staging_budget_bytes < 2ull * config.chunk_bytes)
     wrong.push_back(
         fmt::format("staging-budget-mb ({}) must be at least 2 x chunk-mb ({}): raise staging-budget-mb "
                     "or lower chunk-mb",
-                    config.staging_budget_mb, config.chunk_mb));
+                    config.staging_budget_bytes / kMiB, config.chunk_bytes / kMiB));
   // Otherwise a rank that asks for nothing would be refused the daemon's own default.
-  if (config.staging_budget_mb > config.max_staging_budget_mb)
+  if (config.staging_budget_bytes > config.max_staging_budget_bytes)
     wrong.push_back(fmt::format("staging-budget-mb ({}) must be at most max-staging-budget-mb ({})",
-                                config.staging_budget_mb, config.max_staging_budget_mb));
+                                config.staging_budget_bytes / kMiB, config.max_staging_budget_bytes / kMiB));
   return wrong;
 }
 
@@ -1038,7 +884,7 @@ const Config& Server::config() const noexcept {
 }
 
 Server::ReplyBacklog Server::reply_backlog_peaks() const noexcept {
-  return {impl_->peak_connection_backlog.load(), impl_->peak_uid_backlog.load()};
+  return {impl_->replies.peak_connection_bytes(), impl_->replies.peak_uid_bytes()};
 }
 
 }  // namespace tmsdisk::server

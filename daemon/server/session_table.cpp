@@ -17,7 +17,6 @@
 namespace tmsdisk::server {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint32_t kMinChunkBytes = 64 * 1024;
 constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
@@ -88,17 +87,17 @@ Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
     return make_error(EDQUOT, fmt::format("uid {} already has {} sessions{}, the most this daemon allows "
                                           "(max-sessions-per-uid); `tmsctl status` lists them",
                                           cred.uid, uid_sessions, orphans_note));
-  if (cred.uid != 0 && uid_staging + staging > config_.max_staging_per_uid_mb * kMiB)
+  if (cred.uid != 0 && uid_staging + staging > config_.max_staging_per_uid_bytes)
     return make_error(EDQUOT,
                       fmt::format("uid {} would hold {} MiB of staging, more than {} MiB (max-staging-per-uid-mb){}; "
                                   "lower TMS_DISK_BACKUP_CHUNK_MB",
-                                  cred.uid, (uid_staging + staging) / kMiB, config_.max_staging_per_uid_mb,
+                                  cred.uid, (uid_staging + staging) / kMiB, config_.max_staging_per_uid_bytes / kMiB,
                                   uid_orphans == 0 ? std::string()
                                                    : fmt::format(", {} MiB of it kept for {} orphaned session(s)",
                                                                  uid_orphan_staging / kMiB, uid_orphans)));
-  if (all_staging + staging > config_.max_total_staging_mb * kMiB)
+  if (all_staging + staging > config_.max_total_staging_bytes)
     return make_error(ENOMEM, fmt::format("the daemon's staging budget ({} MiB, max-total-staging-mb) is exhausted",
-                                          config_.max_total_staging_mb));
+                                          config_.max_total_staging_bytes / kMiB));
   return {};
 }
 
@@ -110,14 +109,14 @@ Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, u
     auto root = roots_.root_for(h.backup_dir);
     if (!root) return std::move(root).error();
   }
-  const uint64_t slot = h.chunk_bytes ? h.chunk_bytes : config_.chunk_mb * kMiB;
+  const uint64_t slot = h.chunk_bytes ? h.chunk_bytes : config_.chunk_bytes;
   if (slot < kMinChunkBytes || slot > kMaxChunkBytes || slot % storage::kIoAlignment != 0)
     return make_error(EINVAL, fmt::format("chunk size {} must be a multiple of 4 KiB between 64 KiB and 64 MiB", slot));
-  uint64_t staging = h.staging_budget_bytes ? h.staging_budget_bytes : config_.staging_budget_mb * kMiB;
-  if (staging > config_.max_staging_budget_mb * kMiB)
+  uint64_t staging = h.staging_budget_bytes ? h.staging_budget_bytes : config_.staging_budget_bytes;
+  if (staging > config_.max_staging_budget_bytes)
     return make_error(EINVAL, fmt::format("asked for {} MiB of staging; this daemon allows at most {} MiB "
                                           "(TMS_DISK_BACKUP_CHUNK_MB)",
-                                          staging / kMiB, config_.max_staging_budget_mb));
+                                          staging / kMiB, config_.max_staging_budget_bytes / kMiB));
   if (staging < 2 * slot)
     return make_error(EINVAL, fmt::format("a staging budget of {} KiB (TMS_DISK_BACKUP_CHUNK_MB) holds fewer than two "
                                           "chunks of {} KiB; ask for {} MiB or more",

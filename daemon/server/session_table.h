@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "host_tier.h"
 #include "ipc_exports.h"
-#include "server.h"
 #include "staging_buffer.h"
 #include "staging_workers.h"
 #include "storage.h"

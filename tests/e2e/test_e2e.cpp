@@ -313,8 +313,8 @@ struct NodeDaemon : InProcessDaemon {
     server::Config cfg;
     cfg.roots = {node.root};
     cfg.socket_path = node.socket;
-    cfg.staging_budget_mb = 16;
-    cfg.chunk_mb = 2;
+    cfg.staging_budget_bytes = 16 * server::kMiB;
+    cfg.chunk_bytes = 2 * server::kMiB;
     return cfg;
   }
 };

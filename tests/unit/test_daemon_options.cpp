@@ -53,7 +53,7 @@ TEST_CASE("the effective settings are a config file that reads back to the same 
                         "a.conf", changed)
           .empty());
   CHECK(changed.config.roots == std::vector<std::string>{"/a", "/b"});
-  CHECK(changed.config.staging_budget_mb == 64);
+  CHECK(changed.config.staging_budget_bytes == 64 * server::kMiB);
   CHECK(changed.config.idle_exit_s == 5);
   CHECK(changed.config.socket_path == "/x/\"q\".sock");
   const std::string text = effective_settings(changed);
@@ -112,8 +112,8 @@ TEST_CASE("the command line wins over the config file and is checked the same wa
   REQUIRE_FALSE(o.invocation.exit_now);
   const auto& c = o.invocation.options.config;
   CHECK(c.roots == std::vector<std::string>{"/r"});
-  CHECK(c.staging_budget_mb == 64);
-  CHECK(c.chunk_mb == 4);
+  CHECK(c.staging_budget_bytes == 64 * server::kMiB);
+  CHECK(c.chunk_bytes == 4 * server::kMiB);
   CHECK(c.allowed_uids == std::vector<uint32_t>{1, 2});
   CHECK(c.idle_exit_s == 3);
   CHECK(c.exit_when_idle);
@@ -130,9 +130,9 @@ TEST_CASE("the command line wins over the config file and is checked the same wa
 TEST_CASE("cross-field checks name the options, and a private daemon needs no root") {
   DaemonOptions o;
   o.config.roots = {"/r"};
-  o.config.chunk_mb = 64;
-  o.config.staging_budget_mb = 100;
-  o.config.max_staging_budget_mb = 50;
+  o.config.chunk_bytes = 64 * server::kMiB;
+  o.config.staging_budget_bytes = 100 * server::kMiB;
+  o.config.max_staging_budget_bytes = 50 * server::kMiB;
   const Problems p = check_consistency(o);
   REQUIRE(p.size() == 2);
   CHECK_THAT(p[0], StartsWith("staging-budget-mb (100) must be at least 2 x chunk-mb (64)"));
