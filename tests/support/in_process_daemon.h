@@ -70,7 +70,7 @@ struct LocalDaemon {
   server::Server& server() { return *daemon->srv; }
 };
 
-// Holds the daemon's workers that reach a test hook (Config::before_staging, Config::before_hash)
+// Holds the daemon's workers that reach a test hook (Config::hooks: before_staging, before_hash)
 // until released, and counts them: how many came, and how many it held at once. Shared with the
 // hooks, which the workers may call until the daemon is gone.
 class HoldGate {
