@@ -71,9 +71,9 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   }
   // A refused set is dropped whole (its memory with it): the shim starts again with kReserveFirst.
   auto refuse = [&](int code, std::string why) {
-    std::vector<proto::BlobSize>().swap(s.pending_reserve);
-    std::vector<proto::ChunkRun>().swap(s.pending_zero_runs);
-    std::vector<proto::ChunkRun>().swap(s.pending_host_runs);
+    std::vector<storage::BlobSize>().swap(s.pending_reserve);
+    std::vector<storage::ChunkRun>().swap(s.pending_zero_runs);
+    std::vector<storage::ChunkRun>().swap(s.pending_host_runs);
     std::vector<uint64_t>().swap(s.pending_carry);
     s.pending_chunks = 0;
     spdlog::warn("session {}: reservation refused: {}", s.id, why);
@@ -124,9 +124,13 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     return over_chunk_quota(add_saturated(others.pending_chunks, chunks_in_set), "in reservations being sent");
   if (limited && last && add_saturated(others.reserved_chunks, chunks_in_set) > max_chunks_per_uid_)
     return over_chunk_quota(add_saturated(others.reserved_chunks, chunks_in_set), "reserved");
-  s.pending_reserve.insert(s.pending_reserve.end(), m.blobs.begin(), m.blobs.end());
-  s.pending_zero_runs.insert(s.pending_zero_runs.end(), m.zero_runs.begin(), m.zero_runs.end());
-  s.pending_host_runs.insert(s.pending_host_runs.end(), m.host_runs.begin(), m.host_runs.end());
+  // The wire's words become the store's here (storage.h).
+  for (const auto& b : m.blobs) s.pending_reserve.push_back({.id = b.id, .size = b.size});
+  auto add_runs = [](std::vector<storage::ChunkRun>& to, const std::vector<proto::ChunkRun>& from) {
+    for (const auto& r : from) to.push_back({.blob = r.blob, .first_chunk = r.first_chunk, .count = r.count});
+  };
+  add_runs(s.pending_zero_runs, m.zero_runs);
+  add_runs(s.pending_host_runs, m.host_runs);
   s.pending_carry.insert(s.pending_carry.end(), m.carry.begin(), m.carry.end());
   s.pending_chunks = chunks_in_set;
   if (!last) return proto::OkReply{};
@@ -155,7 +159,7 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
 proto::Message ChunkIo::commit(Session& s, const proto::Commit& m) {
   if (s.io_in_flight) return error_reply(EBUSY, "COMMIT while chunks are still in flight");
   const StorageTimer timer(s.id);
-  auto st = s.store->commit(static_cast<proto::CommitState>(m.state));
+  auto st = s.store->commit(static_cast<storage::CommitState>(m.state));
   timer.done(m.state == static_cast<uint8_t>(proto::CommitState::Paused) ? "committing a pause"
                                                                          : "committing a resume");
   if (!st) return error_reply(st.error().errnum(), st.error().describe());

@@ -50,9 +50,9 @@ struct Session {
   // A reservation being sent (RESERVE messages before the one with kReserveLast): its blobs, their
   // runs of zero and host-tier chunks, and its chunks (those included) as counted against
   // max-chunks-per-uid.
-  std::vector<proto::BlobSize> pending_reserve;
-  std::vector<proto::ChunkRun> pending_zero_runs;
-  std::vector<proto::ChunkRun> pending_host_runs;
+  std::vector<storage::BlobSize> pending_reserve;  // in the store's words (storage.h), as received
+  std::vector<storage::ChunkRun> pending_zero_runs;
+  std::vector<storage::ChunkRun> pending_host_runs;
   std::vector<uint64_t> pending_carry;  // blobs of the set being sent that stay paused as stored
   uint64_t pending_chunks = 0;
   // Host-tier memory the rank holds (granted, or handed back after a daemon restart) and a grant

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "storage_fs.h"
+#include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::storage {
 

@@ -24,6 +24,7 @@
 #include "storage_fs.h"
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/proc.h"
+#include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::storage {
 
@@ -558,8 +559,8 @@ std::size_t RankStore::blob_count() const noexcept {
   return impl_->blobs.size();
 }
 
-std::vector<proto::BlobSize> RankStore::blobs() const {
-  std::vector<proto::BlobSize> out;
+std::vector<BlobSize> RankStore::blobs() const {
+  std::vector<BlobSize> out;
   try {
     out.reserve(impl_->blobs.size());
     for (const auto& b : impl_->blobs) out.push_back({b.id, b.size});

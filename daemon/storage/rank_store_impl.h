@@ -149,8 +149,8 @@ struct RankStore::Impl {
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
   Status remove_locked();
-  Status reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
-                        std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry);
+  Status reserve_locked(std::span<const BlobSize> set, std::span<const ChunkRun> zero_runs,
+                        std::span<const ChunkRun> host_runs, std::span<const uint64_t> carry);
   Status load_manifest();
   Status load_journal(uint64_t seed, uint64_t chunks);
   // Bytes in the data file of each root, as they are.

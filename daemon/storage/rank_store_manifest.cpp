@@ -21,18 +21,18 @@ namespace tmsdisk::storage {
 
 using namespace detail;
 
-Status RankStore::commit(proto::CommitState state) {
+Status RankStore::commit(CommitState state) {
   try {
     Impl& m = *impl_;
     if (m.removed) return make_error(ENOENT, "the rank's directory was removed");
-    if (state != proto::CommitState::Paused && state != proto::CommitState::Resumed) {
+    if (state != CommitState::Paused && state != CommitState::Resumed) {
       return make_error(EINVAL, fmt::format("unknown commit state {}", static_cast<int>(state)));
     }
     // The rank says every allocation is resident again (or was given up with --accept-loss): what
     // the files hold is no longer needed, and a lost record stops mattering. A pause, though, has
     // nothing to commit: no set could be reserved.
-    if (state == proto::CommitState::Paused && !m.record_problem.empty()) return make_error(EBUSY, m.record_problem);
-    if (state == proto::CommitState::Paused) {
+    if (state == CommitState::Paused && !m.record_problem.empty()) return make_error(EBUSY, m.record_problem);
+    if (state == CommitState::Paused) {
       if (m.missing > 0) {
         uint64_t total = 0;
         for (const auto& b : m.blobs) total += b.chunks;
@@ -54,12 +54,11 @@ Status RankStore::commit(proto::CommitState state) {
     }
 
     // The store numbers the pauses: the manifest is the one record of which pause the files hold.
-    const uint64_t generation = state == proto::CommitState::Paused ? m.generation + 1 : m.generation;
-    if (auto s = m.write_manifest(state == proto::CommitState::Paused ? kManifestPaused : kManifestResumed, generation);
-        !s) {
+    const uint64_t generation = state == CommitState::Paused ? m.generation + 1 : m.generation;
+    if (auto s = m.write_manifest(state == CommitState::Paused ? kManifestPaused : kManifestResumed, generation); !s) {
       return s;
     }
-    m.paused = state == proto::CommitState::Paused;
+    m.paused = state == CommitState::Paused;
     m.writing = false;
     m.generation = generation;
     m.record_problem.clear();

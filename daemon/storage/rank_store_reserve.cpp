@@ -104,8 +104,8 @@ static void add_range(std::vector<FileRange>& out, const FileRange& range) {
 
 // Checks the runs of zero and host-tier chunks against the set (EINVAL naming the first wrong one),
 // sorted by blob and chunk into `sorted`.
-static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> runs,
-                              uint32_t chunk, std::vector<proto::ChunkRun>& sorted) {
+static Status check_zero_runs(std::span<const BlobSize> set, std::span<const ChunkRun> runs, uint32_t chunk,
+                              std::vector<ChunkRun>& sorted) {
   std::unordered_map<uint64_t, uint64_t> chunks_of;
   chunks_of.reserve(set.size());
   for (const auto& b : set) chunks_of.emplace(b.id, b.size == 0 ? 0 : (b.size - 1) / chunk + 1);
@@ -119,7 +119,7 @@ static Status check_zero_runs(std::span<const proto::BlobSize> set, std::span<co
     }
   }
   sorted.assign(runs.begin(), runs.end());
-  std::sort(sorted.begin(), sorted.end(), [](const proto::ChunkRun& a, const proto::ChunkRun& b) {
+  std::sort(sorted.begin(), sorted.end(), [](const ChunkRun& a, const ChunkRun& b) {
     return a.blob != b.blob ? a.blob < b.blob : a.first_chunk < b.first_chunk;
   });
   for (std::size_t i = 1; i < sorted.size(); ++i) {
@@ -139,8 +139,8 @@ namespace {
 // install(), which cannot fail.
 class Reservation {
  public:
-  Reservation(RankStore::Impl& store, std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
-              std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry)
+  Reservation(RankStore::Impl& store, std::span<const BlobSize> set, std::span<const ChunkRun> zero_runs,
+              std::span<const ChunkRun> host_runs, std::span<const uint64_t> carry)
       : m_(store), n_(store.roots.size()), set_(set), zero_runs_(zero_runs), host_runs_(host_runs), carry_(carry) {}
 
   Status check_store() const;
@@ -167,11 +167,11 @@ class Reservation {
 
   RankStore::Impl& m_;
   const std::size_t n_;  // roots
-  std::span<const proto::BlobSize> set_;
-  std::span<const proto::ChunkRun> zero_runs_, host_runs_;
+  std::span<const BlobSize> set_;
+  std::span<const ChunkRun> zero_runs_, host_runs_;
   std::span<const uint64_t> carry_;
 
-  std::vector<proto::ChunkRun> runs_;  // zero and host runs, checked and sorted
+  std::vector<ChunkRun> runs_;  // zero and host runs, checked and sorted
   std::unordered_set<uint64_t> carried_;
   bool holes_known_ = true;            // the old layout's free and zero ranges are holes
   std::vector<ExtentAllocator> plan_;  // the new layout, per root
@@ -225,7 +225,7 @@ Status Reservation::check_set() {
   }
   runs_.assign(zero_runs_.begin(), zero_runs_.end());
   runs_.insert(runs_.end(), host_runs_.begin(), host_runs_.end());
-  if (auto st = check_zero_runs(set_, std::vector<proto::ChunkRun>(runs_), m_.chunk, runs_); !st) return st;
+  if (auto st = check_zero_runs(set_, std::vector<ChunkRun>(runs_), m_.chunk, runs_); !st) return st;
   // Carried blobs pass into the new set as they are: same size, every chunk sealed, data or zero or
   // in the rank's host tier, none of it named again by this set's runs.
   carried_.reserve(carry_.size());
@@ -557,8 +557,8 @@ void Reservation::install() {
 
 }  // namespace
 
-Status RankStore::Impl::reserve_locked(std::span<const proto::BlobSize> set, std::span<const proto::ChunkRun> zero_runs,
-                                       std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry) {
+Status RankStore::Impl::reserve_locked(std::span<const BlobSize> set, std::span<const ChunkRun> zero_runs,
+                                       std::span<const ChunkRun> host_runs, std::span<const uint64_t> carry) {
   Reservation r(*this, set, zero_runs, host_runs, carry);
   if (auto st = r.check_store(); !st) return st;
   if (auto st = r.check_set(); !st) return st;
@@ -658,8 +658,8 @@ void RankStore::Impl::check_files(bool before_change) {
   }
 }
 
-Status RankStore::reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs,
-                          std::span<const proto::ChunkRun> host_runs, std::span<const uint64_t> carry) {
+Status RankStore::reserve(std::span<const BlobSize> blobs, std::span<const ChunkRun> zero_runs,
+                          std::span<const ChunkRun> host_runs, std::span<const uint64_t> carry) {
   try {
     return impl_->reserve_locked(blobs, zero_runs, host_runs, carry);
   } catch (const std::bad_alloc&) {

@@ -27,7 +27,6 @@
 #include "checksum128.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
-#include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::storage {
 
@@ -37,6 +36,26 @@ inline constexpr uint32_t kIoAlignment = 4096;
 
 // Job names are checked by proto::valid_job_name (one path component: never "." or ".."); every
 // other component is built here from numbers.
+
+// The store's own words for what a reservation and a commit are given; the server turns the wire's
+// (proto::BlobSize, proto::ChunkRun, proto::CommitState) into these.
+
+// One allocation of the set: its id and size in bytes.
+struct BlobSize {
+  uint64_t id = 0;
+  uint64_t size = 0;
+};
+
+// Chunks [first_chunk, first_chunk + count) of `blob` (chunk i covers bytes [i*chunk, (i+1)*chunk)).
+struct ChunkRun {
+  uint64_t blob = 0;
+  uint64_t first_chunk = 0;
+  uint64_t count = 0;
+};
+
+// What a commit closes: a pause (the files hold the rank's memory) or a resume. The values are the
+// wire's (proto::CommitState), so that any other is refused by commit() as unknown.
+enum class CommitState : uint8_t { Paused = 1, Resumed = 2 };
 
 struct Root {
   std::string path;        // as configured, made absolute and lexically normalised
@@ -156,8 +175,8 @@ class RankStore {
   // so a daemon restarted before the next commit still has them). Carrying, the rank says that what
   // it does not carry is resident again, as a resumed commit says of everything: a committed pause
   // then no longer refuses the new set (EBUSY without `carry`).
-  Status reserve(std::span<const proto::BlobSize> blobs, std::span<const proto::ChunkRun> zero_runs = {},
-                 std::span<const proto::ChunkRun> host_runs = {}, std::span<const uint64_t> carry = {});
+  Status reserve(std::span<const BlobSize> blobs, std::span<const ChunkRun> zero_runs = {},
+                 std::span<const ChunkRun> host_runs = {}, std::span<const uint64_t> carry = {});
   // Returns once the space the last reservation gives back is given back (at once if it is).
   // reserve() does this itself; for tests, and whatever must see the files' blocks as they will be.
   void wait_for_punches() noexcept;
@@ -260,7 +279,7 @@ class RankStore {
   // fdatasyncs it, renames it over `manifest` and fsyncs the directory. For Resumed, marks the
   // manifest not-paused the same way (same generation; the files are kept for the next pause). The
   // store numbers generations itself: nobody else keeps a count that must agree with it.
-  Status commit(proto::CommitState state);
+  Status commit(CommitState state);
 
   // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
   bool paused() const noexcept;
@@ -279,7 +298,7 @@ class RankStore {
   // awaits_resume(), since what a lost record described cannot be ruled out.
   bool holds_unresumed_data() const noexcept;
   uint64_t generation() const noexcept;
-  std::vector<proto::BlobSize> blobs() const;
+  std::vector<BlobSize> blobs() const;
   std::size_t blob_count() const noexcept;  // blobs in the reserved set (what it costs in memory)
 
   // Bytes allocated in data files on all roots, zero chunks' holes left out (with a record_problem(),

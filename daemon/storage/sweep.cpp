@@ -10,6 +10,7 @@
 #include "storage.h"
 #include "storage_fs.h"
 #include "tmsdisk/common/proc.h"
+#include "tmsdisk/protocol/messages.h"
 
 namespace tmsdisk::storage {
 

@@ -132,7 +132,7 @@ inline RankIdentity dead_identity(const std::string& job, int64_t rank = 0) {
   return id;
 }
 
-inline void fill_checksums(RankStore& store, const std::vector<proto::BlobSize>& set, uint64_t salt = 0) {
+inline void fill_checksums(RankStore& store, const std::vector<storage::BlobSize>& set, uint64_t salt = 0) {
   for (const auto& b : set) {
     for (uint64_t off = 0; off < b.size; off += kChunk)
       REQUIRE(store.record_checksum(b.id, off, Checksum128{b.id * 1000 + off + salt}));
@@ -201,12 +201,12 @@ inline Manifest manifest_of(const std::string& dir) {
 // A rank paused with 3 chunks of blob 1 written (bytes 0x11, 0x22, 0x33); returns its data file path.
 inline std::string paused_rank(Roots& roots, const RankIdentity& id) {
   auto store = make_store(roots, id);
-  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 3 * kChunk}};
   REQUIRE(store->reserve(set));
   for (uint64_t c = 0; c < 3; ++c)
     write_chunk(*store, 1, c * kChunk, kChunk, static_cast<unsigned char>(0x11 * (c + 1)));
   fill_checksums(*store, set);
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
   return store->dir_path() + "/data";
 }  // the daemon "exits" without removing anything
 

@@ -40,7 +40,7 @@ using namespace storage_test;
 namespace {
 
 constexpr uint64_t kDamageChunks = 4;
-const std::vector<proto::BlobSize> kDamageSet{{1, kDamageChunks* kChunk}};
+const std::vector<storage::BlobSize> kDamageSet{{1, kDamageChunks* kChunk}};
 
 enum class Damage { FlipByte, Truncate, TruncateAndExtend, Replace };
 
@@ -50,12 +50,12 @@ int pause_and_resume(RankStore& store, uint8_t fill) {
   REQUIRE(store.reserve(kDamageSet));
   int unchanged = 0;
   for (uint64_t c = 0; c < kDamageChunks; ++c) unchanged += write_through(store, 1, c * kChunk, filled(kChunk, fill));
-  REQUIRE(store.commit(proto::CommitState::Paused));
+  REQUIRE(store.commit(storage::CommitState::Paused));
   for (uint64_t c = 0; c < kDamageChunks; ++c) {
     CHECK(chunk_is(store, 1, c * kChunk, kChunk, fill));
     CHECK(store.verify(1, c * kChunk, filled(kChunk, fill)));
   }
-  REQUIRE(store.commit(proto::CommitState::Resumed));
+  REQUIRE(store.commit(storage::CommitState::Resumed));
   return unchanged;
 }
 
@@ -182,16 +182,16 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("unchanged", 1);
-  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}, {2, kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 3 * kChunk}, {2, kChunk}};
   auto pause_all = [&](RankStore& store, uint8_t fill) {
     int unchanged = 0;
     for (const auto& b : set)
       for (uint64_t off = 0; off < b.size; off += kChunk)
         unchanged += write_through(store, b.id, off, filled(kChunk, fill));
-    REQUIRE(store.commit(proto::CommitState::Paused));
+    REQUIRE(store.commit(storage::CommitState::Paused));
     for (const auto& b : set)
       for (uint64_t off = 0; off < b.size; off += kChunk) CHECK(store.verify(b.id, off, filled(kChunk, fill)));
-    REQUIRE(store.commit(proto::CommitState::Resumed));
+    REQUIRE(store.commit(storage::CommitState::Resumed));
     return unchanged;
   };
   {
@@ -212,14 +212,14 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
     CHECK_FALSE(started->unchanged);
     CHECK_FALSE(write_through(*store, 1, 2 * kChunk, filled(kChunk, 0x31)));
     CHECK(write_through(*store, 2, 0, filled(kChunk, 0x31)));
-    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Paused));
     // A read that fails its check: the chunk is rewritten next time.
     CHECK_FALSE(store->verify(2, 0, filled(kChunk, 0x30)));
-    REQUIRE(store->commit(proto::CommitState::Resumed));
+    REQUIRE(store->commit(storage::CommitState::Resumed));
     REQUIRE(store->reserve(set));
     CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x31)));
     // A resized blob has new extents: rewritten.
-    const std::vector<proto::BlobSize> resized{{1, 4 * kChunk}, {2, kChunk}};
+    const std::vector<storage::BlobSize> resized{{1, 4 * kChunk}, {2, kChunk}};
     REQUIRE(store->reserve(resized));
     CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x31)));
     REQUIRE(store->reserve(set));
@@ -254,12 +254,12 @@ TEST_CASE(
   TempDir root;
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity("settle", 1));
-  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   REQUIRE(store->reserve(set));
   CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x11)));
   CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x22)));
-  REQUIRE(store->commit(proto::CommitState::Paused));
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
   REQUIRE(store->reserve(set));
   // What a hash worker would do between open_write() and settle_write().
   auto hash = [](const RankStore::WriteTicket& t, uint8_t fill) {
@@ -309,7 +309,7 @@ TEST_CASE(
   write_chunk(*store, 1, 0, kChunk, 0x11);
   REQUIRE(store->end_write(1, 0, kChunk, late->sum));
 
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
   CHECK(chunk_is(*store, 1, 0, kChunk, 0x11));
   CHECK(store->verify(1, 0, filled(kChunk, 0x11)));
   CHECK(store->verify(1, kChunk, filled(kChunk, 0x22)));
@@ -320,7 +320,7 @@ TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified,
   TempDir root;
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity("settle-read", 1));
-  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   REQUIRE(store->reserve(set));
   CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x41)));
   // Never written in this generation: refused before any I/O, as verify() refuses it.
@@ -330,7 +330,7 @@ TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified,
   CHECK_FALSE(store->open_read(1, 0, kChunk / 2));  // not the chunk's length
   CHECK_FALSE(store->open_read(2, 0, kChunk));      // no such blob
   CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x42)));
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
 
   // What a hash worker would do between open_read() and settle_read().
   auto ticket = store->open_read(1, 0, kChunk);
@@ -347,7 +347,7 @@ TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified,
   auto bad = store->settle_read(1, kChunk, kChunk, RankStore::hash_chunk(false, filled(kChunk, 0x43)));
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EBADMSG);
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
   REQUIRE(store->reserve(set));
   CHECK(write_through(*store, 1, 0, filled(kChunk, 0x41)));             // held there: unchanged
   CHECK_FALSE(write_through(*store, 1, kChunk, filled(kChunk, 0x42)));  // in doubt after the mismatch: written
@@ -438,7 +438,7 @@ TEST_CASE(
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("legacy", 1);
-  const std::vector<proto::BlobSize> set{{1, 2 * kChunk + 100}};
+  const std::vector<storage::BlobSize> set{{1, 2 * kChunk + 100}};
   const auto chunk0 = filled(kChunk, 0x41);
   const auto tail = filled(100, 0x42);
   std::string dir;
@@ -449,7 +449,7 @@ TEST_CASE(
     write_through(*store, 1, 0, chunk0);
     write_through(*store, 1, kChunk, chunk0);
     write_through(*store, 1, 2 * kChunk, tail);
-    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Paused));
   }
   // Rewrite the manifest in version 1, as an older daemon would have: XXH3-64 of each chunk.
   Manifest m = manifest_of(dir);
@@ -473,7 +473,7 @@ TEST_CASE(
   auto bad = store.verify(1, kChunk, filled(kChunk, 0x40));
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EBADMSG);
-  REQUIRE(store.commit(proto::CommitState::Resumed));
+  REQUIRE(store.commit(storage::CommitState::Resumed));
   CHECK(manifest_of(dir).version == kManifestVersion);
   // A 64-bit sum proves nothing against a 128-bit hash: the next pause writes everything.
   REQUIRE(store.reserve(set));
@@ -485,7 +485,7 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("legacyj", 1);
-  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   const auto bytes = filled(kChunk, 0x51);
   std::string dir;
   {
@@ -514,7 +514,7 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
   auto sealed = store.seal(1, kChunk, bytes);
   REQUIRE(sealed);
   CHECK(*sealed == Checksum128{XXH3_64bits(bytes.data(), bytes.size()), 0});
-  REQUIRE(store.commit(proto::CommitState::Paused));
+  REQUIRE(store.commit(storage::CommitState::Paused));
   Manifest m = manifest_of(dir);
   CHECK(m.version == kManifestVersion);
   CHECK(m.blobs[0].states == std::vector<ChunkState>{ChunkState::Data64, ChunkState::Data64});

@@ -62,7 +62,7 @@ TEST_CASE("create makes the rank directory with its modes, owner and data file; 
   CHECK_THAT(owner, Catch::Contains("rank 3\n"));
 
   // The data file uses O_DIRECT exactly when the root says it can.
-  std::vector<proto::BlobSize> set{{1, kChunk}};
+  std::vector<storage::BlobSize> set{{1, kChunk}};
   REQUIRE(store->reserve(set));
   auto loc = store->locate(1, 0, kChunk);
   REQUIRE(loc);
@@ -163,7 +163,7 @@ TEST_CASE("create replaces a dead process's directory and refuses a live one's")
   RankIdentity dead = dead_identity("job1");
   {
     auto s = make_store(roots, dead);
-    REQUIRE(s->reserve(std::vector<proto::BlobSize>{{1, kChunk}}));
+    REQUIRE(s->reserve(std::vector<storage::BlobSize>{{1, kChunk}}));
     write_text(s->dir_path() + "/leftover", "x");
   }  // destroyed without remove(): as after a daemon crash
   dead.token = 99;
@@ -212,9 +212,9 @@ TEST_CASE("sweep removes dead ranks' directories and nothing else") {
   uint64_t dead_bytes = 0;
   for (auto* id : {&dead, &held, &live}) {
     auto s = make_store(roots, *id);
-    REQUIRE(s->reserve(std::vector<proto::BlobSize>{{1, 4 * kChunk}}));
-    fill_checksums(*s, std::vector<proto::BlobSize>{{1, 4 * kChunk}});
-    REQUIRE(s->commit(proto::CommitState::Paused));
+    REQUIRE(s->reserve(std::vector<storage::BlobSize>{{1, 4 * kChunk}}));
+    fill_checksums(*s, std::vector<storage::BlobSize>{{1, 4 * kChunk}});
+    REQUIRE(s->commit(storage::CommitState::Paused));
     if (id == &dead) {
       dead_dir = s->dir_path();
       dead_bytes = s->disk_bytes();
@@ -270,6 +270,6 @@ TEST_CASE("sweep removes dead ranks' directories and nothing else") {
   auto again = RankStore::adopt(roots, live, kChunk);
   REQUIRE(again);
   CHECK((*again)->paused());
-  REQUIRE((*again)->commit(proto::CommitState::Resumed));
+  REQUIRE((*again)->commit(storage::CommitState::Resumed));
   REQUIRE((*again)->remove());
 }

@@ -55,11 +55,11 @@ void check_lost_record(RankStore& store, const std::string& data_path, const std
   CHECK(store.expected_checksum(1, 0).error().errnum() == EUCLEAN);
   CHECK_FALSE(store.record_checksum(1, 0, Checksum128{5}));
   // A new set would recycle, truncate and punch the old extents: refused, as is a pause of nothing.
-  auto reserved = store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}});
+  auto reserved = store.reserve(std::vector<storage::BlobSize>{{1, 3 * kChunk}});
   REQUIRE_FALSE(reserved);
   CHECK(reserved.error().errnum() == EBUSY);
   CHECK(reserved.error().message == problem);
-  auto committed = store.commit(proto::CommitState::Paused);
+  auto committed = store.commit(storage::CommitState::Paused);
   REQUIRE_FALSE(committed);
   CHECK(committed.error().errnum() == EBUSY);
   CHECK(read_text(data_path) == data);
@@ -71,15 +71,15 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
   TempDir a, b;
   Roots roots = open_roots({a.path(), b.path()});
   RankIdentity id = my_identity("job1", 2);
-  std::vector<proto::BlobSize> set{{10, 5 * kChunk + 300}, {11, kChunk}, {12, 0}};
+  std::vector<storage::BlobSize> set{{10, 5 * kChunk + 300}, {11, kChunk}, {12, 0}};
   uint64_t o10 = 0, o11 = 0;
   std::string manifest;
   {
     auto store = make_store(roots, id);
     manifest = store->dir_path() + "/manifest";
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, std::vector<proto::BlobSize>{{10, 5 * kChunk + 300}});
-    auto incomplete = store->commit(proto::CommitState::Paused);
+    fill_checksums(*store, std::vector<storage::BlobSize>{{10, 5 * kChunk + 300}});
+    auto incomplete = store->commit(storage::CommitState::Paused);
     REQUIRE_FALSE(incomplete);
     CHECK(incomplete.error().errnum() == EINVAL);
     CHECK_THAT(incomplete.error().message, Catch::Contains("1 of 7 chunks"));
@@ -87,7 +87,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK_FALSE(store->paused());
 
     fill_checksums(*store, set);
-    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Paused));
     CHECK(store->paused());
     CHECK(store->generation() == 1);  // the store numbers pauses
     CHECK(mode_of(manifest) == 0600);
@@ -121,7 +121,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK(store.disk_bytes() == (3 * kChunk) + (2 * kChunk + 4096) + kChunk);
 
     // Resume completes: the manifest says so, and the extents stay for the next pause.
-    REQUIRE(store.commit(proto::CommitState::Resumed));
+    REQUIRE(store.commit(storage::CommitState::Resumed));
     CHECK_FALSE(store.paused());
   }
   {
@@ -135,7 +135,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK(offset_of(store, 10, 5 * kChunk, 5 * kChunk + 300) == o10);
     CHECK(offset_of(store, 11, 0, kChunk) == o11);
     // New blobs after an adopt take free space, never space of the adopted extents.
-    REQUIRE(store.reserve(std::vector<proto::BlobSize>{{10, 5 * kChunk + 300}, {11, kChunk}, {13, kChunk}}));
+    REQUIRE(store.reserve(std::vector<storage::BlobSize>{{10, 5 * kChunk + 300}, {11, kChunk}, {13, kChunk}}));
     uint64_t o13 = offset_of(store, 13, 0, kChunk);
     CHECK(o13 != o11);
     CHECK(o13 != offset_of(store, 10, 0, 5 * kChunk + 300));
@@ -245,18 +245,18 @@ TEST_CASE("a deleted manifest never truncates the data file: its use is refused 
   CHECK(store.awaits_resume());
   CHECK(store.holds_unresumed_data());
   CHECK(store.locate(1, 0, kChunk).error().errnum() == EUCLEAN);
-  CHECK(store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}}).error().errnum() == EBUSY);
+  CHECK(store.reserve(std::vector<storage::BlobSize>{{1, 3 * kChunk}}).error().errnum() == EBUSY);
   CHECK(read_text(data0) == bytes0);
   CHECK(read_text(data1) == bytes1);
 
   // The rank has every allocation resident again (it gave the paused ones up, --accept-loss): the
   // record stops mattering, and the files serve the next pause.
-  REQUIRE(store.commit(proto::CommitState::Resumed));
+  REQUIRE(store.commit(storage::CommitState::Resumed));
   CHECK(store.record_problem().empty());
   CHECK_FALSE(store.awaits_resume());
-  REQUIRE(store.reserve(std::vector<proto::BlobSize>{{1, 3 * kChunk}}));
-  fill_checksums(store, std::vector<proto::BlobSize>{{1, 3 * kChunk}});
-  REQUIRE(store.commit(proto::CommitState::Paused));
+  REQUIRE(store.reserve(std::vector<storage::BlobSize>{{1, 3 * kChunk}}));
+  fill_checksums(store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
+  REQUIRE(store.commit(storage::CommitState::Paused));
   REQUIRE(store.remove());
 }
 
@@ -269,7 +269,7 @@ TEST_CASE("a rank that never reserved has empty data files: adopt without a mani
   REQUIRE(r);
   CHECK((*r)->record_problem().empty());
   CHECK_FALSE((*r)->awaits_resume());
-  REQUIRE((*r)->reserve(std::vector<proto::BlobSize>{{1, kChunk}}));
+  REQUIRE((*r)->reserve(std::vector<storage::BlobSize>{{1, kChunk}}));
   REQUIRE((*r)->remove());
 }
 
@@ -277,7 +277,7 @@ TEST_CASE("a checksum journal deleted mid-pause: the chunks it sealed are kept, 
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("nosums", 1);
-  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 3 * kChunk}};
   std::string dir;
   {
     auto store = make_store(roots, id);
@@ -303,7 +303,7 @@ TEST_CASE(
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("badsum", 1);
-  const std::vector<proto::BlobSize> set{{1, 3 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 3 * kChunk}};
   std::string dir;
   {
     auto store = make_store(roots, id);
@@ -335,7 +335,7 @@ TEST_CASE(
   CHECK(reserved.error().errnum() == EBUSY);
   CHECK_THAT(reserved.error().message, Catch::Contains("1 chunk(s)") && Catch::Contains(dir + "/sums"));
   CHECK(read_text(dir + "/data") == data);
-  REQUIRE(store.commit(proto::CommitState::Resumed));  // every allocation resident again
+  REQUIRE(store.commit(storage::CommitState::Resumed));  // every allocation resident again
   CHECK_FALSE(store.awaits_resume());
   REQUIRE(store.reserve(set));
   REQUIRE(store.remove());
@@ -345,12 +345,12 @@ TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the ex
   TempDir a;
   Roots roots = open_roots({a.path()});
   RankIdentity id = my_identity("midpause", 1);
-  std::vector<proto::BlobSize> set{{1, 3 * kChunk}, {2, kChunk + 100}};
+  std::vector<storage::BlobSize> set{{1, 3 * kChunk}, {2, kChunk + 100}};
   uint64_t o2 = 0;
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, std::vector<proto::BlobSize>{{1, 3 * kChunk}});
+    fill_checksums(*store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
     o2 = offset_of(*store, 2, kChunk, kChunk + 100);
   }  // the daemon dies before the pause is committed
   auto adopted = RankStore::adopt(roots, id, kChunk);
@@ -377,7 +377,7 @@ TEST_CASE("seal records what was written and verify refuses a chunk that changed
   TempDir a;
   Roots roots = open_roots({a.path()});
   RankIdentity id = my_identity("seal", 1);
-  std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   std::vector<uint8_t> chunk(kChunk, 0x5a);
   {
     auto store = make_store(roots, id);
@@ -404,7 +404,7 @@ TEST_CASE("checksums journaled for an earlier reservation are not taken for the 
   TempDir a;
   Roots roots = open_roots({a.path()});
   RankIdentity id = my_identity("rejournal", 1);
-  std::vector<proto::BlobSize> set{{1, 2 * kChunk}};
+  std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));

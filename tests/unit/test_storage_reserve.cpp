@@ -144,7 +144,7 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
 
   // Blob 1: three full chunks and a 3392-byte tail rounded up to 4096.
   const uint64_t b1 = 3 * kChunk + 3392;
-  std::vector<proto::BlobSize> set{{1, b1}, {2, kChunk}};
+  std::vector<storage::BlobSize> set{{1, b1}, {2, kChunk}};
   REQUIRE(store->reserve(set));
   CHECK(store->disk_bytes() == 3 * kChunk + 4096 + kChunk);
   CHECK(store->missing_chunks() == 5);
@@ -163,9 +163,9 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
     const auto usage = usage_of(data);
     for (int i = 0; i < 5; ++i) {
       fill_checksums(*store, set, static_cast<uint64_t>(i));
-      REQUIRE(store->commit(proto::CommitState::Paused));
+      REQUIRE(store->commit(storage::CommitState::Paused));
       CHECK(store->generation() == static_cast<uint64_t>(i) + 1);  // each pause numbered by the store
-      REQUIRE(store->commit(proto::CommitState::Resumed));
+      REQUIRE(store->commit(storage::CommitState::Resumed));
       REQUIRE(store->reserve(set));
       CHECK(store->disk_bytes() == 3 * kChunk + 4096 + kChunk);
       CHECK(usage_of(data) == usage);
@@ -174,7 +174,7 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
     }
   }
   SECTION("a dropped blob's extent is reused by a new one of the same size") {
-    std::vector<proto::BlobSize> next{{2, kChunk}, {3, b1}};
+    std::vector<storage::BlobSize> next{{2, kChunk}, {3, b1}};
     REQUIRE(store->reserve(next));
     CHECK(offset_of(*store, 2, 0, kChunk) == off2);
     CHECK(offset_of(*store, 3, 0, b1) == off1);
@@ -182,31 +182,31 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
     CHECK(usage_of(data).size == 3 * kChunk + 4096 + kChunk);
   }
   SECTION("a resized blob moves, the file grows at the end, and shrinks when the tail frees") {
-    std::vector<proto::BlobSize> bigger{{1, b1}, {2, 4 * kChunk}};
+    std::vector<storage::BlobSize> bigger{{1, b1}, {2, 4 * kChunk}};
     REQUIRE(store->reserve(bigger));
     CHECK(offset_of(*store, 1, 0, b1) == off1);
     CHECK(offset_of(*store, 2, 0, 4 * kChunk) == off1 + 3 * kChunk + 4096);  // off2 + its old extent freed, merged
     CHECK(store->disk_bytes() == 3 * kChunk + 4096 + 4 * kChunk);
     CHECK(usage_of(data).size == store->disk_bytes());
     // The file is cut once the space a reservation gives back is given back, off the caller's thread.
-    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, b1}}));
+    REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, b1}}));
     store->wait_for_punches();
     CHECK(usage_of(data).size == 3 * kChunk + 4096);
-    REQUIRE(store->reserve(std::vector<proto::BlobSize>{}));
+    REQUIRE(store->reserve(std::vector<storage::BlobSize>{}));
     CHECK(store->disk_bytes() == 0);
     store->wait_for_punches();
     CHECK(usage_of(data).size == 0);
   }
   SECTION("invalid sets are refused and change nothing") {
-    auto dup = store->reserve(std::vector<proto::BlobSize>{{7, kChunk}, {7, kChunk}});
+    auto dup = store->reserve(std::vector<storage::BlobSize>{{7, kChunk}, {7, kChunk}});
     REQUIRE_FALSE(dup);
     CHECK(dup.error().errnum() == EINVAL);
     CHECK_THAT(dup.error().message, Catch::Contains("twice"));
-    auto huge = store->reserve(std::vector<proto::BlobSize>{{8, uint64_t{1} << 61}});
+    auto huge = store->reserve(std::vector<storage::BlobSize>{{8, uint64_t{1} << 61}});
     REQUIRE_FALSE(huge);
     CHECK(huge.error().errnum() == EFBIG);
     // More than the disk holds: refused before touching it, with both numbers in the message.
-    auto nospace = store->reserve(std::vector<proto::BlobSize>{{1, b1}, {9, uint64_t{1} << 59}});
+    auto nospace = store->reserve(std::vector<storage::BlobSize>{{1, b1}, {9, uint64_t{1} << 59}});
     REQUIRE_FALSE(nospace);
     CHECK(nospace.error().errnum() == ENOSPC);
     CHECK_THAT(nospace.error().message, Catch::Contains("needs") && Catch::Contains("free"));
@@ -223,7 +223,7 @@ TEST_CASE("blobs stripe chunk by chunk over the roots") {
   Roots roots = open_roots({a.path(), b.path()});
   auto store = make_store(roots, my_identity());
   const uint64_t size = 4 * kChunk + 100;  // chunks 0,2,4 on root 0 (4 is the tail); 1,3 on root 1
-  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{5, size}}));
+  REQUIRE(store->reserve(std::vector<storage::BlobSize>{{5, size}}));
   CHECK(store->disk_bytes() == 2 * kChunk + 4096 + 2 * kChunk);
   auto c0 = store->locate(5, 0, kChunk);
   auto c1 = store->locate(5, kChunk, kChunk);
@@ -253,7 +253,7 @@ TEST_CASE("reserve is all or nothing when a preallocation fails") {
   auto store = make_store(roots, my_identity());
   const std::string data_a = a.path() + "/" + store->relative_dir() + "/data";
   const std::string data_b = b.path() + "/" + store->relative_dir() + "/data";
-  std::vector<proto::BlobSize> first{{1, 3 * kChunk}, {2, 2 * kChunk}};
+  std::vector<storage::BlobSize> first{{1, 3 * kChunk}, {2, 2 * kChunk}};
   REQUIRE(store->reserve(first));
   fill_checksums(*store, first);
   write_chunk(*store, 2, 0, kChunk, 0xa5);
@@ -265,7 +265,7 @@ TEST_CASE("reserve is all or nothing when a preallocation fails") {
 
   // The new set drops blob 2 and adds two blobs: four fresh extents; fail each one in turn so the
   // rollback runs after 0..3 successful preallocations spread over both roots.
-  std::vector<proto::BlobSize> next{{1, 3 * kChunk}, {3, 8 * kChunk}, {4, 2 * kChunk}};
+  std::vector<storage::BlobSize> next{{1, 3 * kChunk}, {3, 8 * kChunk}, {4, 2 * kChunk}};
   int err = GENERATE(ENOSPC, EIO);
   int at = GENERATE(1, 2, 3, 4);
   g_fail_calls = 0;
@@ -306,7 +306,7 @@ TEST_CASE("locate validates blob, offset and length") {
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity());
   const uint64_t size = 2 * kChunk + 10;
-  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size}, {2, 0}}));
+  REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, size}, {2, 0}}));
 
   auto unknown = store->locate(99, 0, kChunk);
   REQUIRE_FALSE(unknown);
@@ -335,7 +335,7 @@ TEST_CASE("checksums are kept per chunk and cleared by reserve") {
   TempDir root;
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity());
-  std::vector<proto::BlobSize> set{{1, 2 * kChunk}, {2, 100}};
+  std::vector<storage::BlobSize> set{{1, 2 * kChunk}, {2, 100}};
   REQUIRE(store->reserve(set));
   CHECK(store->missing_chunks() == 3);
 
@@ -372,13 +372,13 @@ TEST_CASE("a carried blob stays paused across new sets: its extents, seals and b
   const uint64_t size1 = 3 * kChunk + 100, size2 = 2 * kChunk;
   auto store = make_store(roots, id);
   // Part A paused and committed.
-  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}}));
+  REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, size1}}));
   write_and_seal(*store, 1, size1, 0xa1);
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
   const uint64_t generation = store->generation();
   const uint64_t where = offset_of(*store, 1, kChunk, size1);
   // Part B pauses while A stays paused: only a set that carries A may replace the committed one.
-  const std::vector<proto::BlobSize> both{{1, size1}, {2, size2}};
+  const std::vector<storage::BlobSize> both{{1, size1}, {2, size2}};
   auto refused = store->reserve(both);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().errnum() == EBUSY);
@@ -390,7 +390,7 @@ TEST_CASE("a carried blob stays paused across new sets: its extents, seals and b
   CHECK(offset_of(*store, 1, kChunk, size1) == where);
   check_blob(*store, 1, size1, 0xa1);
   write_and_seal(*store, 2, size2, 0xb2);
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
   CHECK(store->generation() == generation + 1);
   store.reset();  // the daemon restarts with both parts paused
 
@@ -403,11 +403,11 @@ TEST_CASE("a carried blob stays paused across new sets: its extents, seals and b
   check_blob(again, 2, size2, 0xb2);
   // A resumes while B stays paused: a set of B alone, carried; A's extents are recycled.
   const std::vector<uint64_t> carry_b{2};
-  REQUIRE(again.reserve(std::vector<proto::BlobSize>{{2, size2}}, {}, {}, carry_b));
+  REQUIRE(again.reserve(std::vector<storage::BlobSize>{{2, size2}}, {}, {}, carry_b));
   CHECK(again.missing_chunks() == 0);
   CHECK_FALSE(again.locate(1, 0, kChunk));
   check_blob(again, 2, size2, 0xb2);
-  REQUIRE(again.commit(proto::CommitState::Paused));
+  REQUIRE(again.commit(storage::CommitState::Paused));
   check_blob(again, 2, size2, 0xb2);
   REQUIRE(again.remove());
 }
@@ -419,11 +419,11 @@ TEST_CASE("a set that carries survives a daemon restart before its commit: the c
   const uint64_t size1 = 2 * kChunk, size2 = kChunk;
   {
     auto store = make_store(roots, id);
-    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}}));
+    REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, size1}}));
     write_and_seal(*store, 1, size1, 0x11);
-    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Paused));
     const std::vector<uint64_t> carry{1};
-    REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, size1}, {2, size2}}, {}, {}, carry));
+    REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, size1}, {2, size2}}, {}, {}, carry));
   }  // dies before B is written
   auto adopted = RankStore::adopt(roots, id, kChunk);
   INFO((adopted ? std::string() : adopted.error().describe()));
@@ -440,11 +440,11 @@ TEST_CASE("carrying is refused for a blob not held as it is, with chunks never w
   TempDir a;
   Roots roots = open_roots({a.path()});
   auto store = make_store(roots, my_identity("carry-refused", 1));
-  const std::vector<proto::BlobSize> set{{1, 2 * kChunk}, {2, kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 2 * kChunk}, {2, kChunk}};
   REQUIRE(store->reserve(set));
   write_and_seal(*store, 1, 2 * kChunk, 0x33);  // blob 2 never written
-  auto refused = [&](std::vector<proto::BlobSize> next, std::vector<uint64_t> carry,
-                     std::vector<proto::ChunkRun> zero = {}) {
+  auto refused = [&](std::vector<storage::BlobSize> next, std::vector<uint64_t> carry,
+                     std::vector<storage::ChunkRun> zero = {}) {
     auto st = store->reserve(next, zero, {}, carry);
     REQUIRE_FALSE(st);
     CHECK(st.error().errnum() == EINVAL);

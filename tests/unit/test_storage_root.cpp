@@ -79,13 +79,13 @@ TEST_CASE("a set larger than the free space is refused up front and changes noth
   Roots roots = open_roots({dir.path()});
   auto store = make_store(roots, my_identity());
   const std::string data = store->dir_path() + "/data";
-  std::vector<proto::BlobSize> small{{1, 4 * kChunk}};
+  std::vector<storage::BlobSize> small{{1, 4 * kChunk}};
   REQUIRE(store->reserve(small));
   fill(*store, 1, 4 * kChunk, 0x11);
   const auto usage = usage_of(data);
 
   const uint64_t free = free_of(roots, 0);
-  auto st = store->reserve(std::vector<proto::BlobSize>{{1, 4 * kChunk}, {2, free + 16 * kChunk}});
+  auto st = store->reserve(std::vector<storage::BlobSize>{{1, 4 * kChunk}, {2, free + 16 * kChunk}});
   REQUIRE_FALSE(st);
   CHECK(st.error().errnum() == ENOSPC);
   CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free") && Catch::Contains(dir.path()));
@@ -107,7 +107,7 @@ TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") 
   const std::string data0 = (dir / "r0/") + store->relative_dir() + "/data";
   const std::string data1 = (dir / "r1/") + store->relative_dir() + "/data";
 
-  std::vector<proto::BlobSize> small{{1, 2 * kChunk}, {2, 2 * kChunk}};
+  std::vector<storage::BlobSize> small{{1, 2 * kChunk}, {2, 2 * kChunk}};
   REQUIRE(store->reserve(small));
   fill(*store, 1, 2 * kChunk, 0x21);
   fill(*store, 2, 2 * kChunk, 0x22);
@@ -119,7 +119,7 @@ TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") 
   const uint64_t share = free_before * 6 / 10 / kChunk * kChunk;
   REQUIRE(share >= 4 * kChunk);
   // Blob 2 is dropped, so its extents are recycled into blob 3's: they must survive the rollback.
-  auto st = store->reserve(std::vector<proto::BlobSize>{{1, 2 * kChunk}, {3, 2 * share}});
+  auto st = store->reserve(std::vector<storage::BlobSize>{{1, 2 * kChunk}, {3, 2 * share}});
   REQUIRE_FALSE(st);
   CHECK(st.error().errnum() == ENOSPC);
   CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free"));
@@ -140,7 +140,7 @@ TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") 
 
   // The space really came back: a set that fits (30% per root) now succeeds.
   const uint64_t fits = free_before * 3 / 10 / kChunk * kChunk;
-  REQUIRE(store->reserve(std::vector<proto::BlobSize>{{1, 2 * kChunk}, {3, 2 * fits}}));
+  REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, 2 * kChunk}, {3, 2 * fits}}));
   CHECK(holds(*store, 1, 2 * kChunk, 0x21));
   REQUIRE(store->remove());
 }

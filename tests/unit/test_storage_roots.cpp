@@ -29,6 +29,7 @@
 #include "storage_fixtures.h"
 #include "storage_testing.h"
 #include "tmsdisk/common/proc.h"
+#include "tmsdisk/protocol/messages.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;

@@ -54,7 +54,7 @@ TEST_CASE("a tmpfs root works when explicitly allowed") {
   auto store = RankStore::create(*r, storage_test::my_identity(), 64 * 1024);
   INFO((store ? std::string() : store.error().describe()));
   REQUIRE(store);
-  REQUIRE((*store)->reserve(std::vector<proto::BlobSize>{{1, 100000}}));
+  REQUIRE((*store)->reserve(std::vector<storage::BlobSize>{{1, 100000}}));
   auto loc = (*store)->locate(1, 65536, 100000 - 65536);
   REQUIRE(loc);
   // In memory: the daemon sends its requests to io_uring's workers (io::Request::async).

@@ -41,11 +41,11 @@ namespace {
 // bytes its file then has allocated.
 std::unique_ptr<RankStore> store_of_data(Roots& roots, const std::string& job, uint64_t& full) {
   auto store = make_store(roots, my_identity(job, 1));
-  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 8 * kChunk}};
   REQUIRE(store->reserve(set));
   for (uint64_t c = 0; c < 8; ++c) write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(c + 1)));
-  REQUIRE(store->commit(proto::CommitState::Paused));
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
   full = allocated_bytes(store->dir_path() + "/data");
   REQUIRE(full >= 8 * kChunk);
   return store;
@@ -57,16 +57,16 @@ TEST_CASE("zero chunks take no disk space, are recorded at the reservation and a
   TempDir root;
   Roots roots = open_roots({root.path()});
   RankIdentity id = my_identity("zero", 1);
-  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}, {2, kChunk + 100}};
-  const std::vector<proto::ChunkRun> runs{{1, 2, 4}, {2, 1, 1}};
+  const std::vector<storage::BlobSize> set{{1, 8 * kChunk}, {2, kChunk + 100}};
+  const std::vector<storage::ChunkRun> runs{{1, 2, 4}, {2, 1, 1}};
   std::string dir;
   {
     auto store = make_store(roots, id);
     dir = store->dir_path();
 
     SECTION("runs naming another blob, past a blob's end or overlapping are refused and change nothing") {
-      for (const auto& bad : {std::vector<proto::ChunkRun>{{9, 0, 1}}, std::vector<proto::ChunkRun>{{1, 6, 3}},
-                              std::vector<proto::ChunkRun>{{1, 0, 3}, {1, 2, 1}}}) {
+      for (const auto& bad : {std::vector<storage::ChunkRun>{{9, 0, 1}}, std::vector<storage::ChunkRun>{{1, 6, 3}},
+                              std::vector<storage::ChunkRun>{{1, 0, 3}, {1, 2, 1}}}) {
         auto st = store->reserve(set, bad);
         REQUIRE_FALSE(st);
         CHECK(st.error().errnum() == EINVAL);
@@ -90,11 +90,11 @@ TEST_CASE("zero chunks take no disk space, are recorded at the reservation and a
       CHECK(refused.errnum() == EINVAL);
       CHECK_THAT(refused.message, Catch::Contains("reserved as zero"));
     }
-    CHECK_FALSE(store->commit(proto::CommitState::Paused));  // data chunks still missing
+    CHECK_FALSE(store->commit(storage::CommitState::Paused));  // data chunks still missing
     for (uint64_t off : {0u, 1u, 6u, 7u}) CHECK_FALSE(write_through(*store, 1, off * kChunk, filled(kChunk, 0x61)));
     CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x62)));
     CHECK(store->missing_chunks() == 0);
-    REQUIRE(store->commit(proto::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Paused));
   }
   // The committed manifest keeps them zero: an adopting daemon refuses them too, and verifies the rest.
   auto adopted = RankStore::adopt(roots, id, kChunk);
@@ -114,15 +114,15 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity("zerogen", 1));
   const std::string data = store->dir_path() + "/data";
-  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 8 * kChunk}};
   REQUIRE(store->reserve(set));
   for (uint64_t c = 0; c < 8; ++c) write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(c + 1)));
-  REQUIRE(store->commit(proto::CommitState::Paused));
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
   const uint64_t full = allocated_bytes(data);
   CHECK(full >= 8 * kChunk);
 
-  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, 6}}));
+  REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, 6}}));
   CHECK(store->disk_bytes() == 2 * kChunk);
   store->wait_for_punches();
   CHECK(allocated_bytes(data) <= full - 6 * kChunk);
@@ -131,8 +131,8 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
   CHECK(chunk_is(*store, 1, 7 * kChunk, kChunk, 8));
   CHECK(write_through(*store, 1, 6 * kChunk, filled(kChunk, 7)));  // unchanged: never punched
   CHECK(write_through(*store, 1, 7 * kChunk, filled(kChunk, 8)));
-  REQUIRE(store->commit(proto::CommitState::Paused));
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
 
   // Zero again to data: allocated again, and written (what the file held there was punched).
   REQUIRE(store->reserve(set));
@@ -149,8 +149,8 @@ TEST_CASE("a reservation returns before the space it gives back is punched, and 
   uint64_t full = 0;
   auto store = store_of_data(roots, "punchlater", full);
   const std::string data = store->dir_path() + "/data";
-  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
-  const std::vector<proto::ChunkRun> all_zero{{1, 0, 8}};
+  const std::vector<storage::BlobSize> set{{1, 8 * kChunk}};
+  const std::vector<storage::ChunkRun> all_zero{{1, 0, 8}};
   {
     tmsdisk::testing::PunchGate gate;
     REQUIRE(store->reserve(set, all_zero));
@@ -160,8 +160,8 @@ TEST_CASE("a reservation returns before the space it gives back is punched, and 
     CHECK(store->disk_bytes() == 0);  // what the layout counts, at once
     // The pause goes on meanwhile: nothing to write, committed, resumed.
     CHECK(store->missing_chunks() == 0);
-    REQUIRE(store->commit(proto::CommitState::Paused));
-    REQUIRE(store->commit(proto::CommitState::Resumed));
+    REQUIRE(store->commit(storage::CommitState::Paused));
+    REQUIRE(store->commit(storage::CommitState::Resumed));
     CHECK(allocated_bytes(data) >= full);
     gate.release();
     store->wait_for_punches();
@@ -194,12 +194,12 @@ TEST_CASE("the next reservation waits for the punches of the one before, and its
   uint64_t full = 0;
   auto store = store_of_data(roots, "punchwait", full);
   const std::string data = store->dir_path() + "/data";
-  const std::vector<proto::BlobSize> set{{1, 8 * kChunk}};
+  const std::vector<storage::BlobSize> set{{1, 8 * kChunk}};
   tmsdisk::testing::PunchGate gate;
-  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, 8}}));
+  REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, 8}}));
   REQUIRE(gate.wait_entered(1));
-  REQUIRE(store->commit(proto::CommitState::Paused));
-  REQUIRE(store->commit(proto::CommitState::Resumed));
+  REQUIRE(store->commit(storage::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Resumed));
 
   // The next pause makes every chunk data again, over the very ranges still to be punched: its
   // reservation must not return before that punch has landed, or the punch would land on its writes.
@@ -209,7 +209,7 @@ TEST_CASE("the next reservation waits for the punches of the one before, and its
   CHECK(allocated_bytes(data) >= 8 * kChunk);  // preallocated again after the punch
   for (uint64_t c = 0; c < 8; ++c)
     CHECK_FALSE(write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
-  REQUIRE(store->commit(proto::CommitState::Paused));
+  REQUIRE(store->commit(storage::CommitState::Paused));
   store->wait_for_punches();
   for (uint64_t c = 0; c < 8; ++c) {
     CHECK(chunk_is(*store, 1, c * kChunk, kChunk, static_cast<uint8_t>(0x40 + c)));
@@ -224,12 +224,12 @@ TEST_CASE("removing or destroying a store stops its punches at the next piece an
   // Three pieces to punch (BackgroundPunch::kPunchPiece each at most); no need to write them, only to
   // have them allocated.
   const uint64_t size = 2 * storage::detail::BackgroundPunch::kPunchPiece + 4 * kChunk;
-  const std::vector<proto::BlobSize> set{{1, size}};
+  const std::vector<storage::BlobSize> set{{1, size}};
   auto store = make_store(roots, my_identity("punchstop", 1));
   const std::string dir = store->dir_path();
   REQUIRE(store->reserve(set));
   tmsdisk::testing::PunchGate gate;
-  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, size / kChunk}}));
+  REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, size / kChunk}}));
   REQUIRE(gate.wait_entered(1));
 
   const bool remove = GENERATE(true, false);
@@ -260,11 +260,11 @@ TEST_CASE("a set larger than the free space is reserved when its data chunks fit
   REQUIRE(free);
   const uint64_t chunks = *free / kBig + 8;
   const uint64_t size = chunks * kBig + 4096;  // the last chunk, 4 KiB, holds the only data
-  const std::vector<proto::BlobSize> set{{1, size}};
+  const std::vector<storage::BlobSize> set{{1, size}};
   auto nospace = store->reserve(set);
   REQUIRE_FALSE(nospace);
   CHECK(nospace.error().errnum() == ENOSPC);
-  REQUIRE(store->reserve(set, std::vector<proto::ChunkRun>{{1, 0, chunks}}));
+  REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, chunks}}));
   CHECK(store->disk_bytes() == 4096);
   CHECK(store->missing_chunks() == 1);
   CHECK(usage_of(store->dir_path() + "/data").size == size);
