@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "storage.h"
+#include "rank_identity.h"
 
 namespace tmsdisk::storage::detail {
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "checksum128.h"
+#include "rank_identity.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
 
@@ -88,21 +89,6 @@ class Roots {
  private:
   std::vector<Root> roots_;
 };
-
-struct RankIdentity {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::string job;  // must satisfy proto::valid_job_name
-  int64_t rank = 0;
-  pid_t pid = 0;
-  uint64_t start_time = 0;  // process_start_time(pid)
-  uint64_t token = 0;       // secret a reconnecting shim must present
-};
-
-// "rank<R>-<pid>", R being the rank or, for an undeclared rank (< 0), the pid.
-std::string rank_dir_name(const RankIdentity& id);
-// "<uid>/<job>/rank<R>-<pid>": the form sweep_dead_ranks() hands to its in_use callback.
-std::string rank_relative_dir(const RankIdentity& id);
 
 // One rank's files on all roots: directories, data files, blob extents, checksums, manifest.
 // Not thread-safe: the daemon's one event-loop thread makes every call (I/O completions are reaped
