@@ -31,7 +31,7 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
   std::vector<const Session*> visible;
   // Orphans too: they hold files and count against max-sessions-per-uid, so the user must see them.
   // Only a session whose shim just went, waiting for its I/O before it closes or turns orphan, is left out.
-  out.host_tier_budget_bytes = host_tier_budget_;
+  out.host_tier_budget_bytes = sessions_.host_tier_budget();
   out.host_tier_used_bytes = sessions_.host_tier_used();
   for (auto& [id, s] : sessions_.all()) {
     if (may_act_on(uid, s) && (s.conn_id != 0 || s.orphan)) visible.push_back(&s);

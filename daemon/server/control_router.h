@@ -28,9 +28,7 @@ class ControlRouter {
   // Sends `m` as the answer to `request_id` on connection `conn_id` (dropped if it has gone).
   using Send = std::function<void(uint64_t conn_id, uint64_t request_id, const proto::Message& m)>;
 
-  // `host_tier_budget`: the node's host-memory tier in bytes (0: off), which `tmsctl status` shows.
-  ControlRouter(SessionTable& sessions, Send send, uint64_t host_tier_budget = 0)
-      : sessions_(sessions), send_(std::move(send)), host_tier_budget_(host_tier_budget) {}
+  ControlRouter(SessionTable& sessions, Send send) : sessions_(sessions), send_(std::move(send)) {}
 
   // Counts each COMMAND's result there (metrics.h), answered or lost, whoever still waits for it.
   void set_metrics(MetricsObserver* metrics) noexcept { metrics_ = metrics; }
@@ -88,7 +86,6 @@ class ControlRouter {
 
   SessionTable& sessions_;
   Send send_;
-  uint64_t host_tier_budget_ = 0;
   std::map<uint64_t, Op> ops_;
   std::vector<Parked> parked_;
   uint64_t next_op_ = 1;

@@ -145,9 +145,9 @@ std::string_view name_of(FailureCause cause) noexcept {
   return "other";
 }
 
-MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget) {
+MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots) {
   MetricsSnapshot now;
-  now.host_tier_budget_bytes = host_tier_budget;
+  now.host_tier_budget_bytes = sessions.host_tier_budget();
   now.host_tier_used_bytes = sessions.host_tier_used();
   std::vector<uint64_t> disk(roots.size(), 0);
   for (const auto& [id, s] : sessions.all()) {
@@ -422,8 +422,7 @@ MetricsExporter::MetricsExporter(const Config& config, SessionTable& sessions, c
     : metrics_(TMSDISK_VERSION, std::chrono::system_clock::now()),
       sessions_(sessions),
       roots_(roots),
-      interval_(config.metrics_interval_s),
-      host_tier_budget_(config.host_tier_bytes) {
+      interval_(config.metrics_interval_s) {
   if (config.metrics_file.empty()) return;
   // Absolute, so that messages name the file a reader can find whatever the daemon's working directory.
   std::error_code ec;
@@ -449,7 +448,7 @@ int MetricsExporter::write_if_due() {
 void MetricsExporter::write_now() {
   next_write_ = Clock::now() + interval_;
   try {
-    file_->write(metrics_.format(take_snapshot(sessions_, roots_, host_tier_budget_)));
+    file_->write(metrics_.format(take_snapshot(sessions_, roots_)));
   } catch (const std::exception& e) {
     // Out of memory formatting a few KB: the metrics wait for the next turn, the daemon goes on.
     spdlog::warn("metrics: cannot format them: {}", e.what());

@@ -115,7 +115,7 @@ struct MetricsSnapshot {
 
 // Takes the snapshot from the session table: every session's staging and host tier, and its store's
 // bytes on each root.
-MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots, uint64_t host_tier_budget);
+MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& roots);
 
 class Metrics final : public MetricsObserver {
  public:
@@ -215,7 +215,6 @@ class MetricsExporter {
   const storage::Roots& roots_;
   std::unique_ptr<MetricsFile> file_;
   std::chrono::seconds interval_;
-  uint64_t host_tier_budget_;
   Clock::time_point next_write_;
 };
 

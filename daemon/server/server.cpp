@@ -195,14 +195,11 @@ struct Server::Impl {
                                        config.hooks.before_hash);
     spdlog::info("hashing chunks (WRITEs before their write, READs after their read) on {} thread(s){}",
                  chunks->hash_threads(), config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
-    router = std::make_unique<ControlRouter>(
-        *sessions,
-        [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
+    router =
+        std::make_unique<ControlRouter>(*sessions, [this](uint64_t conn_id, uint64_t rid, const proto::Message& m) {
           if (Connection* c = conn(conn_id)) send(*c, rid, m);
-        },
-        config.host_tier_bytes);
-    tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_bytes, config.host_tier_keep,
-                                        config.host_tier_ahead,
+        });
+    tier = std::make_unique<TierBroker>(*sessions, *staging, config.host_tier_keep, config.host_tier_ahead,
                                         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
                                           if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
                                         });

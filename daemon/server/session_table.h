@@ -120,6 +120,8 @@ class SessionTable {
   // Host-tier memory the sessions hold (in use or kept) and that is being made for them: what counts
   // against the node's budget (tier_broker.h).
   uint64_t host_tier_used() const noexcept;
+  // The node's host-tier budget in bytes (host-tier-mb; 0: off), which every reader takes from here.
+  uint64_t host_tier_budget() const noexcept { return config_.host_tier_bytes; }
   // No session, and none being opened.
   bool empty() const noexcept { return sessions_.empty() && openings_.empty(); }
   bool had_session() const noexcept { return had_session_; }

@@ -32,13 +32,13 @@ FairShare TierBroker::share_of(uid_t uid) const {
     users.insert(s.cred.uid);
     ranks += s.cred.uid == uid;
   }
-  return fair_share(budget_, users.size(), ranks);
+  return fair_share(budget(), users.size(), ranks);
 }
 
 TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
-  const SpareMemory spare = budget_ ? spare_memory() : SpareMemory{};
+  const SpareMemory spare = budget() ? spare_memory() : SpareMemory{};
   // What `s` holds itself is not another rank's: it is what the rank would give up for this grant.
-  return plan_grant(bytes, s.staging->chunk_bytes(), budget_, sessions_.host_tier_used() - s.host_tier.bytes,
+  return plan_grant(bytes, s.staging->chunk_bytes(), budget(), sessions_.host_tier_used() - s.host_tier.bytes,
                     share_of(s.cred.uid), spare);
 }
 
@@ -166,7 +166,7 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
 }
 
 void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked, bool ahead) {
-  if (budget_ && !plan.note.empty())
+  if (budget() && !plan.note.empty())
     spdlog::info("session {}: host tier{}: {} of the {} asked for: {}", s.id, ahead ? " ahead of a pause" : "",
                  human_bytes(plan.bytes), human_bytes(asked), plan.note);
   if (plan.bytes == 0) {
@@ -207,7 +207,7 @@ void TierBroker::built(StagingWorkers::TierBuilt& t) {
   s->host_tier = std::move(held.value());
   s->host_tier_kept = ahead;  // a pause's memory is in use; memory asked for ahead is kept until a pause
   spdlog::info("session {}: granted {} of host-tier memory, made in {:.2f} s ({} of {} in use){}", s->id,
-               human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget_),
+               human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()), human_bytes(budget()),
                ahead ? ", asked for ahead of a pause" : "");
   send_(s->conn_id, t.request_id,
         proto::TierGrant{.bytes = t.bytes,

@@ -38,13 +38,8 @@ class TierBroker {
   // How long a pausing rank's ask waits for kept memory to come back before it takes what is free.
   static constexpr std::chrono::milliseconds kReclaimWait{5000};
 
-  TierBroker(SessionTable& sessions, StagingWorkers& workers, uint64_t budget, bool keep, bool ahead, Send send)
-      : sessions_(sessions),
-        workers_(workers),
-        budget_(budget),
-        keep_(keep),
-        ahead_(keep && ahead),
-        send_(std::move(send)) {}
+  TierBroker(SessionTable& sessions, StagingWorkers& workers, bool keep, bool ahead, Send send)
+      : sessions_(sessions), workers_(workers), keep_(keep), ahead_(keep && ahead), send_(std::move(send)) {}
 
   // TIER_ASK from `s` on its connection: answered now, once its memory is made (built()), or once kept
   // memory came back (expire()). `flags`: kTierAsk*.
@@ -82,10 +77,11 @@ class TierBroker {
   void grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t asked, bool ahead = false);
   void ask_ahead(Session& s, uint64_t request_id, uint64_t bytes);
   bool waits(uint64_t session_id) const;
+  // The node's budget (host-tier-mb), as the session table holds it.
+  uint64_t budget() const noexcept { return sessions_.host_tier_budget(); }
 
   SessionTable& sessions_;
   StagingWorkers& workers_;
-  const uint64_t budget_;
   const bool keep_;
   const bool ahead_;  // host-tier-ahead (only with keep)
   Send send_;
