@@ -440,6 +440,9 @@ TEST_CASE("pause and resume --tag \"\" are usage errors: an empty tag must not m
   Proc prog({CUDA_PATTERN_PATH}, node.shim_env("whole", 0));
   REQUIRE(prog.line() == "ready");
   REQUIRE_FALSE(ok_addr(prog.cmd("alloc 1 8388608 direct")).empty());
+  // The rank connects on its control thread after the allocation returns: listed first, so that a
+  // pause that went through would have found it.
+  REQUIRE(eventually([&] { return node.status().size() == 1; }));
   for (const char* verb : {"pause", "resume"}) {
     Captured c = tmsctl({verb, "--all", "--tag", "", "--socket", node.socket});
     check_usage_error(c, {"--tag ''", "1 to 63", std::string("leave out --tag to ") + verb + " the whole process"});
