@@ -39,6 +39,7 @@
 #include "storage.h"
 #include "tier_broker.h"
 #include "tmsdisk/common/human.h"
+#include "tmsdisk/common/staging_budget.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/messages.h"
 #include "tmsdisk/protocol/socket.h"
@@ -836,9 +837,7 @@ struct Server::Impl {
 
 std::vector<std::string> inconsistencies(const Config& config) {
   std::vector<std::string> wrong;
-  // A rank streams through its staging budget one chunk per slot, and needs two slots so that one is
-  // filled while the other is written.
-  if (config.staging_budget_bytes < 2ull * config.chunk_bytes)
+  if (config.staging_budget_bytes < min_staging_budget_bytes(config.chunk_bytes))
     wrong.push_back(
         fmt::format("staging-budget-mb ({}) must be at least 2 x chunk-mb ({}): raise staging-budget-mb "
                     "or lower chunk-mb",

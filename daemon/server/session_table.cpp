@@ -13,6 +13,7 @@
 #include <chrono>
 
 #include "tmsdisk/common/proc.h"
+#include "tmsdisk/common/staging_budget.h"
 
 namespace tmsdisk::server {
 namespace {
@@ -117,10 +118,10 @@ Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, u
     return make_error(EINVAL, fmt::format("asked for {} MiB of staging; this daemon allows at most {} MiB "
                                           "(TMS_DISK_BACKUP_CHUNK_MB)",
                                           staging / kMiB, config_.max_staging_budget_bytes / kMiB));
-  if (staging < 2 * slot)
+  if (staging < min_staging_budget_bytes(slot))
     return make_error(EINVAL, fmt::format("a staging budget of {} KiB (TMS_DISK_BACKUP_CHUNK_MB) holds fewer than two "
                                           "chunks of {} KiB; ask for {} MiB or more",
-                                          staging >> 10, slot >> 10, (2 * slot + kMiB - 1) / kMiB));
+                                          staging >> 10, slot >> 10, min_staging_budget_mib(slot)));
   const auto slot_count = static_cast<uint32_t>(staging / slot);
   staging = uint64_t{slot_count} * slot;  // what the buffer will hold, and so what is charged
   if (auto st = check_quotas(cred, staging); !st) return std::move(st).error();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "options.h"
+#include "tmsdisk/common/staging_budget.h"
 
 using namespace tmsdisk;
 using Catch::Matchers::Contains;
@@ -139,6 +140,13 @@ TEST_CASE("cross-field checks name the options, and a private daemon needs no ro
   CHECK(p[1] == "staging-budget-mb (100) must be at most max-staging-budget-mb (50)");
   // The server refuses the same, in the same words.
   CHECK(server::inconsistencies(o.config) == p);
+  // Exactly two chunks is enough: the rule tmsctl and a HELLO check too (staging_budget.h).
+  o.config.staging_budget_bytes = min_staging_budget_bytes(o.config.chunk_bytes);
+  o.config.max_staging_budget_bytes = o.config.staging_budget_bytes;
+  CHECK(server::inconsistencies(o.config).empty());
+  o.config.staging_budget_bytes -= 4096;
+  CHECK(server::inconsistencies(o.config).size() == 1);
+  CHECK(min_staging_budget_mib(8 * server::kMiB + 1) == 17);
 
   DaemonOptions none;
   none.config_file = "x.conf";

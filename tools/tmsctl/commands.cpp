@@ -25,6 +25,7 @@
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/private_daemon.h"
+#include "tmsdisk/common/staging_budget.h"
 #include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk::ctl {
@@ -593,8 +594,8 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
   return std::nullopt;
 }
 
-// The staging budget against the daemon's limits (from its WELCOME): two chunks at least, since one
-// chunk is on the disk while the next is copied, and no more than it allows.
+// The staging budget against the daemon's limits (from its WELCOME): two chunks at least
+// (staging_budget.h), and no more than it allows.
 std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const proto::Welcome& daemon) {
   uint64_t mib = launch.staging_budget_mb;
   std::string named = "--staging-budget-mb " + std::to_string(mib);
@@ -605,7 +606,7 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
     named = "TMS_DISK_BACKUP_CHUNK_MB=" + std::to_string(mib);
   }
   const uint64_t MiB = uint64_t{1} << 20;
-  const uint64_t least = (2 * uint64_t{daemon.chunk_bytes} + MiB - 1) / MiB;
+  const uint64_t least = min_staging_budget_mib(daemon.chunk_bytes);
   if (daemon.chunk_bytes && mib < least)
     return Refusal{named + " is too small: the staging budget must hold two of this daemon's chunks (2 x " +
                    human_bytes(daemon.chunk_bytes) + "); use " + std::to_string(least) + " or more"};
