@@ -96,18 +96,6 @@ const Config& config() noexcept {
   return *cfg;
 }
 
-std::optional<uint64_t> parse_plain_integer(const char* text) noexcept {
-  if (!text || !*text) return std::nullopt;
-  uint64_t v = 0;
-  for (const char* p = text; *p; ++p) {
-    if (*p < '0' || *p > '9') return std::nullopt;
-    const uint64_t digit = static_cast<uint64_t>(*p - '0');
-    if (v > (UINT64_MAX - digit) / 10) return std::nullopt;
-    v = v * 10 + digit;
-  }
-  return v;
-}
-
 OnTouch parse_on_touch(const char* text, bool* valid) noexcept {
   *valid = true;
   if (!text || !*text) return OnTouch::Wait;

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "on_touch.h"
+#include "tmsdisk/common/plain_integer.h"
 
 namespace tmsdisk::shim {
 
@@ -35,11 +36,9 @@ struct Config {
 // called from a static initializer.
 const Config& config() noexcept;
 
-// Pure parsers, exposed for tests.
-// A plain decimal integer (digits only: no sign, suffix or space) that fits in 64 bits; nothing
-// otherwise. Sizes in the environment are read with it: "2M" could mean bytes or MiB, and a suffix
-// once turned TMS_DISK_BACKUP_CHUNK_MB=1G into 2^50 bytes.
-std::optional<uint64_t> parse_plain_integer(const char* text) noexcept;
+// Pure parsers, exposed for tests. Sizes in the environment are read with the one parser
+// (common/plain_integer.h).
+using tmsdisk::parse_plain_integer;
 // wait | resume | fail (empty: wait); anything else gives wait and *valid = false.
 OnTouch parse_on_touch(const char* text, bool* valid) noexcept;
 // A non-negative rank, or -1 when empty or invalid.

@@ -358,6 +358,11 @@ TEST_CASE("settings: parsers") {
   for (const char* bad : {"2M", "2MiB", "4k", "1G", "-1", "+1", " 1", "1 ", "12X", "abc", "0x10",
                           "18446744073709551616", "99999999999999999999"})
     CHECK_FALSE(parse_plain_integer(bad));
+  // MiB, as tmsctl reads TMS_DISK_BACKUP_CHUNK_MB: the same rule, and its bytes must fit in 64 bits.
+  CHECK(tmsdisk::parse_plain_mib("256") == 256u);
+  CHECK(tmsdisk::parse_plain_mib("17592186044415") == (UINT64_MAX >> 20));
+  CHECK_FALSE(tmsdisk::parse_plain_mib("17592186044416"));
+  CHECK_FALSE(tmsdisk::parse_plain_mib("1G"));
 
   CHECK(parse_rank("3") == 3);
   CHECK(parse_rank("0") == 0);

@@ -24,6 +24,7 @@
 #include "deadline.h"
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/plain_integer.h"
 #include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/common/staging_budget.h"
 #include "tmsdisk/common/unique_fd.h"
@@ -554,17 +555,6 @@ std::string shared_object_problem(const std::string& path) {
   return {};
 }
 
-// A size in MiB as the shim reads it from the environment: a plain integer.
-std::optional<uint64_t> plain_mib(const char* text) {
-  if (!text || !*text) return std::nullopt;
-  uint64_t v = 0;
-  for (const char* p = text; *p; ++p) {
-    if (*p < '0' || *p > '9' || v > (uint64_t{1} << 40)) return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(*p - '0');
-  }
-  return v;
-}
-
 // What can be checked without the daemon: the job name, the library, and the staging budget's form.
 std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::string& lib) {
   if (!launch.job.empty() && !proto::valid_job_name(launch.job))
@@ -587,7 +577,7 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
         kExitFailed};
   if (!launch.staging_budget_mb) {
     const char* inherited = std::getenv("TMS_DISK_BACKUP_CHUNK_MB");
-    if (inherited && !plain_mib(inherited))
+    if (inherited && !parse_plain_mib(inherited))
       return Refusal{std::string("TMS_DISK_BACKUP_CHUNK_MB=") + inherited +
                      " is not a size in MiB (a plain integer, e.g. 256); fix it or pass --staging-budget-mb"};
   }
@@ -600,7 +590,7 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
   uint64_t mib = launch.staging_budget_mb;
   std::string named = "--staging-budget-mb " + std::to_string(mib);
   if (!mib) {
-    const auto inherited = plain_mib(std::getenv("TMS_DISK_BACKUP_CHUNK_MB"));
+    const auto inherited = parse_plain_mib(std::getenv("TMS_DISK_BACKUP_CHUNK_MB"));
     if (!inherited || *inherited == 0) return std::nullopt;  // the daemon's default
     mib = *inherited;
     named = "TMS_DISK_BACKUP_CHUNK_MB=" + std::to_string(mib);
