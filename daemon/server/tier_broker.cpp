@@ -143,12 +143,10 @@ bool TierBroker::reclaim(const Session& asker, uint64_t short_by) {
   }
   // Kept memory of the users who hold most beyond their part of the budget goes first (one user's idle
   // ranks give way to another user's pause before anyone else's do), then the largest.
+  // A user's part: the share of a user with one rank, every user with ranks on the node counted once.
+  const uint64_t part = fair_share(budget(), held_by_user.size(), 1).bytes;
   std::map<uid_t, uint64_t> over;
-  for (const auto& [uid, held] : held_by_user) {
-    const FairShare share = share_of(uid);
-    const uint64_t part = share.bytes * share.ranks_of_user;
-    over[uid] = held > part ? held - part : 0;
-  }
+  for (const auto& [uid, held] : held_by_user) over[uid] = held > part ? held - part : 0;
   std::sort(kept.begin(), kept.end(), [&](const Session* a, const Session* b) {
     const uint64_t oa = over[a->cred.uid], ob = over[b->cred.uid];
     return oa != ob ? oa > ob : a->host_tier.bytes > b->host_tier.bytes;
