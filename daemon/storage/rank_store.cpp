@@ -274,9 +274,6 @@ RankStore::~RankStore() = default;
 const std::string& RankStore::dir_path() const noexcept {
   return impl_->dir_path;
 }
-const std::string& RankStore::relative_dir() const noexcept {
-  return impl_->relative;
-}
 uint32_t RankStore::chunk_bytes() const noexcept {
   return impl_->chunk;
 }
@@ -293,8 +290,8 @@ Status RankStore::remove() {
   }
 }
 
-void RankStore::wait_for_punches() noexcept {
-  (void)impl_->wait_punches("wait_for_punches()");
+void testing::wait_for_punches(RankStore& store) noexcept {
+  (void)store.impl_->wait_punches("wait_for_punches()");
 }
 
 Result<const BlobState*> RankStore::Impl::find_chunk(uint64_t blob, uint64_t offset, uint64_t* chunk_index) const {
@@ -339,7 +336,7 @@ Result<const BlobState*> RankStore::Impl::find_chunk_of_length(uint64_t blob, ui
   return found;
 }
 
-Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, bool held) {
+Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum) {
   uint64_t ci = 0;
   auto found = find_chunk(blob, offset, &ci);
   if (!found) return std::move(found).error();
@@ -350,14 +347,10 @@ Status RankStore::Impl::record(uint64_t blob, uint64_t offset, Checksum128 sum, 
   if (rec.state == ChunkState::Missing) --missing;
   rec = {.sum = sum,
          .state = sealed_state(),
-         .held = held && sealed_state() == ChunkState::Data,
+         .held = sealed_state() == ChunkState::Data,
          .opened = rec.opened};  // a WRITE of the chunk may be open still (settle_write() checks it)
   corrupt_records.erase(b.first_chunk + ci);
   return {};
-}
-
-Checksum128 RankStore::Impl::hash(std::span<const uint8_t> bytes) const {
-  return RankStore::hash_chunk(journal.version1_layout(), bytes);
 }
 
 Checksum128 RankStore::hash_chunk(bool xxh64, std::span<const uint8_t> bytes) noexcept {
@@ -383,13 +376,6 @@ Result<RankStore::Location> RankStore::locate(uint64_t blob, uint64_t offset, ui
   } catch (const std::bad_alloc&) {
     return out_of_memory("locating a chunk");
   }
-}
-
-Result<RankStore::WritePlan> RankStore::begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
-  const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
-  auto ticket = open_write(blob, offset, length);
-  if (!ticket) return std::move(ticket).error();
-  return settle_write(blob, offset, length, *ticket, hash_chunk(ticket->xxh64, bytes));
 }
 
 Result<RankStore::WriteTicket> RankStore::open_write(uint64_t blob, uint64_t offset, uint32_t length) {
@@ -430,7 +416,7 @@ Result<RankStore::WritePlan> RankStore::settle_write(uint64_t blob, uint64_t off
     // of this WRITE has started, and any other WRITE of the chunk was opened after it (`opened`).
     if (ticket.held && rec.opened == ticket.opened && sum == ticket.held_sum &&
         impl_->sealed_state() == ChunkState::Data) {
-      if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
+      if (auto st = impl_->record(blob, offset, sum); !st) return std::move(st).error();
       return WritePlan{.sum = sum, .unchanged = true};
     }
     return WritePlan{.sum = sum, .unchanged = false};
@@ -443,55 +429,26 @@ Result<Checksum128> RankStore::end_write(uint64_t blob, uint64_t offset, uint32_
   try {
     uint64_t ci = 0;
     if (auto found = impl_->find_chunk_of_length(blob, offset, length, &ci); !found) return std::move(found).error();
-    if (auto st = impl_->record(blob, offset, sum, true); !st) return std::move(st).error();
+    if (auto st = impl_->record(blob, offset, sum); !st) return std::move(st).error();
     return sum;
   } catch (const std::bad_alloc&) {
     return out_of_memory("sealing a chunk");
   }
 }
 
-Result<Checksum128> RankStore::seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
-  return end_write(blob, offset, static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX)),
-                   impl_->hash(bytes));
-}
-
-bool RankStore::record_checksum(uint64_t blob, uint64_t offset, Checksum128 checksum) {
-  try {
-    return static_cast<bool>(impl_->record(blob, offset, checksum, false));
-  } catch (const std::bad_alloc&) {
-    return false;
+Result<Checksum128> RankStore::Impl::sealed_sum(const BlobState& b, uint64_t ci) const {
+  const ChunkRecord& rec = b.records[ci];
+  if (is_data(rec.state)) return rec.sum;
+  if (corrupt_records.count(b.first_chunk + ci)) {
+    return make_error(EUCLEAN,
+                      fmt::format("the record of this chunk in the checksum journal {} is corrupt, so the chunk cannot "
+                                  "be verified; {}. If you have an intact copy of the journal, put it back and restart "
+                                  "tmsdiskd; otherwise `tmsctl resume --accept-loss` gives the allocation zero-filled "
+                                  "memory",
+                                  journal.path(), kept_files_text()));
   }
-}
-
-Result<Checksum128> RankStore::expected_checksum(uint64_t blob, uint64_t offset) const {
-  try {
-    uint64_t ci = 0;
-    auto found = impl_->find_chunk(blob, offset, &ci);
-    if (!found) return std::move(found).error();
-    const ChunkRecord& rec = (*found)->records[ci];
-    if (!is_data(rec.state)) {
-      if (impl_->corrupt_records.count((*found)->first_chunk + ci)) {
-        return make_error(
-            EUCLEAN,
-            fmt::format("the record of this chunk in the checksum journal {} is corrupt, so the chunk cannot be "
-                        "verified; {}. If you have an intact copy of the journal, put it back and restart tmsdiskd; "
-                        "otherwise `tmsctl resume --accept-loss` gives the allocation zero-filled memory",
-                        impl_->journal.path(), impl_->kept_files_text()));
-      }
-      return make_error(
-          ENODATA, fmt::format("chunk at offset {} of blob {} was never written in this generation", offset, blob));
-    }
-    return rec.sum;
-  } catch (const std::bad_alloc&) {
-    return out_of_memory("looking up a checksum");
-  }
-}
-
-Result<Checksum128> RankStore::verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> bytes) {
-  const auto length = static_cast<uint32_t>(std::min<std::size_t>(bytes.size(), UINT32_MAX));
-  auto ticket = open_read(blob, offset, length);
-  if (!ticket) return std::move(ticket).error();
-  return settle_read(blob, offset, length, hash_chunk(ticket->xxh64, bytes));
+  return make_error(
+      ENODATA, fmt::format("chunk at offset {} of blob {} was never written in this generation", ci * chunk, b.id));
 }
 
 Result<RankStore::ReadTicket> RankStore::open_read(uint64_t blob, uint64_t offset, uint32_t length) const {
@@ -499,7 +456,7 @@ Result<RankStore::ReadTicket> RankStore::open_read(uint64_t blob, uint64_t offse
     uint64_t ci = 0;
     auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
-    if (auto expected = expected_checksum(blob, offset); !expected) return std::move(expected).error();
+    if (auto sealed = impl_->sealed_sum(**found, ci); !sealed) return std::move(sealed).error();
     // A version-1 record vouches with an XXH3-64; everything else with an XXH3-128. One pass either way.
     return ReadTicket{.xxh64 = (*found)->records[ci].state == ChunkState::Data64};
   } catch (const std::bad_alloc&) {
@@ -512,9 +469,9 @@ Result<Checksum128> RankStore::settle_read(uint64_t blob, uint64_t offset, uint3
     uint64_t ci = 0;
     auto found = impl_->find_chunk_of_length(blob, offset, length, &ci);
     if (!found) return std::move(found).error();
-    auto expected = expected_checksum(blob, offset);
-    if (!expected) return expected;
-    if (sum != *expected) {
+    auto sealed = impl_->sealed_sum(**found, ci);
+    if (!sealed) return sealed;
+    if (sum != *sealed) {
       // Whatever the file holds there, it is not what was sealed: never skip a write over it. (A sum of
       // the other kind than the record's, the record rewritten meanwhile, lands here too: refused.)
       const_cast<BlobState&>(**found).records[ci].held = false;
@@ -527,10 +484,6 @@ Result<Checksum128> RankStore::settle_read(uint64_t blob, uint64_t offset, uint3
   } catch (const std::bad_alloc&) {
     return out_of_memory("verifying a chunk");
   }
-}
-
-uint64_t RankStore::missing_chunks() const noexcept {
-  return impl_->missing;
 }
 
 bool RankStore::holds_unresumed_data() const noexcept {

@@ -64,7 +64,7 @@ struct ChunkRecord {
   // wrote them (or found them unchanged) in this generation or the last committed one, and since
   // then no write there has started, no read of them failed its check, the chunk was not zero, its
   // blob kept its extents and the file was not changed outside the store (RootFiles::known, checked
-  // before anything is skipped). A WRITE of the same bytes then skips the disk (issue 9). Never set
+  // before anything is skipped). A WRITE of the same bytes then skips the disk. Never set
   // from a journal record, a version-1 checksum or a "writing" manifest: they prove less.
   bool held = false;
   // WRITEs of this chunk opened (RankStore::open_write): a hash that comes back after another WRITE
@@ -166,11 +166,12 @@ struct RankStore::Impl {
   // find_chunk, and `length` must be that chunk's length.
   Result<const BlobState*> find_chunk_of_length(uint64_t blob, uint64_t offset, uint64_t length,
                                                 uint64_t* chunk_index) const;
-  // Seals chunk (blob, offset) with `sum`, journaled first; `held` as ChunkRecord::held.
-  Status record(uint64_t blob, uint64_t offset, Checksum128 sum, bool held);
-  // The checksum of a chunk's bytes: an XXH3-128, or an XXH3-64 while the pause in progress keeps
-  // the journal layout of version 1 (its records have room for no more).
-  Checksum128 hash(std::span<const uint8_t> bytes) const;
+  // Seals chunk (blob, offset) with `sum`, the checksum of bytes the data file now holds there (so
+  // the chunk is held, ChunkRecord::held, where the sum is an XXH3-128), journaled first.
+  Status record(uint64_t blob, uint64_t offset, Checksum128 sum);
+  // The checksum sealed for chunk `ci` of `b` in this generation (what a READ of it is verified
+  // against): ENODATA if it was never written, EUCLEAN if its record in the journal is corrupt.
+  Result<Checksum128> sealed_sum(const BlobState& b, uint64_t ci) const;
   ChunkState sealed_state() const { return journal.version1_layout() ? ChunkState::Data64 : ChunkState::Data; }
   // Writes a manifest of `set` with the data files ending at `data_end`.
   Status write_manifest_of(const std::vector<BlobState>& set, const std::vector<uint64_t>& data_end, uint32_t state,
@@ -190,7 +191,7 @@ struct RankStore::Impl {
   // written anew. Not while the open file holds the only copy of something (a pause in progress or
   // committed, blobs carried): those stay where they are. True when a file was opened anew.
   Result<bool> follow_replaced_files(bool carrying);
-  // Waits for `punches` (reserve(), wait_for_punches()); false when they left something undone.
+  // Waits for `punches` (reserve(), testing::wait_for_punches()); false when they left something undone.
   bool wait_punches(const char* who) noexcept {
     holes_punched = punches.wait(who) && holes_punched;
     return holes_punched;

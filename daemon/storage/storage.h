@@ -94,19 +94,28 @@ class Roots {
 // Not thread-safe: the daemon's one event-loop thread makes every call (I/O completions are reaped
 // on that thread too).
 //
-// The store owns every chunk's checksum, an XXH3-128 ("seal on write, verify on read"): seal() records
-// it when the chunk has been written, in memory and in the checksum journal beside the manifest, so a
-// daemon restarted mid-pause still knows it; verify() checks a chunk read back against that record.
-// No checksum from the client is needed for either. Chunks sealed by a daemon before issue 9 (a
-// version-1 manifest or journal, adopted by an upgraded daemon) keep their XXH3-64 until rewritten.
+// The store owns every chunk's checksum, an XXH3-128 ("seal on write, verify on read"): end_write()
+// records it when the chunk has been written, in memory and in the checksum journal beside the
+// manifest, so a daemon restarted mid-pause still knows it; settle_read() checks a chunk read back
+// against that record. No checksum from the client is needed for either. Chunks sealed by a daemon
+// of manifest version 1 (a record adopted by an upgraded daemon) keep their XXH3-64 until rewritten.
 //
-// Two kinds of chunk move no bytes (issue 9). A zero chunk (every byte zero, named by reserve()'s
-// zero runs) takes no disk space and is recorded as zero at once: it is never written nor read. An
-// unchanged chunk is one whose bytes, hashed before the write (begin_write()), equal what the data
-// file provably holds at its place: it is sealed without being rewritten. "Provably" includes the
-// file itself: its identity and metadata (device, inode, size, mtime, ctime) are recorded when a
+// Two kinds of chunk move no bytes. A zero chunk (every byte zero, named by reserve()'s zero runs)
+// takes no disk space and is recorded as zero at once: it is never written nor read. An unchanged
+// chunk is one whose bytes, hashed before the write (open_write(), settle_write()), equal what the
+// data file provably holds at its place: it is sealed without being rewritten. "Provably" includes
+// the file itself: its identity and metadata (device, inode, size, mtime, ctime) are recorded when a
 // pause is committed and checked before anything is skipped; a file changed outside tmsdiskd since
 // (a byte flipped, truncated, replaced), before or after a daemon restart, has its chunks rewritten.
+//
+// A WRITE takes open_write(), hash_chunk() (on any thread), settle_write() and, unless the chunk is
+// unchanged, end_write() once the bytes are on disk; a READ takes open_read(), then hash_chunk() and
+// settle_read() once the bytes are read. Tests look further through storage_testing.h.
+class RankStore;
+namespace testing {
+void wait_for_punches(RankStore& store) noexcept;  // storage_testing.h
+}  // namespace testing
+
 class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
@@ -130,8 +139,6 @@ class RankStore {
 
   // Path of the rank's directory on the first root (what TMS_DISK_BACKUP_DIR is set to).
   const std::string& dir_path() const noexcept;
-  // "<uid>/<job>/rank<R>-<pid>", as rank_relative_dir().
-  const std::string& relative_dir() const noexcept;
   uint32_t chunk_bytes() const noexcept;
   std::size_t root_count() const noexcept;
 
@@ -155,7 +162,7 @@ class RankStore {
   // like zero chunks, nothing of them is stored (no run of either list may overlap another).
   //
   // `carry` names blobs that stay paused while the rest of the set changes (several parts of a rank
-  // paused one after another, issue 10): each must be in `blobs` with the size it is stored with and
+  // paused one after another): each must be in `blobs` with the size it is stored with and
   // every chunk sealed (data, zero or host), and no run may name it; it passes into the new set
   // untouched, its extents, states and checksums with it (the reservation's manifest records them,
   // so a daemon restarted before the next commit still has them). Carrying, the rank says that what
@@ -163,9 +170,6 @@ class RankStore {
   // then no longer refuses the new set (EBUSY without `carry`).
   Status reserve(std::span<const BlobSize> blobs, std::span<const ChunkRun> zero_runs = {},
                  std::span<const ChunkRun> host_runs = {}, std::span<const uint64_t> carry = {});
-  // Returns once the space the last reservation gives back is given back (at once if it is).
-  // reserve() does this itself; for tests, and whatever must see the files' blocks as they will be.
-  void wait_for_punches() noexcept;
 
   // Where chunk [offset, offset+length) of `blob` lives. Validates: blob reserved, offset a multiple
   // of chunk_bytes, length == min(chunk_bytes, size - offset), the chunk not reserved as zero (EINVAL:
@@ -183,30 +187,24 @@ class RankStore {
   // Location::fd stays valid until the next reserve() (which opens the file at the data file's name
   // anew where another file took it), remove() or destruction: I/O is queued with a fresh locate().
 
-  // Before a WRITE of `chunk` to (blob, offset), validated as locate() does (chunk.size() is the
-  // length): hashes its bytes (one pass, on the caller's thread). When the data file provably holds
-  // these very bytes there (written or found unchanged by this store since the last committed
-  // generation, the blob kept its extents, no write there started since, no read of them failed its
-  // check, the data file matches the identity recorded when the pause before was committed), the
-  // chunk is sealed at once, journal included, and `unchanged` is set: nothing needs
-  // writing. Otherwise what the file holds there becomes unknown (a write is about to start; any seal
-  // of the chunk in this generation is dropped) and `sum` goes to end_write() once it is on disk.
+  // Before a WRITE of a chunk to (blob, offset), in three steps, so that the daemon hashes the
+  // chunk's bytes elsewhere: on its hash workers (hash_workers.h), the WRITEs in flight side by side
+  // instead of one after another on its event loop. open_write() and settle_write() run on the
+  // store's thread, hash_chunk() on any. From open_write() on, what the file holds there is unknown
+  // (a write is about to start; any seal of the chunk in this generation is dropped). settle_write()
+  // then seals the chunk at once, journal included, and says it is `unchanged` (nothing needs
+  // writing) when the data file provably held these very bytes there when open_write() was called
+  // and no other WRITE of the chunk was opened since: written or found unchanged by this store since
+  // the last committed generation, the blob kept its extents, no read of them failed its check, the
+  // data file matches the identity recorded when the pause before was committed. Otherwise the
+  // plan's `sum` goes to end_write() once the bytes are on disk; anything in doubt is written.
   struct WritePlan {
     Checksum128 sum;
     bool unchanged = false;
   };
-  Result<WritePlan> begin_write(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
-
-  // begin_write() in three steps, for a caller that hashes elsewhere: the daemon hashes on worker
-  // threads (hash_workers.h), so that the WRITEs in flight are hashed side by side instead of one
-  // after another on its event loop. open_write() and settle_write() run on the store's thread,
-  // hash_chunk() on any. The decision is begin_write()'s, against what open_write() found recorded:
-  // from open_write() on, what the file holds there is unknown (as while a write is in flight), and
-  // settle_write() seals the chunk unchanged only if the file held those very bytes then and no other
-  // WRITE of the chunk was opened since; anything in doubt is written.
   struct WriteTicket {
     Checksum128 held_sum;  // what the data file holds there, when `held`
-    bool held = false;     // as ChunkRecord::held (rank_store.cpp), for a sealed XXH3-128
+    bool held = false;     // as ChunkRecord::held (rank_store_impl.h), for a sealed XXH3-128
     bool xxh64 = false;    // hash with XXH3-64: a pause under a version-1 record
     uint32_t opened = 0;   // which WRITE of the chunk this is
   };
@@ -215,42 +213,27 @@ class RankStore {
   // The checksum of `chunk`'s bytes, XXH3-128 or, with `xxh64` (a WriteTicket's or ReadTicket's), the
   // XXH3-64 of a version-1 record (one pass; any thread, no store state).
   static Checksum128 hash_chunk(bool xxh64, std::span<const uint8_t> chunk) noexcept;
-  // begin_write()'s answer for the chunk open_write() gave `ticket` for, whose bytes hash to `sum`.
+  // The plan for the chunk open_write() gave `ticket` for, whose bytes hash to `sum`.
   Result<WritePlan> settle_write(uint64_t blob, uint64_t offset, uint32_t length, const WriteTicket& ticket,
                                  Checksum128 sum);
-  // Seals the chunk written after begin_write() with its `sum` (in memory and in the journal) and
-  // returns it. Fails without recording when the journal cannot be written, so the chunk is never
-  // acknowledged without a record that outlives the daemon.
+  // Seals the chunk written after settle_write() planned it with its `sum` (in memory and in the
+  // journal) and returns it. Fails without recording when the journal cannot be written, so the chunk
+  // is never acknowledged without a record that outlives the daemon.
   Result<Checksum128> end_write(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum);
-  // Seals the chunk at (blob, offset) whose bytes `chunk` were just written: hashes them and
-  // end_write()s. Validates as locate() does (chunk.size() is the length).
-  Result<Checksum128> seal(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
-  // Checks `chunk`, just read from (blob, offset), against the checksum sealed for it (an XXH3-64 for
-  // a chunk a version-1 record vouches for): its checksum, or EBADMSG on a mismatch (the store then
-  // no longer trusts what the file holds there), ENODATA if it was never written in this generation,
-  // EUCLEAN if its record is lost (record_problem(), or its journal record is corrupt).
-  Result<Checksum128> verify(uint64_t blob, uint64_t offset, std::span<const uint8_t> chunk);
-  // verify() in three steps, for a caller that hashes elsewhere (the daemon's hash workers verify the
-  // READs in flight side by side, as they hash WRITEs): open_read() on the store's thread refuses a
-  // chunk there is nothing to verify against, as verify() would, and says how to hash it;
-  // hash_chunk() runs on any thread; settle_read() on the store's thread compares the sum with what
-  // is sealed then, with verify()'s answers.
+  // A READ of (blob, offset) in three steps, as a WRITE: open_read() on the store's thread refuses,
+  // before any I/O, a chunk there is nothing to verify against: ENODATA if it was never written in
+  // this generation, EUCLEAN if its record is lost (record_problem(), or its journal record is
+  // corrupt); else it says how to hash it. hash_chunk() runs on any thread (the daemon's hash
+  // workers verify the READs in flight side by side). settle_read() on the store's thread compares
+  // the sum of the bytes read with what is sealed then (an XXH3-64 for a chunk a version-1 record
+  // vouches for): the checksum, or EBADMSG on a mismatch (the store then no longer trusts what the
+  // file holds there), or open_read()'s refusals. Both validate as locate() does.
   struct ReadTicket {
     bool xxh64 = false;  // sealed with an XXH3-64 (a version-1 record)
   };
   Result<ReadTicket> open_read(uint64_t blob, uint64_t offset, uint32_t length) const;
   Result<Checksum128> settle_read(uint64_t blob, uint64_t offset, uint32_t length, Checksum128 sum);
 
-  // seal() with a given checksum (tests): the file is not known to hold bytes of that checksum, so it
-  // never makes a later WRITE unchanged. Returns false (and records nothing) when (blob, offset) names
-  // no chunk of the reserved set or the journal cannot be written.
-  bool record_checksum(uint64_t blob, uint64_t offset, Checksum128 checksum);
-  // The checksum written for that chunk in the current generation, or ENODATA if it was never written
-  // (EUCLEAN: its record is lost, as verify()).
-  Result<Checksum128> expected_checksum(uint64_t blob, uint64_t offset) const;
-  // Number of chunks of the reserved set that have no recorded checksum yet (zero chunks are
-  // recorded at the reservation).
-  uint64_t missing_chunks() const noexcept;
   // Chunks of the reserved set, zero ones included (what the records cost: max-chunks-per-uid).
   uint64_t chunk_count() const noexcept;
   // Bytes of the reserved set's zero chunks, but those of the blobs `except` names (carried ones,
@@ -270,9 +253,10 @@ class RankStore {
   // True if the loaded/committed manifest says the rank is paused (adopt() after a restart).
   bool paused() const noexcept;
   // Why the record that locates and verifies the rank's data cannot be used, empty when it can: the
-  // refusal (EUCLEAN from locate(), seal(), verify(); EBUSY from reserve() and a Paused commit), naming
-  // the file and what the user can do. The files stay exactly as they are (invariant 6) until the
-  // rank commits a resume, which says that every allocation is resident again and clears it.
+  // refusal (EUCLEAN from locate() and every call that names a chunk; EBUSY from reserve() and a
+  // Paused commit), naming the file and what the user can do. The files stay exactly as they are
+  // (invariant 6) until the rank commits a resume, which says that every allocation is resident
+  // again and clears it.
   const std::string& record_problem() const noexcept;
   // True while reserve() is refused until the rank commits a resume: a committed pause, a
   // record_problem(), or chunks of a pause in progress whose journal record is corrupt (each refused
@@ -304,6 +288,7 @@ class RankStore {
  private:
   explicit RankStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  friend void testing::wait_for_punches(RankStore& store) noexcept;
 };
 
 struct SweepStats {

@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Test hooks of the storage component: fault injection that production code never sets.
+// What only tests use of the storage component: fault injection that production code never sets,
+// and looks at a RankStore that the daemon never needs.
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+
+#include "storage.h"
 
 namespace tmsdisk::storage::testing {
 
@@ -25,5 +30,25 @@ PunchHook set_punch_hook(PunchHook hook) noexcept;
 // reservation, wait_for_punches(), removal, destruction), before it waits.
 using PunchWaitHook = void (*)();
 PunchWaitHook set_punch_wait_hook(PunchWaitHook hook) noexcept;
+
+// Returns once the space the last reservation of `store` gives back is given back (at once if it
+// is): the files' blocks as they will be. The store's next reservation, its removal and its
+// destruction wait for it themselves.
+void wait_for_punches(RankStore& store) noexcept;
+
+// Chunks of the reserved set that no checksum vouches for yet: those a READ is refused for want of
+// one (open_read(): ENODATA, never written in this generation, or EUCLEAN, its record lost). Zero
+// and host-tier chunks are recorded at the reservation.
+inline uint64_t missing_chunks(const RankStore& store) {
+  uint64_t missing = 0;
+  const uint32_t chunk = store.chunk_bytes();
+  for (const BlobSize& b : store.blobs()) {
+    for (uint64_t off = 0; off < b.size; off += chunk) {
+      auto ticket = store.open_read(b.id, off, static_cast<uint32_t>(std::min<uint64_t>(chunk, b.size - off)));
+      if (!ticket && (ticket.error().errnum() == ENODATA || ticket.error().errnum() == EUCLEAN)) ++missing;
+    }
+  }
+  return missing;
+}
 
 }  // namespace tmsdisk::storage::testing

@@ -16,6 +16,7 @@
 #include <iterator>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -132,35 +133,50 @@ inline RankIdentity dead_identity(const std::string& job, int64_t rank = 0) {
   return id;
 }
 
-inline void fill_checksums(RankStore& store, const std::vector<storage::BlobSize>& set, uint64_t salt = 0) {
-  for (const auto& b : set) {
-    for (uint64_t off = 0; off < b.size; off += kChunk)
-      REQUIRE(store.record_checksum(b.id, off, Checksum128{b.id * 1000 + off + salt}));
-  }
-}
-
-// Writes `fill` over the chunk through its Location, as the I/O engine would (aligned for O_DIRECT).
-inline void write_chunk(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
-  auto loc = store.locate(blob, off, len);
+// Writes `bytes` over the chunk at (blob, off) through its Location, as the I/O engine writes a
+// staging slot: aligned for O_DIRECT, the rest of the slot (up to io_length) `pad`.
+inline void write_bytes(const RankStore& store, uint64_t blob, uint64_t off, std::span<const uint8_t> bytes,
+                        unsigned char pad = 0) {
+  auto loc = store.locate(blob, off, static_cast<uint32_t>(bytes.size()));
+  INFO((loc ? std::string() : loc.error().describe()));
   REQUIRE(loc);
-  void* buf = std::aligned_alloc(kIoAlignment, loc->io_length);
+  auto* buf = static_cast<unsigned char*>(std::aligned_alloc(kIoAlignment, loc->io_length));
   REQUIRE(buf);
-  std::memset(buf, fill, loc->io_length);
+  std::memset(buf, pad, loc->io_length);
+  std::copy(bytes.begin(), bytes.end(), buf);
   ssize_t n = ::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
   std::free(buf);
   REQUIRE(n == static_cast<ssize_t>(loc->io_length));
 }
 
-inline bool chunk_is(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+inline std::vector<uint8_t> filled(uint32_t len, uint8_t byte) {
+  return std::vector<uint8_t>(len, byte);
+}
+
+// Writes `fill` over the chunk through its Location and nothing else: bytes the store was never told
+// of (a WRITE whose seal never came, a file changed behind its back).
+inline void write_chunk(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  write_bytes(store, blob, off, filled(len, fill), fill);
+}
+
+// The `len` bytes of the chunk at (blob, off), read from the data file through its Location as the
+// I/O engine reads a staging slot.
+inline std::vector<uint8_t> read_chunk(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len) {
   auto loc = store.locate(blob, off, len);
+  INFO((loc ? std::string() : loc.error().describe()));
   REQUIRE(loc);
   auto* buf = static_cast<unsigned char*>(std::aligned_alloc(kIoAlignment, loc->io_length));
   REQUIRE(buf);
-  ssize_t n = ::pread(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
-  bool same = n == static_cast<ssize_t>(loc->io_length) &&
-              std::all_of(buf, buf + len, [fill](unsigned char c) { return c == fill; });
+  const ssize_t n = ::pread(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset));
+  std::vector<uint8_t> bytes(buf, buf + (n == static_cast<ssize_t>(loc->io_length) ? len : 0));
   std::free(buf);
-  return same;
+  REQUIRE(n == static_cast<ssize_t>(loc->io_length));
+  return bytes;
+}
+
+inline bool chunk_is(const RankStore& store, uint64_t blob, uint64_t off, uint32_t len, unsigned char fill) {
+  const std::vector<uint8_t> bytes = read_chunk(store, blob, off, len);
+  return std::all_of(bytes.begin(), bytes.end(), [fill](uint8_t c) { return c == fill; });
 }
 
 inline uint64_t offset_of(const RankStore& store, uint64_t blob, uint64_t off, uint64_t size) {
@@ -170,20 +186,78 @@ inline uint64_t offset_of(const RankStore& store, uint64_t blob, uint64_t off, u
   return loc->file_offset;
 }
 
-inline std::vector<uint8_t> filled(uint32_t len, uint8_t byte) {
-  return std::vector<uint8_t>(len, byte);
-}
-
-// Writes `bytes` at (blob, off) as the daemon does: begin_write() first, then the data file and
-// end_write() unless the store found it unchanged. Returns whether it was unchanged.
-inline bool write_through(RankStore& store, uint64_t blob, uint64_t off, const std::vector<uint8_t>& bytes) {
-  auto plan = store.begin_write(blob, off, bytes);
+// The store's calls for a WRITE of `bytes` at (blob, off) up to its I/O, as the daemon makes them
+// (chunk_io.cpp): open_write(), the hash a hash worker takes (hash_chunk()), settle_write(). Its plan
+// says whether the bytes need writing; a WRITE whose I/O never completes ends here.
+inline RankStore::WritePlan start_write(RankStore& store, uint64_t blob, uint64_t off, std::span<const uint8_t> bytes) {
+  const auto len = static_cast<uint32_t>(bytes.size());
+  auto ticket = store.open_write(blob, off, len);
+  INFO((ticket ? std::string() : ticket.error().describe()));
+  REQUIRE(ticket);
+  auto plan = store.settle_write(blob, off, len, *ticket, RankStore::hash_chunk(ticket->xxh64, bytes));
   INFO((plan ? std::string() : plan.error().describe()));
   REQUIRE(plan);
-  if (plan->unchanged) return true;
-  write_chunk(store, blob, off, static_cast<uint32_t>(bytes.size()), bytes.empty() ? 0 : bytes[0]);
-  REQUIRE(store.end_write(blob, off, static_cast<uint32_t>(bytes.size()), plan->sum));
-  return false;
+  return *plan;
+}
+
+// A WRITE of `bytes` at (blob, off) as the daemon does it: start_write(), then, unless the store
+// found the bytes unchanged, the bytes to the data file and end_write(). Its plan: whether it was
+// unchanged, and the checksum sealed.
+inline RankStore::WritePlan write_as_daemon(RankStore& store, uint64_t blob, uint64_t off,
+                                            std::span<const uint8_t> bytes) {
+  const RankStore::WritePlan plan = start_write(store, blob, off, bytes);
+  if (plan.unchanged) return plan;
+  write_bytes(store, blob, off, bytes);
+  auto sealed = store.end_write(blob, off, static_cast<uint32_t>(bytes.size()), plan.sum);
+  INFO((sealed ? std::string() : sealed.error().describe()));
+  REQUIRE(sealed);
+  return {.sum = *sealed, .unchanged = false};
+}
+
+// write_as_daemon(), saying only whether the bytes were unchanged.
+inline bool write_through(RankStore& store, uint64_t blob, uint64_t off, std::span<const uint8_t> bytes) {
+  return write_as_daemon(store, blob, off, bytes).unchanged;
+}
+
+// The bytes write_set() gives chunk (blob, off): one byte value per chunk, so that each chunk's
+// record vouches for its own bytes only.
+inline std::vector<uint8_t> chunk_bytes_of(const RankStore& store, uint64_t blob, uint64_t off, uint64_t size,
+                                           uint64_t salt = 0) {
+  const uint32_t chunk = store.chunk_bytes();
+  return filled(static_cast<uint32_t>(std::min<uint64_t>(chunk, size - off)),
+                static_cast<uint8_t>(1 + blob * 37 + off / chunk * 11 + salt * 5));
+}
+
+// Writes every chunk of `set` as the daemon does (write_through), each with chunk_bytes_of().
+inline void write_set(RankStore& store, const std::vector<storage::BlobSize>& set, uint64_t salt = 0) {
+  for (const auto& b : set) {
+    for (uint64_t off = 0; off < b.size; off += store.chunk_bytes())
+      write_through(store, b.id, off, chunk_bytes_of(store, b.id, off, b.size, salt));
+  }
+}
+
+// The store's calls for a READ at (blob, off) whose staging slot holds `slot` once read, as the daemon
+// makes them: open_read(), the hash a hash worker takes of the slot, settle_read(). Its answer is the
+// daemon's: the checksum verified, or why the READ is refused.
+inline Result<Checksum128> verify_slot(RankStore& store, uint64_t blob, uint64_t off, std::span<const uint8_t> slot) {
+  const auto len = static_cast<uint32_t>(slot.size());
+  auto ticket = store.open_read(blob, off, len);
+  if (!ticket) return std::move(ticket).error();
+  return store.settle_read(blob, off, len, RankStore::hash_chunk(ticket->xxh64, slot));
+}
+
+// A READ of (blob, off) as the daemon does it: refused before any I/O when open_read() refuses it,
+// else the chunk read from the data file through its Location and verified (verify_slot()). True
+// when it is verified and its bytes are `expected`.
+inline bool reads_back(RankStore& store, uint64_t blob, uint64_t off, std::span<const uint8_t> expected) {
+  const auto len = static_cast<uint32_t>(expected.size());
+  auto ticket = store.open_read(blob, off, len);
+  INFO((ticket ? std::string() : ticket.error().describe()));
+  if (!ticket) return false;
+  const std::vector<uint8_t> slot = read_chunk(store, blob, off, len);
+  auto verified = verify_slot(store, blob, off, slot);
+  INFO((verified ? std::string() : verified.error().describe()));
+  return verified && std::equal(slot.begin(), slot.end(), expected.begin(), expected.end());
 }
 
 inline uint64_t allocated_bytes(const std::string& path) {
@@ -204,8 +278,7 @@ inline std::string paused_rank(Roots& roots, const RankIdentity& id) {
   const std::vector<storage::BlobSize> set{{1, 3 * kChunk}};
   REQUIRE(store->reserve(set));
   for (uint64_t c = 0; c < 3; ++c)
-    write_chunk(*store, 1, c * kChunk, kChunk, static_cast<unsigned char>(0x11 * (c + 1)));
-  fill_checksums(*store, set);
+    write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x11 * (c + 1))));
   REQUIRE(store->commit(storage::CommitState::Paused));
   return store->dir_path() + "/data";
 }  // the daemon "exits" without removing anything

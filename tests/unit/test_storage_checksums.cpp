@@ -51,10 +51,7 @@ int pause_and_resume(RankStore& store, uint8_t fill) {
   int unchanged = 0;
   for (uint64_t c = 0; c < kDamageChunks; ++c) unchanged += write_through(store, 1, c * kChunk, filled(kChunk, fill));
   REQUIRE(store.commit(storage::CommitState::Paused));
-  for (uint64_t c = 0; c < kDamageChunks; ++c) {
-    CHECK(chunk_is(store, 1, c * kChunk, kChunk, fill));
-    CHECK(store.verify(1, c * kChunk, filled(kChunk, fill)));
-  }
+  for (uint64_t c = 0; c < kDamageChunks; ++c) CHECK(reads_back(store, 1, c * kChunk, filled(kChunk, fill)));
   REQUIRE(store.commit(storage::CommitState::Resumed));
   return unchanged;
 }
@@ -190,7 +187,7 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
         unchanged += write_through(store, b.id, off, filled(kChunk, fill));
     REQUIRE(store.commit(storage::CommitState::Paused));
     for (const auto& b : set)
-      for (uint64_t off = 0; off < b.size; off += kChunk) CHECK(store.verify(b.id, off, filled(kChunk, fill)));
+      for (uint64_t off = 0; off < b.size; off += kChunk) CHECK(reads_back(store, b.id, off, filled(kChunk, fill)));
     REQUIRE(store.commit(storage::CommitState::Resumed));
     return unchanged;
   };
@@ -207,14 +204,12 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
     CHECK(write_through(*store, 1, 0, filled(kChunk, 0x31)));
     CHECK(chunk_is(*store, 1, kChunk, kChunk, 0x32));
     // A write that started and did not complete makes the chunk unknown, even for the same bytes.
-    auto started = store->begin_write(1, 2 * kChunk, filled(kChunk, 0x33));
-    REQUIRE(started);
-    CHECK_FALSE(started->unchanged);
+    CHECK_FALSE(start_write(*store, 1, 2 * kChunk, filled(kChunk, 0x33)).unchanged);
     CHECK_FALSE(write_through(*store, 1, 2 * kChunk, filled(kChunk, 0x31)));
     CHECK(write_through(*store, 2, 0, filled(kChunk, 0x31)));
     REQUIRE(store->commit(storage::CommitState::Paused));
     // A read that fails its check: the chunk is rewritten next time.
-    CHECK_FALSE(store->verify(2, 0, filled(kChunk, 0x30)));
+    CHECK_FALSE(verify_slot(*store, 2, 0, filled(kChunk, 0x30)));
     REQUIRE(store->commit(storage::CommitState::Resumed));
     REQUIRE(store->reserve(set));
     CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x31)));
@@ -227,7 +222,7 @@ TEST_CASE("a WRITE of the bytes the file provably holds is unchanged; anything d
     // recorded what the file looked like after that write, so it is not trusted across a reservation.
     // The extents of the resized blob 1 are given back meanwhile: a commit while they are still being
     // punched records nothing either (the punches change the file after it), so they are waited for.
-    store->wait_for_punches();
+    storage::testing::wait_for_punches(*store);
     CHECK(pause_all(*store, 0x31) == 0);
     REQUIRE(store->reserve(set));
     CHECK(pause_all(*store, 0x31) == 4);  // committed since: held again
@@ -273,7 +268,7 @@ TEST_CASE(
   auto settled = store->settle_write(1, 0, kChunk, *a, hash(*a, 0x11));
   REQUIRE(settled);
   CHECK(settled->unchanged);
-  CHECK(store->expected_checksum(1, 0));
+  CHECK(store->open_read(1, 0, kChunk));  // sealed: a READ has its checksum to verify against
 
   // Two WRITEs of one chunk in flight at once: neither is taken for unchanged (the second was opened
   // while what the file holds was already in doubt; the first finds a WRITE opened after it).
@@ -282,7 +277,7 @@ TEST_CASE(
   REQUIRE((b1 && b2));
   CHECK(b1->held);
   CHECK_FALSE(b2->held);
-  CHECK_FALSE(store->expected_checksum(1, kChunk));  // unknown while they are in flight
+  CHECK(store->open_read(1, kChunk, kChunk).error().errnum() == ENODATA);  // unknown while they are in flight
   auto s1 = store->settle_write(1, kChunk, kChunk, *b1, hash(*b1, 0x22));
   auto s2 = store->settle_write(1, kChunk, kChunk, *b2, hash(*b2, 0x22));
   REQUIRE((s1 && s2));
@@ -310,20 +305,19 @@ TEST_CASE(
   REQUIRE(store->end_write(1, 0, kChunk, late->sum));
 
   REQUIRE(store->commit(storage::CommitState::Paused));
-  CHECK(chunk_is(*store, 1, 0, kChunk, 0x11));
-  CHECK(store->verify(1, 0, filled(kChunk, 0x11)));
-  CHECK(store->verify(1, kChunk, filled(kChunk, 0x22)));
+  CHECK(reads_back(*store, 1, 0, filled(kChunk, 0x11)));
+  CHECK(reads_back(*store, 1, kChunk, filled(kChunk, 0x22)));
   REQUIRE(store->remove());
 }
 
-TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified, settle_read answers as verify") {
+TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified, settle_read checks the seal") {
   TempDir root;
   Roots roots = open_roots({root.path()});
   auto store = make_store(roots, my_identity("settle-read", 1));
   const std::vector<storage::BlobSize> set{{1, 2 * kChunk}};
   REQUIRE(store->reserve(set));
   CHECK_FALSE(write_through(*store, 1, 0, filled(kChunk, 0x41)));
-  // Never written in this generation: refused before any I/O, as verify() refuses it.
+  // Never written in this generation: refused before any I/O, with nothing to verify against.
   auto unwritten = store->open_read(1, kChunk, kChunk);
   REQUIRE_FALSE(unwritten);
   CHECK(unwritten.error().errnum() == ENODATA);
@@ -338,7 +332,8 @@ TEST_CASE("a READ verified elsewhere: open_read refuses what cannot be verified,
   CHECK_FALSE(ticket->xxh64);  // sealed with an XXH3-128
   auto good = store->settle_read(1, 0, kChunk, RankStore::hash_chunk(ticket->xxh64, filled(kChunk, 0x41)));
   REQUIRE(good);
-  CHECK(*good == *store->expected_checksum(1, 0));
+  CHECK(*good == RankStore::hash_chunk(false, filled(kChunk, 0x41)));
+  CHECK(reads_back(*store, 1, 0, filled(kChunk, 0x41)));  // the file's bytes verify against the same seal
   // The right bytes hashed the other way (XXH3-64) are not taken for the XXH3-128 sealed; other bytes
   // neither. EBADMSG, and the file is no longer trusted there (the next pause rewrites the chunk).
   auto other_kind = store->settle_read(1, kChunk, kChunk, RankStore::hash_chunk(true, filled(kChunk, 0x42)));
@@ -463,14 +458,14 @@ TEST_CASE(
   RankStore& store = **adopted;
   CHECK(store.record_problem().empty());
   CHECK(store.paused());
-  CHECK(store.verify(1, 0, chunk0));
-  CHECK(store.verify(1, 2 * kChunk, tail));
+  CHECK(reads_back(store, 1, 0, chunk0));
+  CHECK(reads_back(store, 1, 2 * kChunk, tail));
   // A READ verified on a hash worker: the ticket says which hash the chunk was sealed with.
   auto ticket = store.open_read(1, kChunk, kChunk);
   REQUIRE(ticket);
   CHECK(ticket->xxh64);
   CHECK(store.settle_read(1, kChunk, kChunk, RankStore::hash_chunk(ticket->xxh64, chunk0)));
-  auto bad = store.verify(1, kChunk, filled(kChunk, 0x40));
+  auto bad = verify_slot(store, 1, kChunk, filled(kChunk, 0x40));
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EBADMSG);
   REQUIRE(store.commit(storage::CommitState::Resumed));
@@ -509,15 +504,15 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
   auto adopted = RankStore::adopt(roots, id, kChunk);
   REQUIRE(adopted);
   RankStore& store = **adopted;
-  CHECK(store.missing_chunks() == 1);
-  CHECK(store.verify(1, 0, bytes));
-  auto sealed = store.seal(1, kChunk, bytes);
-  REQUIRE(sealed);
-  CHECK(*sealed == Checksum128{XXH3_64bits(bytes.data(), bytes.size()), 0});
+  CHECK(storage::testing::missing_chunks(store) == 1);
+  CHECK(reads_back(store, 1, 0, bytes));
+  const RankStore::WritePlan sealed = write_as_daemon(store, 1, kChunk, bytes);
+  CHECK_FALSE(sealed.unchanged);
+  CHECK(sealed.sum == Checksum128{XXH3_64bits(bytes.data(), bytes.size()), 0});
   REQUIRE(store.commit(storage::CommitState::Paused));
   Manifest m = manifest_of(dir);
   CHECK(m.version == kManifestVersion);
   CHECK(m.blobs[0].states == std::vector<ChunkState>{ChunkState::Data64, ChunkState::Data64});
-  CHECK(store.verify(1, kChunk, bytes));
+  CHECK(reads_back(store, 1, kChunk, bytes));
   REQUIRE(store.remove());
 }

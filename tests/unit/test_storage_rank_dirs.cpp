@@ -45,7 +45,7 @@ TEST_CASE("create makes the rank directory with its modes, owner and data file; 
   const std::string job_dir = uid_dir + "/job1";
   const std::string rank_dir = job_dir + "/rank3-" + std::to_string(::getpid());
   CHECK(store->dir_path() == rank_dir);
-  CHECK(store->relative_dir() == "1000/job1/rank3-" + std::to_string(::getpid()));
+  CHECK(store->dir_path() == root / rank_relative_dir(id));  // the directory the sweep is told of
   CHECK(mode_of(uid_dir) == 0711);
   CHECK(mode_of(job_dir) == 0711);
   CHECK(mode_of(rank_dir) == 0700);
@@ -213,7 +213,7 @@ TEST_CASE("sweep removes dead ranks' directories and nothing else") {
   for (auto* id : {&dead, &held, &live}) {
     auto s = make_store(roots, *id);
     REQUIRE(s->reserve(std::vector<storage::BlobSize>{{1, 4 * kChunk}}));
-    fill_checksums(*s, std::vector<storage::BlobSize>{{1, 4 * kChunk}});
+    write_set(*s, std::vector<storage::BlobSize>{{1, 4 * kChunk}});
     REQUIRE(s->commit(storage::CommitState::Paused));
     if (id == &dead) {
       dead_dir = s->dir_path();

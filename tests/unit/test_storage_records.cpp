@@ -52,8 +52,10 @@ void check_lost_record(RankStore& store, const std::string& data_path, const std
   REQUIRE_FALSE(located);
   CHECK(located.error().errnum() == EUCLEAN);
   CHECK(located.error().message == problem);
-  CHECK(store.expected_checksum(1, 0).error().errnum() == EUCLEAN);
-  CHECK_FALSE(store.record_checksum(1, 0, Checksum128{5}));
+  // Nothing is read nor sealed: a READ and a WRITE are refused before any I/O, and so is a seal.
+  CHECK(store.open_read(1, 0, kChunk).error().errnum() == EUCLEAN);
+  CHECK(store.open_write(1, 0, kChunk).error().errnum() == EUCLEAN);
+  CHECK(store.end_write(1, 0, kChunk, Checksum128{5}).error().errnum() == EUCLEAN);
   // A new set would recycle, truncate and punch the old extents: refused, as is a pause of nothing.
   auto reserved = store.reserve(std::vector<storage::BlobSize>{{1, 3 * kChunk}});
   REQUIRE_FALSE(reserved);
@@ -78,7 +80,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     auto store = make_store(roots, id);
     manifest = store->dir_path() + "/manifest";
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, std::vector<storage::BlobSize>{{10, 5 * kChunk + 300}});
+    write_set(*store, std::vector<storage::BlobSize>{{10, 5 * kChunk + 300}});
     auto incomplete = store->commit(storage::CommitState::Paused);
     REQUIRE_FALSE(incomplete);
     CHECK(incomplete.error().errnum() == EINVAL);
@@ -86,7 +88,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK(exists(manifest));  // the reservation is recorded ("writing"), not a pause
     CHECK_FALSE(store->paused());
 
-    fill_checksums(*store, set);
+    write_set(*store, set);
     REQUIRE(store->commit(storage::CommitState::Paused));
     CHECK(store->paused());
     CHECK(store->generation() == 1);  // the store numbers pauses
@@ -112,12 +114,13 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK(blobs[0].id == 10);
     CHECK(blobs[0].size == 5 * kChunk + 300);
     CHECK(blobs[2].size == 0);
-    CHECK(store.missing_chunks() == 0);
+    CHECK(storage::testing::missing_chunks(store) == 0);
     CHECK(offset_of(store, 10, 5 * kChunk, 5 * kChunk + 300) == o10);
     CHECK(offset_of(store, 11, 0, kChunk) == o11);
-    auto sum = store.expected_checksum(10, 3 * kChunk);
-    REQUIRE(sum);
-    CHECK(sum->low == 10 * 1000 + 3 * kChunk);
+    // Each chunk verifies against the checksum sealed for it (its bytes differ from every other's).
+    for (const auto& b : set)
+      for (uint64_t off = 0; off < b.size; off += kChunk)
+        CHECK(reads_back(store, b.id, off, chunk_bytes_of(store, b.id, off, b.size)));
     CHECK(store.disk_bytes() == (3 * kChunk) + (2 * kChunk + 4096) + kChunk);
 
     // Resume completes: the manifest says so, and the extents stay for the next pause.
@@ -131,7 +134,7 @@ TEST_CASE("commit writes a manifest that adopt restores after a daemon restart")
     CHECK_FALSE(store.paused());
     CHECK(store.generation() == 1);  // a resume keeps the number of the pause it ended
     REQUIRE(store.reserve(set));
-    CHECK(store.missing_chunks() == 7);
+    CHECK(storage::testing::missing_chunks(store) == 7);
     CHECK(offset_of(store, 10, 5 * kChunk, 5 * kChunk + 300) == o10);
     CHECK(offset_of(store, 11, 0, kChunk) == o11);
     // New blobs after an adopt take free space, never space of the adopted extents.
@@ -255,7 +258,7 @@ TEST_CASE("a deleted manifest never truncates the data file: its use is refused 
   CHECK(store.record_problem().empty());
   CHECK_FALSE(store.awaits_resume());
   REQUIRE(store.reserve(std::vector<storage::BlobSize>{{1, 3 * kChunk}}));
-  fill_checksums(store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
+  write_set(store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
   REQUIRE(store.commit(storage::CommitState::Paused));
   REQUIRE(store.remove());
 }
@@ -282,8 +285,8 @@ TEST_CASE("a checksum journal deleted mid-pause: the chunks it sealed are kept, 
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    for (uint64_t c = 0; c < 3; ++c) write_chunk(*store, 1, c * kChunk, kChunk, 0x44);
-    fill_checksums(*store, set);  // every chunk acknowledged: the rank may have released all of it
+    // Every chunk acknowledged: the rank may have released all of it.
+    for (uint64_t c = 0; c < 3; ++c) write_through(*store, 1, c * kChunk, filled(kChunk, 0x44));
     dir = store->dir_path();
   }  // the daemon dies before the pause is committed
   const std::string data = read_text(dir + "/data");
@@ -308,7 +311,7 @@ TEST_CASE(
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, set);
+    write_set(*store, set);
     dir = store->dir_path();
   }  // the daemon dies before the pause is committed
   std::string sums = read_text(dir + "/sums");
@@ -320,9 +323,9 @@ TEST_CASE(
   REQUIRE(r);
   RankStore& store = **r;
   CHECK(store.record_problem().empty());
-  CHECK(store.expected_checksum(1, 0));
-  CHECK(store.expected_checksum(1, 2 * kChunk));
-  auto bad = store.expected_checksum(1, kChunk);
+  CHECK(reads_back(store, 1, 0, chunk_bytes_of(store, 1, 0, 3 * kChunk)));
+  CHECK(reads_back(store, 1, 2 * kChunk, chunk_bytes_of(store, 1, 2 * kChunk, 3 * kChunk)));
+  auto bad = store.open_read(1, kChunk, kChunk);
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EUCLEAN);
   CHECK_THAT(bad.error().message,
@@ -350,7 +353,7 @@ TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the ex
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
+    write_set(*store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
     o2 = offset_of(*store, 2, kChunk, kChunk + 100);
   }  // the daemon dies before the pause is committed
   auto adopted = RankStore::adopt(roots, id, kChunk);
@@ -361,19 +364,16 @@ TEST_CASE("a reservation survives a daemon restart mid-pause: adopt knows the ex
   CHECK(store.blobs().size() == 2);
   CHECK(offset_of(store, 2, kChunk, kChunk + 100) == o2);
   // The checksum journal kept what was sealed: no checksum from the rank is needed.
-  for (uint64_t off = 0; off < 3 * kChunk; off += kChunk) {
-    auto sum = store.expected_checksum(1, off);
-    REQUIRE(sum);
-    CHECK(sum->low == 1000 + off);
-  }
-  auto never = store.expected_checksum(2, 0);
+  for (uint64_t off = 0; off < 3 * kChunk; off += kChunk)
+    CHECK(reads_back(store, 1, off, chunk_bytes_of(store, 1, off, 3 * kChunk)));
+  auto never = store.open_read(2, 0, kChunk);
   REQUIRE_FALSE(never);
   CHECK(never.error().errnum() == ENODATA);
-  CHECK(store.missing_chunks() == 2);
+  CHECK(storage::testing::missing_chunks(store) == 2);
   CHECK(store.holds_unresumed_data());  // chunks the rank may have released
 }
 
-TEST_CASE("seal records what was written and verify refuses a chunk that changed, also after a restart") {
+TEST_CASE("a WRITE seals what was written and a READ refuses a chunk that changed, also after a restart") {
   TempDir a;
   Roots roots = open_roots({a.path()});
   RankIdentity id = my_identity("seal", 1);
@@ -382,19 +382,22 @@ TEST_CASE("seal records what was written and verify refuses a chunk that changed
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    auto sum = store->seal(1, 0, chunk);
-    REQUIRE(sum);
-    CHECK(store->verify(1, 0, chunk));
-    CHECK_FALSE(store->seal(1, 0, std::span<const uint8_t>(chunk).first(100)));  // not the chunk's length
-    auto unsealed = store->verify(1, kChunk, chunk);
+    write_as_daemon(*store, 1, 0, chunk);
+    CHECK(reads_back(*store, 1, 0, chunk));
+    // Not the chunk's length: refused when the WRITE opens, and by its seal.
+    CHECK_FALSE(store->open_write(1, 0, 100));
+    CHECK_FALSE(store->end_write(1, 0, 100, RankStore::hash_chunk(false, std::span(chunk).first(100))));
+    auto unsealed = store->open_read(1, kChunk, kChunk);
     REQUIRE_FALSE(unsealed);
     CHECK(unsealed.error().errnum() == ENODATA);
   }  // the daemon dies before the pause is committed
   auto adopted = RankStore::adopt(roots, id, kChunk);
   REQUIRE(adopted);
-  CHECK((*adopted)->verify(1, 0, chunk));
+  CHECK(reads_back(**adopted, 1, 0, chunk));
+  // One byte of the chunk changes in the file: what is read back no longer verifies.
   chunk[100] ^= 1;
-  auto bad = (*adopted)->verify(1, 0, chunk);
+  write_bytes(**adopted, 1, 0, chunk);
+  auto bad = verify_slot(**adopted, 1, 0, read_chunk(**adopted, 1, 0, kChunk));
   REQUIRE_FALSE(bad);
   CHECK(bad.error().errnum() == EBADMSG);
   REQUIRE((*adopted)->remove());
@@ -408,11 +411,11 @@ TEST_CASE("checksums journaled for an earlier reservation are not taken for the 
   {
     auto store = make_store(roots, id);
     REQUIRE(store->reserve(set));
-    fill_checksums(*store, set);
+    write_set(*store, set);
     REQUIRE(store->reserve(set));  // the same layout again: a new pause that wrote nothing yet
   }
   auto adopted = RankStore::adopt(roots, id, kChunk);
   REQUIRE(adopted);
-  CHECK((*adopted)->missing_chunks() == 2);
-  CHECK_FALSE((*adopted)->expected_checksum(1, 0));
+  CHECK(storage::testing::missing_chunks(**adopted) == 2);
+  CHECK_FALSE((*adopted)->open_read(1, 0, kChunk));
 }

@@ -33,6 +33,8 @@
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
 using namespace storage_test;
+using storage::testing::missing_chunks;
+using storage::testing::wait_for_punches;
 
 namespace {
 int g_fail_calls = 0;
@@ -45,26 +47,16 @@ int fail_nth(std::size_t, uint64_t, uint64_t) {
 
 namespace {
 
-// Writes `fill` over every chunk of `blob` and seals it, as a pause would.
+// Writes `fill` over every chunk of `blob` as a pause would: each WRITE as the daemon makes it.
 void write_and_seal(RankStore& store, uint64_t blob, uint64_t size, unsigned char fill) {
-  for (uint64_t off = 0; off < size; off += kChunk) {
-    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off));
-    write_chunk(store, blob, off, len, fill);
-    std::vector<uint8_t> bytes(len, fill);
-    REQUIRE(store.seal(blob, off, bytes));
-  }
+  for (uint64_t off = 0; off < size; off += kChunk)
+    write_through(store, blob, off, filled(static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)), fill));
 }
 
 // Every chunk of `blob` reads back as `fill` and verifies against its seal.
 void check_blob(RankStore& store, uint64_t blob, uint64_t size, unsigned char fill) {
-  for (uint64_t off = 0; off < size; off += kChunk) {
-    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off));
-    CHECK(chunk_is(store, blob, off, len, fill));
-    std::vector<uint8_t> bytes(len, fill);
-    auto v = store.verify(blob, off, bytes);
-    INFO((v ? std::string() : v.error().describe()));
-    CHECK(v);
-  }
+  for (uint64_t off = 0; off < size; off += kChunk)
+    CHECK(reads_back(store, blob, off, filled(static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)), fill)));
 }
 
 }  // namespace
@@ -147,7 +139,7 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
   std::vector<storage::BlobSize> set{{1, b1}, {2, kChunk}};
   REQUIRE(store->reserve(set));
   CHECK(store->disk_bytes() == 3 * kChunk + 4096 + kChunk);
-  CHECK(store->missing_chunks() == 5);
+  CHECK(missing_chunks(*store) == 5);
   CHECK(store->blobs().size() == 2);
   const uint64_t off1 = offset_of(*store, 1, 0, b1);
   const uint64_t off2 = offset_of(*store, 2, 0, kChunk);
@@ -162,7 +154,7 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
   SECTION("repeating the same set keeps extents and disk usage constant") {
     const auto usage = usage_of(data);
     for (int i = 0; i < 5; ++i) {
-      fill_checksums(*store, set, static_cast<uint64_t>(i));
+      write_set(*store, set, static_cast<uint64_t>(i));
       REQUIRE(store->commit(storage::CommitState::Paused));
       CHECK(store->generation() == static_cast<uint64_t>(i) + 1);  // each pause numbered by the store
       REQUIRE(store->commit(storage::CommitState::Resumed));
@@ -190,11 +182,11 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
     CHECK(usage_of(data).size == store->disk_bytes());
     // The file is cut once the space a reservation gives back is given back, off the caller's thread.
     REQUIRE(store->reserve(std::vector<storage::BlobSize>{{1, b1}}));
-    store->wait_for_punches();
+    wait_for_punches(*store);
     CHECK(usage_of(data).size == 3 * kChunk + 4096);
     REQUIRE(store->reserve(std::vector<storage::BlobSize>{}));
     CHECK(store->disk_bytes() == 0);
-    store->wait_for_punches();
+    wait_for_punches(*store);
     CHECK(usage_of(data).size == 0);
   }
   SECTION("invalid sets are refused and change nothing") {
@@ -221,7 +213,8 @@ TEST_CASE("reserve lays out blobs, keeps unchanged ones and recycles dropped ext
 TEST_CASE("blobs stripe chunk by chunk over the roots") {
   TempDir a, b;
   Roots roots = open_roots({a.path(), b.path()});
-  auto store = make_store(roots, my_identity());
+  const RankIdentity id = my_identity();
+  auto store = make_store(roots, id);
   const uint64_t size = 4 * kChunk + 100;  // chunks 0,2,4 on root 0 (4 is the tail); 1,3 on root 1
   REQUIRE(store->reserve(std::vector<storage::BlobSize>{{5, size}}));
   CHECK(store->disk_bytes() == 2 * kChunk + 4096 + 2 * kChunk);
@@ -239,9 +232,9 @@ TEST_CASE("blobs stripe chunk by chunk over the roots") {
   CHECK(c4->file_offset == c0->file_offset + 2 * kChunk);
   CHECK(c3->file_offset == c1->file_offset + kChunk);
   CHECK(c4->io_length == 4096);
-  CHECK(usage_of(a.path() + "/" + store->relative_dir() + "/data").size == 2 * kChunk + 4096);
-  CHECK(usage_of(b.path() + "/" + store->relative_dir() + "/data").size == 2 * kChunk);
-  CHECK_FALSE(exists(b.path() + "/" + store->relative_dir() + "/manifest"));
+  CHECK(usage_of(a / rank_relative_dir(id) + "/data").size == 2 * kChunk + 4096);
+  CHECK(usage_of(b / rank_relative_dir(id) + "/data").size == 2 * kChunk);
+  CHECK_FALSE(exists(b / rank_relative_dir(id) + "/manifest"));
   REQUIRE(store->remove());
   CHECK(entries(a.path()).empty());
   CHECK(entries(b.path()).empty());
@@ -250,14 +243,15 @@ TEST_CASE("blobs stripe chunk by chunk over the roots") {
 TEST_CASE("reserve is all or nothing when a preallocation fails") {
   TempDir a, b;
   Roots roots = open_roots({a.path(), b.path()});
-  auto store = make_store(roots, my_identity());
-  const std::string data_a = a.path() + "/" + store->relative_dir() + "/data";
-  const std::string data_b = b.path() + "/" + store->relative_dir() + "/data";
+  const RankIdentity id = my_identity();
+  auto store = make_store(roots, id);
+  const std::string data_a = a / rank_relative_dir(id) + "/data";
+  const std::string data_b = b / rank_relative_dir(id) + "/data";
   std::vector<storage::BlobSize> first{{1, 3 * kChunk}, {2, 2 * kChunk}};
   REQUIRE(store->reserve(first));
-  fill_checksums(*store, first);
-  write_chunk(*store, 2, 0, kChunk, 0xa5);
-  write_chunk(*store, 2, kChunk, kChunk, 0x5a);
+  write_set(*store, std::vector<storage::BlobSize>{{1, 3 * kChunk}});
+  write_through(*store, 2, 0, filled(kChunk, 0xa5));
+  write_through(*store, 2, kChunk, filled(kChunk, 0x5a));
   const auto ua = usage_of(data_a);
   const auto ub = usage_of(data_b);
   const uint64_t disk = store->disk_bytes();
@@ -288,13 +282,11 @@ TEST_CASE("reserve is all or nothing when a preallocation fails") {
   REQUIRE(blobs.size() == 2);
   CHECK(blobs[1].id == 2);
   CHECK(offset_of(*store, 1, kChunk, 3 * kChunk) == o1);
-  CHECK(store->missing_chunks() == 0);  // checksums of the old set survive a refused reserve
-  auto sum = store->expected_checksum(2, kChunk);
-  REQUIRE(sum);
-  CHECK(sum->low == 2 * 1000 + kChunk);
-  // Blob 2 is dropped by the refused set and its space would have gone to blob 3: still intact.
-  CHECK(chunk_is(*store, 2, 0, kChunk, 0xa5));
-  CHECK(chunk_is(*store, 2, kChunk, kChunk, 0x5a));
+  CHECK(missing_chunks(*store) == 0);  // checksums of the old set survive a refused reserve
+  // Blob 2 is dropped by the refused set and its space would have gone to blob 3: still intact, and
+  // verified against its seals.
+  CHECK(reads_back(*store, 2, 0, filled(kChunk, 0xa5)));
+  CHECK(reads_back(*store, 2, kChunk, filled(kChunk, 0x5a)));
 
   REQUIRE(store->reserve(next));
   CHECK(store->blobs().size() == 3);
@@ -327,7 +319,7 @@ TEST_CASE("locate validates blob, offset and length") {
   auto ok = store->locate(1, 2 * kChunk, 10);
   REQUIRE(ok);
   CHECK(ok->io_length == 4096);
-  CHECK(store->missing_chunks() == 3);
+  CHECK(missing_chunks(*store) == 3);
   REQUIRE(store->remove());
 }
 
@@ -337,31 +329,34 @@ TEST_CASE("checksums are kept per chunk and cleared by reserve") {
   auto store = make_store(roots, my_identity());
   std::vector<storage::BlobSize> set{{1, 2 * kChunk}, {2, 100}};
   REQUIRE(store->reserve(set));
-  CHECK(store->missing_chunks() == 3);
+  CHECK(missing_chunks(*store) == 3);
 
-  auto none = store->expected_checksum(1, 0);
+  auto none = store->open_read(1, 0, kChunk);
   REQUIRE_FALSE(none);
   CHECK(none.error().errnum() == ENODATA);
-  CHECK(store->record_checksum(1, 0, Checksum128{42}));
-  CHECK(store->missing_chunks() == 2);
-  CHECK(store->record_checksum(1, 0, Checksum128{43}));  // rewriting a chunk replaces its checksum
-  CHECK(store->missing_chunks() == 2);
-  auto got = store->expected_checksum(1, 0);
-  REQUIRE(got);
-  CHECK(got->low == 43);
+  write_through(*store, 1, 0, filled(kChunk, 42));
+  CHECK(missing_chunks(*store) == 2);
+  write_through(*store, 1, 0, filled(kChunk, 43));  // rewriting a chunk replaces its checksum
+  CHECK(missing_chunks(*store) == 2);
+  CHECK(reads_back(*store, 1, 0, filled(kChunk, 43)));
+  CHECK(verify_slot(*store, 1, 0, filled(kChunk, 42)).error().errnum() == EBADMSG);
 
-  CHECK_FALSE(store->record_checksum(3, 0, Checksum128{1}));
-  CHECK_FALSE(store->record_checksum(1, 5, Checksum128{1}));
-  CHECK_FALSE(store->record_checksum(1, 2 * kChunk, Checksum128{1}));
-  CHECK(store->missing_chunks() == 2);
-  CHECK_FALSE(store->expected_checksum(9, 0));
+  // No chunk of the reserved set: refused when the WRITE opens, and by a seal.
+  CHECK_FALSE(store->open_write(3, 0, kChunk));
+  CHECK_FALSE(store->open_write(1, 5, kChunk));
+  CHECK_FALSE(store->open_write(1, 2 * kChunk, kChunk));
+  CHECK_FALSE(store->end_write(3, 0, kChunk, Checksum128{1}));
+  CHECK_FALSE(store->end_write(1, 5, kChunk, Checksum128{1}));
+  CHECK_FALSE(store->end_write(1, 2 * kChunk, kChunk, Checksum128{1}));
+  CHECK(missing_chunks(*store) == 2);
+  CHECK_FALSE(store->open_read(9, 0, kChunk));
 
-  CHECK(store->record_checksum(1, kChunk, Checksum128{7}));
-  CHECK(store->record_checksum(2, 0, Checksum128{8}));
-  CHECK(store->missing_chunks() == 0);
+  write_through(*store, 1, kChunk, filled(kChunk, 7));
+  write_through(*store, 2, 0, filled(100, 8));
+  CHECK(missing_chunks(*store) == 0);
   REQUIRE(store->reserve(set));
-  CHECK(store->missing_chunks() == 3);
-  CHECK_FALSE(store->expected_checksum(2, 0));
+  CHECK(missing_chunks(*store) == 3);
+  CHECK_FALSE(store->open_read(2, 0, 100));
   REQUIRE(store->remove());
 }
 
@@ -386,7 +381,7 @@ TEST_CASE("a carried blob stays paused across new sets: its extents, seals and b
   REQUIRE(store->reserve(both, {}, {}, carry_a));
   CHECK_FALSE(store->paused());
   CHECK(store->holds_unresumed_data());  // A's chunks are still the only copy
-  CHECK(store->missing_chunks() == 2);   // B's, to be written
+  CHECK(missing_chunks(*store) == 2);    // B's, to be written
   CHECK(offset_of(*store, 1, kChunk, size1) == where);
   check_blob(*store, 1, size1, 0xa1);
   write_and_seal(*store, 2, size2, 0xb2);
@@ -404,7 +399,7 @@ TEST_CASE("a carried blob stays paused across new sets: its extents, seals and b
   // A resumes while B stays paused: a set of B alone, carried; A's extents are recycled.
   const std::vector<uint64_t> carry_b{2};
   REQUIRE(again.reserve(std::vector<storage::BlobSize>{{2, size2}}, {}, {}, carry_b));
-  CHECK(again.missing_chunks() == 0);
+  CHECK(missing_chunks(again) == 0);
   CHECK_FALSE(again.locate(1, 0, kChunk));
   check_blob(again, 2, size2, 0xb2);
   REQUIRE(again.commit(storage::CommitState::Paused));
@@ -430,7 +425,7 @@ TEST_CASE("a set that carries survives a daemon restart before its commit: the c
   REQUIRE(adopted);
   auto& store = **adopted;
   CHECK(store.record_problem().empty());
-  CHECK(store.missing_chunks() == 1);
+  CHECK(missing_chunks(store) == 1);
   CHECK(store.holds_unresumed_data());
   check_blob(store, 1, size1, 0x11);
   REQUIRE(store.remove());

@@ -19,6 +19,7 @@
 #include "small_filesystem.h"
 #include "storage.h"
 #include "storage_fixtures.h"
+#include "storage_testing.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
@@ -43,18 +44,11 @@ uint64_t free_of(const Roots& roots, std::size_t i) {
   return *f;
 }
 
+// Writes `byte` over every chunk of `blob`, each WRITE as the daemon makes it.
 void fill(RankStore& store, uint64_t blob, uint64_t size, unsigned char byte) {
-  void* buf = std::aligned_alloc(kIoAlignment, kChunk);
-  REQUIRE(buf);
-  std::memset(buf, byte, kChunk);
-  for (uint64_t off = 0; off < size; off += kChunk) {
-    auto loc = store.locate(blob, off, static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)));
-    REQUIRE(loc);
-    REQUIRE(::pwrite(loc->fd, buf, loc->io_length, static_cast<off_t>(loc->file_offset)) ==
-            static_cast<ssize_t>(loc->io_length));
-    REQUIRE(store.record_checksum(blob, off, Checksum128{byte}));
-  }
-  std::free(buf);
+  for (uint64_t off = 0; off < size; off += kChunk)
+    storage_test::write_through(
+        store, blob, off, storage_test::filled(static_cast<uint32_t>(std::min<uint64_t>(kChunk, size - off)), byte));
 }
 
 bool holds(const RankStore& store, uint64_t blob, uint64_t size, unsigned char byte) {
@@ -91,7 +85,7 @@ TEST_CASE("a set larger than the free space is refused up front and changes noth
   CHECK_THAT(st.error().message, Catch::Contains("needs") && Catch::Contains("free") && Catch::Contains(dir.path()));
   CHECK(usage_of(data) == usage);
   CHECK(store->blobs().size() == 1);
-  CHECK(store->missing_chunks() == 0);
+  CHECK(storage::testing::missing_chunks(*store) == 0);
   CHECK(holds(*store, 1, 4 * kChunk, 0x11));
   REQUIRE(store->remove());
 }
@@ -103,9 +97,10 @@ TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") 
   std::filesystem::create_directory(dir / "r0");
   std::filesystem::create_directory(dir / "r1");
   Roots roots = open_roots({dir / "r0", dir / "r1"});
-  auto store = make_store(roots, my_identity());
-  const std::string data0 = (dir / "r0/") + store->relative_dir() + "/data";
-  const std::string data1 = (dir / "r1/") + store->relative_dir() + "/data";
+  const RankIdentity id = my_identity();
+  auto store = make_store(roots, id);
+  const std::string data0 = (dir / "r0/") + rank_relative_dir(id) + "/data";
+  const std::string data1 = (dir / "r1/") + rank_relative_dir(id) + "/data";
 
   std::vector<storage::BlobSize> small{{1, 2 * kChunk}, {2, 2 * kChunk}};
   REQUIRE(store->reserve(small));
@@ -134,7 +129,7 @@ TEST_CASE("a real ENOSPC from fallocate on a later root rolls every root back") 
   CHECK(usage_of(data1).blocks * 512 <= u1.blocks * 512 + kMetaSlack);
   CHECK(free_of(roots, 0) + 2 * kMetaSlack >= free_before);
   REQUIRE(store->blobs().size() == 2);
-  CHECK(store->missing_chunks() == 0);
+  CHECK(storage::testing::missing_chunks(*store) == 0);
   CHECK(holds(*store, 1, 2 * kChunk, 0x21));
   CHECK(holds(*store, 2, 2 * kChunk, 0x22));
 

@@ -33,6 +33,8 @@
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
 using namespace storage_test;
+using storage::testing::missing_chunks;
+using storage::testing::wait_for_punches;
 
 namespace {
 
@@ -82,18 +84,18 @@ TEST_CASE("zero chunks take no disk space, are recorded at the reservation and a
     CHECK(store->chunk_count() == 10);
     CHECK(allocated_bytes(dir + "/data") <= 5 * kChunk + 16384);
     CHECK(usage_of(dir + "/data").size >= 9 * kChunk);  // sparse: the layout's whole length
-    CHECK(store->missing_chunks() == 5);
+    CHECK(missing_chunks(*store) == 5);
 
-    for (auto refused : {store->locate(1, 2 * kChunk, kChunk).error(), store->locate(2, kChunk, 100).error(),
-                         store->begin_write(1, 5 * kChunk, filled(kChunk, 0)).error(),
-                         store->expected_checksum(1, 3 * kChunk).error()}) {
+    for (auto refused :
+         {store->locate(1, 2 * kChunk, kChunk).error(), store->locate(2, kChunk, 100).error(),
+          store->open_write(1, 5 * kChunk, kChunk).error(), store->open_read(1, 3 * kChunk, kChunk).error()}) {
       CHECK(refused.errnum() == EINVAL);
       CHECK_THAT(refused.message, Catch::Contains("reserved as zero"));
     }
     CHECK_FALSE(store->commit(storage::CommitState::Paused));  // data chunks still missing
     for (uint64_t off : {0u, 1u, 6u, 7u}) CHECK_FALSE(write_through(*store, 1, off * kChunk, filled(kChunk, 0x61)));
     CHECK_FALSE(write_through(*store, 2, 0, filled(kChunk, 0x62)));
-    CHECK(store->missing_chunks() == 0);
+    CHECK(missing_chunks(*store) == 0);
     REQUIRE(store->commit(storage::CommitState::Paused));
   }
   // The committed manifest keeps them zero: an adopting daemon refuses them too, and verifies the rest.
@@ -102,8 +104,8 @@ TEST_CASE("zero chunks take no disk space, are recorded at the reservation and a
   RankStore& store = **adopted;
   CHECK(store.paused());
   CHECK(store.disk_bytes() == 5 * kChunk);
-  CHECK(store.verify(1, kChunk, filled(kChunk, 0x61)));
-  auto zero = store.verify(1, 4 * kChunk, filled(kChunk, 0));
+  CHECK(reads_back(store, 1, kChunk, filled(kChunk, 0x61)));
+  auto zero = store.open_read(1, 4 * kChunk, kChunk);
   REQUIRE_FALSE(zero);
   CHECK(zero.error().errnum() == EINVAL);
   REQUIRE(store.remove());
@@ -124,9 +126,9 @@ TEST_CASE("a zero chunk becomes data and data becomes zero across generations, i
 
   REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, 6}}));
   CHECK(store->disk_bytes() == 2 * kChunk);
-  store->wait_for_punches();
+  wait_for_punches(*store);
   CHECK(allocated_bytes(data) <= full - 6 * kChunk);
-  CHECK(store->missing_chunks() == 2);
+  CHECK(missing_chunks(*store) == 2);
   // The kept data chunks still hold their bytes; the zero ones read back as zeros from the file.
   CHECK(chunk_is(*store, 1, 7 * kChunk, kChunk, 8));
   CHECK(write_through(*store, 1, 6 * kChunk, filled(kChunk, 7)));  // unchanged: never punched
@@ -159,19 +161,19 @@ TEST_CASE("a reservation returns before the space it gives back is punched, and 
     CHECK(allocated_bytes(data) >= full);
     CHECK(store->disk_bytes() == 0);  // what the layout counts, at once
     // The pause goes on meanwhile: nothing to write, committed, resumed.
-    CHECK(store->missing_chunks() == 0);
+    CHECK(missing_chunks(*store) == 0);
     REQUIRE(store->commit(storage::CommitState::Paused));
     REQUIRE(store->commit(storage::CommitState::Resumed));
     CHECK(allocated_bytes(data) >= full);
     gate.release();
-    store->wait_for_punches();
+    wait_for_punches(*store);
     CHECK(allocated_bytes(data) + 8 * kChunk <= full);
 
     // The same zero set again: its ranges are holes already, nothing is punched (nor waited for).
     const int punched = gate.entered();
     const int waits = gate.waits();
     REQUIRE(store->reserve(set, all_zero));
-    store->wait_for_punches();
+    wait_for_punches(*store);
     CHECK(gate.entered() == punched);
     CHECK(gate.waits() == waits);
   }
@@ -182,7 +184,7 @@ TEST_CASE("a reservation returns before the space it gives back is punched, and 
   tmsdisk::testing::PunchGate gate;
   gate.release();
   REQUIRE((*adopted)->reserve(set, all_zero));
-  (*adopted)->wait_for_punches();
+  wait_for_punches(**adopted);
   CHECK(gate.entered() >= 1);
   CHECK(allocated_bytes(data) + 8 * kChunk <= full);
   REQUIRE((*adopted)->remove());
@@ -210,11 +212,9 @@ TEST_CASE("the next reservation waits for the punches of the one before, and its
   for (uint64_t c = 0; c < 8; ++c)
     CHECK_FALSE(write_through(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
   REQUIRE(store->commit(storage::CommitState::Paused));
-  store->wait_for_punches();
-  for (uint64_t c = 0; c < 8; ++c) {
-    CHECK(chunk_is(*store, 1, c * kChunk, kChunk, static_cast<uint8_t>(0x40 + c)));
-    CHECK(store->verify(1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
-  }
+  wait_for_punches(*store);
+  for (uint64_t c = 0; c < 8; ++c)
+    CHECK(reads_back(*store, 1, c * kChunk, filled(kChunk, static_cast<uint8_t>(0x40 + c))));
   REQUIRE(store->remove());
 }
 
@@ -266,7 +266,7 @@ TEST_CASE("a set larger than the free space is reserved when its data chunks fit
   CHECK(nospace.error().errnum() == ENOSPC);
   REQUIRE(store->reserve(set, std::vector<storage::ChunkRun>{{1, 0, chunks}}));
   CHECK(store->disk_bytes() == 4096);
-  CHECK(store->missing_chunks() == 1);
+  CHECK(missing_chunks(*store) == 1);
   CHECK(usage_of(store->dir_path() + "/data").size == size);
   REQUIRE(store->remove());
 }
