@@ -280,6 +280,11 @@ uint32_t RankStore::chunk_bytes() const noexcept {
 std::size_t RankStore::root_count() const noexcept {
   return impl_->roots.size();
 }
+std::vector<int> RankStore::dir_fds() const {
+  std::vector<int> fds;
+  for (const RootFiles& rf : impl_->roots) fds.push_back(rf.rank_dir.get());
+  return fds;
+}
 
 Status RankStore::remove() {
   try {

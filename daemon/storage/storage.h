@@ -141,6 +141,9 @@ class RankStore {
   const std::string& dir_path() const noexcept;
   uint32_t chunk_bytes() const noexcept;
   std::size_t root_count() const noexcept;
+  // The rank's directory on each root, in root order (O_PATH; valid until remove() or destruction):
+  // the rank's object store (object_store.h) keeps its files there too.
+  std::vector<int> dir_fds() const;
 
   // Makes `blobs` the exact set this rank stores: new or resized blobs get extents, blobs not listed
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
