@@ -1,0 +1,758 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tmsdisk.optim: Adam and AdamW whose state lives in tmsdiskd's store and streams through the step.
+
+The optimizer state (exp_avg, exp_avg_sq, and an fp32 master copy of each bf16 or fp16 parameter) is
+kept in the rank's store of named objects (tmsdisk.store), not in device memory. Each parameter group
+is cut into buckets of at most `bucket_elements` elements (a large tensor spans several buckets, a
+bucket may hold slices of several tensors); step() brings them into memory one after another, at most
+`depth` at a time: it reads bucket k+1 while it updates bucket k and while bucket k-1 is written back.
+
+    from tmsdisk.optim import StreamedAdamW
+    opt = StreamedAdamW(model.parameters(), lr=1e-4, weight_decay=0.1)   # under `tmsctl run`
+    loss.backward(); opt.step(); opt.zero_grad()
+
+The update is torch's own: the functional kernel torch.optim.AdamW (Adam) itself calls in the torch
+of this process, with the same foreach choice, so fp32 parameters with fp32 moments end bit-identical
+to torch.optim.AdamW's. Step counts stay in Python memory, one per parameter, as torch keeps them.
+
+The last write-backs of a step may finish after step() returns; the next step(), state_dict(),
+flush() (synchronize()) and the interpreter's exit wait for them. prefetch() starts reading the first
+buckets early, for use during backward (prefetch_on_backward=True does it from the first gradient
+hook of each backward).
+"""
+
+import atexit
+import errno
+import inspect
+import itertools
+import os
+import re
+import sys
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
+from itertools import chain
+
+import torch
+
+from . import store as _store_module
+
+__all__ = ["StreamedAdam", "StreamedAdamW"]
+
+# --- the kernels -----------------------------------------------------------------------------------
+# The function each torch class's step() calls, found once. torch 1.13 and 2.x keep it beside the class
+# (torch.optim.adamw.adamw, torch.optim.adam.adam; torch.optim._functional re-exports them). Later
+# torch made AdamW an Adam with decoupled weight decay: its step() calls adam() with that flag set,
+# which the class's defaults (and so each param group) carry.
+_ADAM = sys.modules[torch.optim.Adam.__module__].adam
+_ADAMW = (_ADAM if "decoupled_weight_decay" in inspect.signature(_ADAM).parameters
+          else sys.modules[torch.optim.AdamW.__module__].adamw)
+
+# Options torch's classes accept that this module does not implement, with the reason given when one
+# is set (to anything but False or None).
+_UNSUPPORTED = (
+    ("amsgrad", "the streamed state holds exp_avg and exp_avg_sq, not AMSGrad's max_exp_avg_sq"),
+    ("capturable", "each step waits on the host for the store, which a CUDA graph cannot capture"),
+    ("differentiable", "the state leaves autograd's graph when it is written to the store"),
+    ("fused", "the fused kernel is not wired in: the foreach kernel (torch's default on CUDA) is used"),
+)
+
+_SUPPORTED_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MOMENT_DTYPES = (torch.float32, torch.bfloat16)
+_ALIGN = 64  # bytes: where each section of a bucket starts, so that vectorized kernels load aligned
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
+_MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+MASTER_KEY = "tmsdisk_master"  # state_dict: the fp32 master of a bf16 or fp16 parameter
+MOMENT_DTYPE_KEY = "tmsdisk_moment_dtype"  # state_dict: the dtype of exp_avg and exp_avg_sq, as str()
+
+_DTYPES_BY_NAME = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _moment_conversion(source, target):
+    """How moments of dtype `source` become `target`: None when they may not (ValueError upstream).
+
+    The same dtype is taken as is; widening to fp32 is exact; fp32 to bf16 rounds (what a bf16-moment
+    optimizer would have kept had it run from the start). Anything else would lose range or precision
+    behind the caller's back.
+    """
+    if source == target:
+        return "same"
+    if target == torch.float32 and source in (torch.bfloat16, torch.float16):
+        return "widened"
+    if source == torch.float32 and target == torch.bfloat16:
+        return "rounded"
+    return None
+
+
+# --- buckets ---------------------------------------------------------------------------------------
+
+
+class _Segment:
+    """Elements [start, stop) of parameter `param` (an index into its group), at element `offset` of
+    the bucket's moment sections and `master` of its master section (None: an fp32 parameter, updated
+    in place)."""
+
+    __slots__ = ("param", "start", "stop", "offset", "master")
+
+    def __init__(self, param, start, stop, offset, master):
+        self.param, self.start, self.stop, self.offset, self.master = param, start, stop, offset, master
+
+
+class _Bucket:
+    """One store object: [fp32 masters of the non-fp32 slices] [exp_avg] [exp_avg_sq], each section at
+    an offset aligned to _ALIGN bytes, read and written whole (one range from offset 0)."""
+
+    def __init__(self, name: str, group: int, device: torch.device):
+        self.name = name
+        self.group = group
+        self.device = device
+        self.segments = []
+        self.numel = 0
+        self.master_numel = 0
+        self.handle = None  # the store's handle, once opened
+        self.written = False  # the store holds this bucket's bytes (a write of it was waited for)
+        self.exp_avg_at = self.exp_avg_sq_at = self.nbytes = 0
+
+    def add(self, param: int, start: int, stop: int, needs_master: bool) -> None:
+        master = None
+        if needs_master:
+            master = self.master_numel
+            self.master_numel += stop - start
+        self.segments.append(_Segment(param, start, stop, self.numel, master))
+        self.numel += stop - start
+
+    def seal(self, moment_dtype) -> None:
+        moment_bytes = self.numel * torch.empty((), dtype=moment_dtype).element_size()
+        self.exp_avg_at = _round_up(self.master_numel * 4, _ALIGN)
+        self.exp_avg_sq_at = self.exp_avg_at + _round_up(moment_bytes, _ALIGN)
+        self.nbytes = self.exp_avg_sq_at + moment_bytes
+
+    def views(self, buffer, moment_dtype):
+        """(master fp32, exp_avg, exp_avg_sq): 1-D views into the bucket's bytes."""
+        master = buffer[: self.master_numel * 4].view(torch.float32)
+        moment_bytes = self.nbytes - self.exp_avg_sq_at
+        exp_avg = buffer[self.exp_avg_at : self.exp_avg_at + moment_bytes].view(moment_dtype)
+        exp_avg_sq = buffer[self.exp_avg_sq_at :].view(moment_dtype)
+        return master, exp_avg, exp_avg_sq
+
+
+def _cut(params, cap: int, make_bucket):
+    """The group's parameters, in order, cut into buckets of at most `cap` elements; a bucket holds one
+    device's tensors only."""
+    buckets = []
+    current = None
+    for index, p in enumerate(params):
+        start, numel = 0, p.numel()
+        while start < numel:
+            if current is None or current.numel == cap or current.device != p.device:
+                current = make_bucket(len(buckets), p.device)
+                buckets.append(current)
+            stop = min(numel, start + cap - current.numel)
+            current.add(index, start, stop, p.dtype != torch.float32)
+            start = stop
+    return buckets
+
+
+# --- residency -------------------------------------------------------------------------------------
+
+
+class _Slot:
+    """A bucket in memory: its buffer, its outstanding read and write, and whether the running pass
+    still needs it (pinned: not to be evicted)."""
+
+    __slots__ = ("bucket", "buffer", "read", "write", "pinned")
+
+    def __init__(self, bucket, buffer):
+        self.bucket, self.buffer = bucket, buffer
+        self.read = self.write = None
+        self.pinned = False
+
+
+class _Pipeline:
+    """At most `depth` buckets in memory, read ahead of the one being worked on, written behind it.
+
+    The only owner of buffers and tickets. A bucket stays in memory after its write-back until its slot
+    is needed (its write is waited for then), so a step that finds it still there reads nothing.
+    """
+
+    def __init__(self, store, depth: int, open_bucket):
+        self.store = store
+        self.depth = depth
+        # With depth d, buckets k-1 (writing back) and k (updating) leave d-2 for reads ahead; depth 2
+        # still reads one ahead, by waiting for the write of k-1 first.
+        self.lookahead = 0 if depth == 1 else max(1, depth - 2)
+        self._open = open_bucket
+        self.resident = OrderedDict()  # bucket -> _Slot, oldest first
+
+    def new_buffer(self, bucket):
+        return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
+
+    @staticmethod
+    def _settle(slot) -> None:
+        """Waits for the slot's read and write, if any: after it the buffer is free to change."""
+        if slot.read is not None:
+            ticket, slot.read = slot.read, None
+            ticket.wait()
+        if slot.write is not None:
+            ticket, slot.write = slot.write, None
+            ticket.wait()
+            slot.bucket.written = True
+
+    def _evict_one(self) -> None:
+        victim = next((b for b, slot in self.resident.items() if not slot.pinned), None)
+        if victim is None:
+            raise RuntimeError("tmsdisk.optim: every bucket in memory is in use (depth %d)" % self.depth)
+        self._settle(self.resident.pop(victim))
+
+    def fetch(self, bucket, read: bool, pin: bool = True) -> None:
+        """Starts bringing `bucket` into memory: a read of its bytes when `read` and the store has them,
+        zeros otherwise."""
+        slot = self.resident.get(bucket)
+        if slot is None:
+            while len(self.resident) >= self.depth:
+                self._evict_one()
+            slot = _Slot(bucket, self.new_buffer(bucket))
+            if read and bucket.written:
+                slot.read = self.store.read(self._open(bucket), 0, slot.buffer)
+            else:
+                slot.buffer.zero_()
+            self.resident[bucket] = slot
+        slot.pinned = slot.pinned or pin
+
+    def hint(self, bucket) -> None:
+        if bucket.written and bucket not in self.resident:
+            self.store.prefetch(self._open(bucket), 0, bucket.nbytes)
+
+    def ready(self, bucket):
+        """The bucket's buffer, once its read (or the write of its last pass) is done."""
+        slot = self.resident[bucket]
+        self._settle(slot)
+        return slot.buffer
+
+    def done(self, bucket, write: bool) -> None:
+        slot = self.resident.pop(bucket)
+        self.resident[bucket] = slot  # the newest now: evicted last
+        slot.pinned = False
+        if write:
+            slot.write = self.store.write(self._open(bucket), 0, slot.buffer)
+
+    def run(self, buckets, action, read: bool, write: bool) -> None:
+        """action(bucket, buffer) on each bucket in turn, reading ahead and writing behind."""
+        try:
+            hinted = set()
+            for k, bucket in enumerate(buckets):
+                ahead = buckets[k : k + self.lookahead + 1]
+                for other in ahead:
+                    self.fetch(other, read)
+                nxt = k + len(ahead)
+                if read and nxt < len(buckets) and nxt not in hinted:
+                    hinted.add(nxt)
+                    self.hint(buckets[nxt])
+                action(bucket, self.ready(bucket))
+                self.done(bucket, write)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def drain(self) -> None:
+        """Waits for every read and write and lets go of every buffer; raises the first error."""
+        first = None
+        while self.resident:
+            _, slot = self.resident.popitem(last=False)
+            try:
+                self._settle(slot)
+            except Exception as e:  # pylint: disable=broad-except
+                first = first or e
+        if first is not None:
+            raise first
+
+    def abandon(self) -> None:
+        """After a failure: waits for what is in flight (the store still uses those buffers), keeping
+        quiet about its errors, which the failure being raised outranks."""
+        try:
+            self.drain()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+# --- the optimizers --------------------------------------------------------------------------------
+
+_live = weakref.WeakSet()  # optimizers whose write-backs atexit waits for
+_names = weakref.WeakValueDictionary()  # object-name prefix -> the live optimizer using it
+_serial = itertools.count()
+
+
+@atexit.register
+def _flush_live() -> None:
+    for opt in list(_live):
+        try:
+            opt.flush()
+        except Exception as e:  # pylint: disable=broad-except
+            print("tmsdisk.optim: at exit, the last write-backs of %s failed: %s" % (opt._name, e), file=sys.stderr)
+
+
+class _StreamedAdamBase(torch.optim.Optimizer):
+    """What StreamedAdam and StreamedAdamW share; they differ in the torch class they mirror."""
+
+    _torch_class = None
+    _kernel = None
+
+    def __init__(self, params, torch_options, *, bucket_elements, depth, moment_dtype, store, name,
+                 prefetch_on_backward):
+        cls = type(self).__name__
+        for flag, _ in _UNSUPPORTED:
+            self._refuse(flag, torch_options.get(flag))
+        if not isinstance(bucket_elements, int) or bucket_elements < 1:
+            raise ValueError("%s: bucket_elements must be a positive int, not %r" % (cls, bucket_elements))
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError("%s: depth must be a positive int (buckets in memory at once), not %r" % (cls, depth))
+        if moment_dtype not in _MOMENT_DTYPES:
+            raise ValueError("%s: moment_dtype must be torch.float32 or torch.bfloat16, not %r" % (cls, moment_dtype))
+        if name is None:
+            name = "%s.%d.%d" % (cls, os.getpid(), next(_serial))
+        if not isinstance(name, str) or not _NAME_CHARS.fullmatch(name):
+            raise ValueError("%s: name %r: %s" % (cls, name, _store_module.NAME_RULE))
+        if name in _names:
+            raise ValueError("%s: name %r is used by another optimizer of this process" % (cls, name))
+        self._name = name
+        self._store = _store_module if store is None else store
+        self._moment_dtype = moment_dtype
+        self._bucket_elements = bucket_elements
+        self._buckets = []  # per param group, its buckets in order
+        self._pipeline = _Pipeline(self._store, depth, self._handle)
+        self._lock = threading.RLock()  # gradient hooks may prefetch from autograd's threads
+        self._prefetch_on_backward = prefetch_on_backward
+        self._prefetch_armed = True
+        self._hooks = []
+        self._closed = False
+        # torch's own class judges the numbers (its messages) and gives this torch's defaults: the keys
+        # of each param group, so that state_dicts pass both ways.
+        # None stands for torch's default (fused: None in torch 2, False in 1.13's Adam).
+        accepted = inspect.signature(self._torch_class.__init__).parameters
+        probe = self._torch_class([torch.zeros(1, requires_grad=True)],
+                                  **{k: v for k, v in torch_options.items() if k in accepted and v is not None})
+        defaults = dict(probe.defaults)
+        self._kernel_parameters = frozenset(inspect.signature(type(self)._kernel).parameters)
+        super().__init__(params, defaults)
+        _names[name] = self
+        _live.add(self)
+
+    # -- construction --------------------------------------------------------------------------------
+
+    def _refuse(self, flag, value) -> None:
+        why = dict(_UNSUPPORTED)[flag]
+        if value:
+            raise ValueError("%s: %s=%r is not implemented (%s); leave %s unset" % (
+                type(self).__name__, flag, value, why, flag))
+
+    def add_param_group(self, param_group) -> None:
+        group = param_group if isinstance(param_group, dict) else {"params": param_group}
+        for flag, _ in _UNSUPPORTED:
+            self._refuse(flag, group.get(flag))
+        super().add_param_group(param_group)
+        index = len(self._buckets)
+        params = self.param_groups[-1]["params"]
+        try:
+            for p in params:
+                if p.dtype not in _SUPPORTED_PARAM_DTYPES or p.is_sparse:
+                    raise ValueError("%s: a parameter of dtype %s%s: only dense float32, bfloat16 and float16 "
+                                     "parameters are supported" % (type(self).__name__, p.dtype,
+                                                                   " (sparse)" if p.is_sparse else ""))
+            buckets = _cut(params, self._bucket_elements,
+                           lambda i, device: _Bucket("%s.%d.%d" % (self._name, index, i), index, device))
+            for bucket in buckets:
+                if len(bucket.name) > _store_module.NAME_MAX:
+                    raise ValueError("%s: object name %r is too long: %s; give a shorter name=" % (
+                        type(self).__name__, bucket.name, _store_module.NAME_RULE))
+                bucket.seal(self._moment_dtype)
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        self._buckets.append(buckets)
+        if self._prefetch_on_backward:
+            self._hook(params)
+
+    def _hook(self, params) -> None:
+        ref = weakref.ref(self)
+
+        def on_gradient(_grad):
+            opt = ref()
+            if opt is not None and opt._prefetch_armed:
+                opt._prefetch_from_backward()
+
+        for p in params:
+            if p.requires_grad:
+                self._hooks.append(p.register_hook(on_gradient))
+
+    def _handle(self, bucket) -> int:
+        """The bucket's store handle, its object created on first use. An object of the same name and
+        another size is a leftover of an earlier optimizer of this process that was not closed (no live
+        one has this name): it is removed and made again, since this optimizer starts from zero."""
+        if bucket.handle is None:
+            try:
+                bucket.handle = self._store.open(bucket.name, bucket.nbytes)
+            except OSError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+                self._store.remove(bucket.name)
+                bucket.handle = self._store.open(bucket.name, bucket.nbytes)
+        return bucket.handle
+
+    def __getstate__(self):
+        raise TypeError("%s cannot be pickled or copied: its state is in the store; use state_dict()"
+                        % type(self).__name__)
+
+    # -- the step ------------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("%s %r is closed" % (type(self).__name__, self._name))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient; returns closure()'s loss, if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        cls = type(self).__name__
+        with self._lock:
+            self._check_usable()
+            self._prefetch_armed = True
+            before = {}  # parameter with a gradient -> (its step count before this step, first step?)
+            work = []
+            for group, buckets in zip(self.param_groups, self._buckets):
+                with_grad = set()
+                for index, p in enumerate(group["params"]):
+                    if p.grad is None:
+                        continue
+                    if p.grad.is_sparse:
+                        raise RuntimeError("%s does not support sparse gradients" % cls)
+                    if not p.is_contiguous():
+                        raise ValueError("%s: a parameter of shape %s is not contiguous: the state is kept in "
+                                         "its flat element order" % (cls, tuple(p.shape)))
+                    step = self.state[p].get("step")
+                    before[p] = (self._new_step() if step is None else step, step is None)
+                    with_grad.add(index)
+                work += [b for b in buckets if any(s.param in with_grad for s in b.segments)]
+            after = {}
+            self._pipeline.run(work, lambda b, buffer: self._update(b, buffer, before, after), read=True,
+                               write=True)
+            for p, (step, _) in before.items():
+                if p not in after:  # no elements, so in no bucket
+                    after[p] = step.clone()
+                    after[p] += 1
+                self.state[p]["step"] = after[p]
+        return loss
+
+    @staticmethod
+    def _new_step():
+        """A step count as torch's class starts it (capturable and fused, which keep it on the device,
+        are refused)."""
+        scalar_dtype = getattr(sys.modules[torch.optim.Optimizer.__module__], "_get_scalar_dtype", None)
+        return torch.tensor(0.0, dtype=scalar_dtype()) if scalar_dtype else torch.tensor(0.0)
+
+    def _kernel_options(self, group) -> dict:
+        options = {k: group[k] for k in self._kernel_parameters if k in group and k != "params"}
+        options["beta1"], options["beta2"] = group["betas"]
+        for absent in ("grad_scale", "found_inf"):
+            if absent in self._kernel_parameters:
+                options[absent] = None
+        if "has_complex" in self._kernel_parameters:
+            options["has_complex"] = False
+        return options
+
+    def _update(self, bucket, buffer, before, after) -> None:
+        """Bucket `bucket` (in `buffer`) through torch's kernel, for its slices that have gradients.
+
+        Each slice gets its own copy of its parameter's step count: the kernel counts it up once per
+        slice, and a parameter spanning buckets must end one step further, not several.
+        """
+        group = self.param_groups[bucket.group]
+        master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
+        narrow = self._moment_dtype != torch.float32
+        # bf16 moments are updated in fp32, as the kernel needs one dtype for a parameter and its state.
+        exp_avg32, exp_avg_sq32 = (exp_avg.float(), exp_avg_sq.float()) if narrow else (exp_avg, exp_avg_sq)
+        params, grads, exp_avgs, exp_avg_sqs, steps, copy_back = [], [], [], [], [], []
+        for seg in bucket.segments:
+            p = group["params"][seg.param]
+            entry = before.get(p)
+            if entry is None:
+                continue
+            step, first = entry
+            n = seg.stop - seg.start
+            flat = p.detach().view(-1)[seg.start : seg.stop]
+            grad = p.grad.detach().reshape(-1)[seg.start : seg.stop]
+            m = exp_avg32[seg.offset : seg.offset + n]
+            v = exp_avg_sq32[seg.offset : seg.offset + n]
+            if first:  # torch starts a parameter's moments at zero on its first step
+                m.zero_()
+                v.zero_()
+            if seg.master is not None:
+                master_slice = master[seg.master : seg.master + n]
+                if first:
+                    master_slice.copy_(flat)
+                copy_back.append((flat, master_slice))
+                flat, grad = master_slice, grad.float()
+            params.append(flat)
+            grads.append(grad)
+            exp_avgs.append(m)
+            exp_avg_sqs.append(v)
+            steps.append(step.clone())
+            after[p] = steps[-1]
+        type(self)._kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, **self._kernel_options(group))
+        for param_slice, master_slice in copy_back:
+            param_slice.copy_(master_slice)
+        if narrow:
+            exp_avg.copy_(exp_avg32)
+            exp_avg_sq.copy_(exp_avg_sq32)
+
+    # -- prefetch and flush --------------------------------------------------------------------------
+
+    def prefetch(self) -> None:
+        """Starts reading the first buckets of the next step (depth-1 of them), e.g. during backward."""
+        with self._lock:
+            self._check_usable()
+            self._prefetch_armed = False
+            first = [b for buckets in self._buckets for b in buckets if b.written][: self._pipeline.depth - 1]
+            for bucket in first:
+                self._pipeline.fetch(bucket, read=True, pin=False)
+
+    def _prefetch_from_backward(self) -> None:
+        with self._lock:
+            if self._prefetch_armed and not self._closed:
+                self.prefetch()
+
+    def flush(self) -> None:
+        """Waits for every write-back (and read) in flight and lets go of the buckets in memory; raises
+        the first error among them (tmsdisk.Error)."""
+        with self._lock:
+            self._pipeline.drain()
+
+    synchronize = flush
+
+    def close(self) -> None:
+        """Flushes, removes this optimizer's objects from the store and its gradient hooks. The
+        optimizer cannot be used after."""
+        with self._lock:
+            if self._closed:
+                return
+            self._pipeline.drain()
+            for bucket in chain.from_iterable(self._buckets):
+                if bucket.handle is not None:
+                    self._store.remove(bucket.name)
+                    bucket.handle, bucket.written = None, False
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+            self._closed = True
+            _live.discard(self)
+            if _names.get(self._name) is self:
+                del _names[self._name]
+
+    # -- state dicts ---------------------------------------------------------------------------------
+
+    def state_dict(self):
+        """torch.optim.AdamW's (Adam's) state_dict, materialized: per parameter index, `step`, `exp_avg`
+        and `exp_avg_sq` as full tensors on the parameter's device, and for a bf16 or fp16 parameter its
+        fp32 master as `tmsdisk_master`; the moments' dtype under the key `tmsdisk_moment_dtype`.
+
+        It holds all the state in memory at once, which streaming is there to avoid: save(dir) and
+        load(dir), which stream bucket by bucket, are to come. torch's own load_state_dict takes it
+        (casting the moments to each parameter's dtype, as it always does).
+        """
+        with self._lock:
+            self._check_usable()
+            self._pipeline.drain()
+            out = {}
+            for group in self.param_groups:
+                for p in group["params"]:
+                    step = self.state[p].get("step") if p in self.state else None
+                    if step is None or p in out:
+                        continue
+                    entry = {"step": step.clone()}
+                    for key in _MOMENT_KEYS:
+                        entry[key] = torch.zeros(p.shape, dtype=self._moment_dtype, device=p.device)
+                    if p.dtype != torch.float32:
+                        entry[MASTER_KEY] = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                    out[p] = entry
+
+            def copy_out(bucket, buffer):
+                master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
+                params = self.param_groups[bucket.group]["params"]
+                for seg in bucket.segments:
+                    entry = out.get(params[seg.param])
+                    if entry is None:
+                        continue
+                    n = seg.stop - seg.start
+                    entry["exp_avg"].view(-1)[seg.start : seg.stop].copy_(exp_avg[seg.offset : seg.offset + n])
+                    entry["exp_avg_sq"].view(-1)[seg.start : seg.stop].copy_(exp_avg_sq[seg.offset : seg.offset + n])
+                    if seg.master is not None:
+                        entry[MASTER_KEY].view(-1)[seg.start : seg.stop].copy_(master[seg.master : seg.master + n])
+
+            needed = [b for buckets, group in zip(self._buckets, self.param_groups) for b in buckets
+                      if b.written and any(group["params"][s.param] in out for s in b.segments)]
+            self._pipeline.run(needed, copy_out, read=True, write=False)
+            self._pipeline.drain()  # a state_dict is no step: its buckets need not stay
+            # torch's own packing numbers the parameters and copies the groups; its state holds only the
+            # step counts, replaced here.
+            packed = super().state_dict()
+            indexes = {}
+            for group, saved in zip(self.param_groups, packed["param_groups"]):
+                for p, i in zip(group["params"], saved["params"]):
+                    indexes.setdefault(p, i)
+            packed["state"] = {indexes[p]: entry for p, entry in out.items()}
+            packed[MOMENT_DTYPE_KEY] = str(self._moment_dtype)
+            return packed
+
+    def load_state_dict(self, state_dict) -> None:
+        """Takes a state_dict of this class or of torch.optim.AdamW (Adam), and writes it to the store.
+
+        Moments are converted explicitly, never reinterpreted: the same dtype as is; bf16 or fp16
+        moments (torch's, for bf16 or fp16 parameters) widened to fp32 exactly; fp32 moments rounded to
+        bf16 when this optimizer keeps bf16 moments. Any other pair raises ValueError naming both
+        dtypes, as does a state_dict whose `tmsdisk_moment_dtype` disagrees with its tensors. Without a
+        `tmsdisk_master` (torch's state_dicts) a non-fp32 parameter's master is its current value.
+        """
+        cls = type(self).__name__
+        groups, saved_groups = self.param_groups, state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if any(len(g["params"]) != len(s["params"]) for g, s in zip(groups, saved_groups)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                             "optimizer's group")
+        declared = state_dict.get(MOMENT_DTYPE_KEY)
+        if declared is not None:
+            declared = _DTYPES_BY_NAME.get(str(declared), declared)
+        id_map = dict(zip(chain.from_iterable(s["params"] for s in saved_groups),
+                          chain.from_iterable(g["params"] for g in groups)))
+        loaded = {}  # parameter -> (step, {key: tensor}, master or None)
+        for index, saved in state_dict["state"].items():
+            p = id_map.get(index)
+            if p is None:
+                continue
+            missing = [k for k in ("step",) + _MOMENT_KEYS if k not in saved]
+            if missing:
+                raise ValueError("%s.load_state_dict: the state of parameter %r has no %s" % (
+                    cls, index, ", ".join(missing)))
+            moments = {}
+            for key in _MOMENT_KEYS:
+                t = saved[key]
+                if declared is not None and t.dtype != declared:
+                    raise ValueError("%s.load_state_dict: the state dict declares %s moments but %s of parameter %r "
+                                     "is %s: its bytes are not read as another dtype" % (
+                                         cls, declared, key, index, t.dtype))
+                if _moment_conversion(t.dtype, self._moment_dtype) is None:
+                    raise ValueError("%s.load_state_dict: %s of parameter %r is %s and this optimizer keeps %s "
+                                     "moments: no conversion between them is done; construct it with "
+                                     "moment_dtype=%s" % (cls, key, index, t.dtype, self._moment_dtype,
+                                                          t.dtype if t.dtype in _MOMENT_DTYPES else "torch.float32"))
+                if t.numel() != p.numel():
+                    raise ValueError("%s.load_state_dict: %s of parameter %r has %d elements, the parameter %d" % (
+                        cls, key, index, t.numel(), p.numel()))
+                moments[key] = t
+            master = saved.get(MASTER_KEY)
+            if p.dtype == torch.float32:
+                master = None
+            elif master is not None and (master.dtype != torch.float32 or master.numel() != p.numel()):
+                raise ValueError("%s.load_state_dict: %s of parameter %r must be float32 with %d elements, not %s "
+                                 "with %d" % (cls, MASTER_KEY, index, p.numel(), master.dtype, master.numel()))
+            step = saved["step"]
+            step = step.clone() if torch.is_tensor(step) else torch.tensor(float(step))
+            loaded[p] = (step, moments, master)
+        new_groups = []
+        for group, saved in zip(groups, saved_groups):
+            new = dict(saved)
+            new["params"] = group["params"]
+            for key, value in self.defaults.items():
+                new.setdefault(key, value)
+            for flag, _ in _UNSUPPORTED:
+                self._refuse(flag, new.get(flag))
+            new_groups.append(new)
+
+        def fill(bucket, buffer):
+            buffer.zero_()
+            master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
+            params = self.param_groups[bucket.group]["params"]
+            for seg in bucket.segments:
+                p = params[seg.param]
+                entry = loaded.get(p)
+                if entry is None:
+                    continue
+                _, moments, saved_master = entry
+                at, n = seg.offset, seg.stop - seg.start
+                exp_avg[at : at + n].copy_(moments["exp_avg"].reshape(-1)[seg.start : seg.stop])
+                exp_avg_sq[at : at + n].copy_(moments["exp_avg_sq"].reshape(-1)[seg.start : seg.stop])
+                if seg.master is not None:
+                    source = p.detach() if saved_master is None else saved_master
+                    master[seg.master : seg.master + n].copy_(source.reshape(-1)[seg.start : seg.stop])
+
+        with self._lock, torch.no_grad():
+            self._check_usable()
+            self._pipeline.drain()
+            work = []
+            for group, buckets in zip(groups, self._buckets):
+                for bucket in buckets:
+                    if any(group["params"][s.param] in loaded for s in bucket.segments):
+                        work.append(bucket)
+                    else:
+                        bucket.written = False  # no state: the next step starts it from zero, unread
+            self._pipeline.run(work, fill, read=False, write=True)
+            self.param_groups = new_groups
+            self.state = defaultdict(dict)
+            for p, (step, _, _) in loaded.items():
+                self.state[p]["step"] = step
+
+
+class StreamedAdamW(_StreamedAdamBase):
+    """torch.optim.AdamW with its state in tmsdiskd's store, streamed through the step (see the module).
+
+    Takes torch.optim.AdamW's arguments; amsgrad, capturable, differentiable and fused are refused when
+    set. Beyond them:
+      bucket_elements: the most elements of one bucket (one store object, one read, one write)
+      depth: the most buckets in memory at once (>= 3 overlaps a read, an update and a write)
+      moment_dtype: torch.float32, or torch.bfloat16 to store the moments in half the bytes (updated in
+          fp32 all the same; the masters of bf16 and fp16 parameters stay fp32)
+      store: the store (default tmsdisk.store: this process must run under `tmsctl run`)
+      name: the prefix of the store objects' names, NAME.GROUP.BUCKET (default: unique in the process)
+      prefetch_on_backward: the first gradient hook of each backward calls prefetch()
+    Memory beyond the parameters: depth buckets, plus an fp32 copy of a bucket's moments while it is
+    updated when they are bf16, and of a slice's gradient when its parameter is not fp32.
+    """
+
+    _torch_class = torch.optim.AdamW
+    _kernel = staticmethod(_ADAMW)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 bucket_elements=200_000_000, depth=3, moment_dtype=torch.float32, store=None, name=None,
+                 prefetch_on_backward=False):
+        super().__init__(
+            params,
+            dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                 foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused),
+            bucket_elements=bucket_elements, depth=depth, moment_dtype=moment_dtype, store=store, name=name,
+            prefetch_on_backward=prefetch_on_backward)
+
+
+class StreamedAdam(_StreamedAdamBase):
+    """torch.optim.Adam with its state in tmsdiskd's store, streamed through the step; arguments as
+    StreamedAdamW's, weight_decay being Adam's (L2, added to the gradient; default 0)."""
+
+    _torch_class = torch.optim.Adam
+    _kernel = staticmethod(_ADAM)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 bucket_elements=200_000_000, depth=3, moment_dtype=torch.float32, store=None, name=None,
+                 prefetch_on_backward=False):
+        super().__init__(
+            params,
+            dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                 foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused),
+            bucket_elements=bucket_elements, depth=depth, moment_dtype=moment_dtype, store=store, name=name,
+            prefetch_on_backward=prefetch_on_backward)
