@@ -1,0 +1,621 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tests of tmsdisk.optim (StreamedAdamW, StreamedAdam) against torch.optim's own AdamW and Adam.
+
+On an in-memory store (FakeStore) that performs each read and write only when its ticket is waited
+for, so an optimizer that touches a buffer before the store is done with it gets wrong numbers. The
+store the cases use is make_store: swapping it for the real one (tmsdisk.store, under `tmsctl run` on
+simcuda) is that one line. Recording wraps any store to log the order of operations.
+
+    /usr/bin/python3 test_optim.py          (needs torch: Debian's python3-torch; exit 77 without it)
+
+CTest passes PYTHON_DIR, the build's copy of the tmsdisk package; run by hand, the source tree's is used.
+"""
+
+import errno
+import os
+import sys
+import unittest
+import weakref
+
+try:
+    import torch
+except ImportError:
+    print("SKIPPED: %s has no torch (Debian's python3-torch provides it)" % sys.executable)
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("PYTHON_DIR") or os.path.join(HERE, "..", "..", "python"))
+
+import tmsdisk  # noqa: E402  (after the path is set)
+from tmsdisk import optim  # noqa: E402
+from tmsdisk.optim import StreamedAdam, StreamedAdamW  # noqa: E402
+
+STEPS = 20
+
+
+class FakeTicket:
+    def __init__(self, store, op):
+        self.store, self.op = store, op
+        self.rc = None
+
+    @property
+    def done(self):
+        return self.rc is not None
+
+    def wait(self):
+        if self.rc is None:
+            self.store.perform_through(self.op)
+        if self.rc:
+            raise tmsdisk.Error(self.rc, "fake wait(%s %s)" % (self.op["kind"], self.op["name"]))
+
+
+class FakeStore:
+    """tmsdisk.store's API in memory. Operations queue in order and are performed, in that order, up to
+    the one whose ticket is waited for (flush: all of them): a read sees every write queued before it,
+    and the bytes move only at wait time, as late as the real store may move them."""
+
+    CHUNK = 4096
+
+    def __init__(self):
+        self.objects = {}  # name -> uint8 tensor
+        self.written = {}  # name -> bool tensor: which bytes were ever written
+        self.names = {}  # handle -> name
+        self.queue = []
+        self.next_handle = 1
+
+    def chunk_bytes(self):
+        return self.CHUNK
+
+    def open(self, name, nbytes):
+        if not isinstance(name, str) or not 1 <= len(name) <= 127 or not optim._NAME_CHARS.fullmatch(name):
+            raise tmsdisk.Error(errno.EINVAL, "fake open(%r)" % (name,))
+        if name in self.objects:
+            if self.objects[name].numel() != nbytes:
+                raise tmsdisk.Error(errno.EEXIST, "fake open(%r, %d)" % (name, nbytes))
+        else:
+            self.objects[name] = torch.zeros(nbytes, dtype=torch.uint8)
+            self.written[name] = torch.zeros(nbytes, dtype=torch.bool)
+        for handle, known in self.names.items():
+            if known == name:
+                return handle
+        handle, self.next_handle = self.next_handle, self.next_handle + 1
+        self.names[handle] = name
+        return handle
+
+    def remove(self, name):
+        if name not in self.objects:
+            raise tmsdisk.Error(errno.ENOENT, "fake remove(%r)" % (name,))
+        assert not any(op["name"] == name for op in self.queue), "removed %s with operations queued" % name
+        del self.objects[name], self.written[name]
+        self.names = {h: n for h, n in self.names.items() if n != name}
+
+    def _queue(self, kind, handle, offset, memory, nbytes):
+        name = self.names[handle]
+        if nbytes is None:
+            nbytes = memory.numel() * memory.element_size()
+        assert memory.is_contiguous()
+        if offset % self.CHUNK or offset + nbytes > self.objects[name].numel():
+            raise tmsdisk.Error(errno.EINVAL, "fake %s(%s, %d, %d)" % (kind, name, offset, nbytes))
+        op = dict(kind=kind, name=name, offset=offset, memory=memory, nbytes=nbytes)
+        op["ticket"] = FakeTicket(self, op)
+        self.queue.append(op)
+        return op["ticket"]
+
+    def write(self, handle, offset, src, nbytes=None, stream=None):
+        return self._queue("write", handle, offset, src, nbytes)
+
+    def read(self, handle, offset, dst, nbytes=None, stream=None):
+        return self._queue("read", handle, offset, dst, nbytes)
+
+    def prefetch(self, handle, offset, nbytes):
+        assert offset + nbytes <= self.objects[self.names[handle]].numel()
+
+    def perform_through(self, target):
+        while target["ticket"].rc is None:
+            op = self.queue.pop(0)
+            data = self.objects[op["name"]]
+            at, n = op["offset"], op["nbytes"]
+            memory = op["memory"].view(-1).view(torch.uint8)[:n]
+            if op["kind"] == "write":
+                data[at : at + n].copy_(memory)
+                self.written[op["name"]][at : at + n] = True
+                op["ticket"].rc = 0
+            elif not bool(self.written[op["name"]][at : at + n].all()):
+                op["ticket"].rc = errno.ENODATA
+            else:
+                memory.copy_(data[at : at + n])
+                op["ticket"].rc = 0
+            op["memory"] = None  # the real store lets go of the memory once done too
+
+    def flush(self):
+        if self.queue:
+            self.perform_through(self.queue[-1])
+
+    def stored_bytes(self):
+        return sum(t.numel() for t in self.objects.values())
+
+
+# The store every case runs on: the one line to change for a run on the real store.
+make_store = FakeStore
+
+
+class Recording:
+    """Any store, with the order of its operations logged in `events` (shared with the optimizer's own
+    entries, see watch())."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.events = []
+        self.names = {}
+
+    def chunk_bytes(self):
+        return self.inner.chunk_bytes()
+
+    def open(self, name, nbytes):
+        handle = self.inner.open(name, nbytes)
+        self.names[handle] = name
+        return handle
+
+    def remove(self, name):
+        self.events.append(("remove", name))
+        self.inner.remove(name)
+
+    def _ticket(self, kind, handle, ticket):
+        name = self.names[handle]
+        self.events.append((kind, name))
+        events, inner_wait = self.events, ticket.wait
+
+        class Ticket:
+            def wait(self):
+                events.append(("wait-" + kind, name))
+                inner_wait()
+
+        return Ticket()
+
+    def write(self, handle, offset, src, nbytes=None, stream=None):
+        return self._ticket("write", handle, self.inner.write(handle, offset, src, nbytes, stream))
+
+    def read(self, handle, offset, dst, nbytes=None, stream=None):
+        return self._ticket("read", handle, self.inner.read(handle, offset, dst, nbytes, stream))
+
+    def prefetch(self, handle, offset, nbytes):
+        self.events.append(("prefetch", self.names[handle]))
+        self.inner.prefetch(handle, offset, nbytes)
+
+    def flush(self):
+        self.inner.flush()
+
+
+def watch(opt, store):
+    """Logs each bucket's update in store.events and counts the bucket buffers alive (store.live, the
+    most at once in store.most_live, checked at each buffer made and each update)."""
+    store.live, store.most_live = 0, 0
+    new_buffer, update = opt._pipeline.new_buffer, opt._update
+
+    def gone():
+        store.live -= 1
+
+    def counted_buffer(bucket):
+        buffer = new_buffer(bucket)
+        store.live += 1
+        store.most_live = max(store.most_live, store.live)
+        weakref.finalize(buffer, gone)
+        return buffer
+
+    def logged_update(bucket, buffer, before, after):
+        store.events.append(("update", bucket.name))
+        store.most_live = max(store.most_live, store.live)
+        update(bucket, buffer, before, after)
+
+    opt._pipeline.new_buffer = counted_buffer
+    opt._update = logged_update
+
+
+SHAPES = [(33, 17), (7,), (5, 4, 3), (1,), (257,), (16, 16)]
+
+
+def make_params(shapes=SHAPES, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+def clones(params, dtype=None):
+    return [p.detach().clone().to(dtype or p.dtype).requires_grad_() for p in params]
+
+
+def groups_of(params, split=None):
+    """Two param groups with their own lr and weight decay (split: where the second begins)."""
+    split = len(params) // 2 if split is None else split
+    return [{"params": params[:split]}, {"params": params[split:], "lr": 3e-3, "weight_decay": 0.2}]
+
+
+class Trainer:
+    """Gives both optimizers the same gradients, skips some parameters now and then (no gradient, so no
+    update and no step count), and changes lr and weight decay midway."""
+
+    def __init__(self, seed=1):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.t = 0
+
+    def step(self, pairs, grad_dtype=None):
+        """pairs: [(optimizer, params)]; every optimizer gets the same gradients."""
+        self.t += 1
+        shapes = [p.shape for p in pairs[0][1]]
+        grads = [torch.randn(s, generator=self.gen) * (1 + i) for i, s in enumerate(shapes)]
+        if grad_dtype is not None:
+            grads = [g.to(grad_dtype) for g in grads]
+        skipped = {self.t % len(shapes)} if self.t % 4 == 0 else set()
+        for opt, params in pairs:
+            for i, (p, g) in enumerate(zip(params, grads)):
+                p.grad = None if i in skipped else g.to(p.dtype).clone()
+            if self.t == STEPS // 2:
+                for group in opt.param_groups:
+                    group["lr"] *= 0.5
+                    group["weight_decay"] = group["weight_decay"] + 0.05
+            opt.step()
+
+
+class OptimTestCase(unittest.TestCase):
+    def assertBitEqual(self, ours, theirs, what):
+        self.assertEqual(ours.dtype, theirs.dtype, what)
+        self.assertEqual(ours.shape, theirs.shape, what)
+        self.assertTrue(torch.equal(ours, theirs), "%s differs: max |diff| %g" % (
+            what, (ours.double() - theirs.double()).abs().max().item()))
+
+    def assertSameState(self, ours, theirs, master_of=None):
+        """The state dicts of two optimizers hold the same numbers for the same parameters."""
+        self.assertEqual(sorted(ours["state"]), sorted(theirs["state"]))
+        for index, entry in theirs["state"].items():
+            mine = ours["state"][index]
+            self.assertBitEqual(mine["step"], entry["step"], "step of %d" % index)
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.assertBitEqual(mine[key], entry[key], "%s of %d" % (key, index))
+        self.assertEqual([{k: v for k, v in g.items() if k != "params"} for g in ours["param_groups"]],
+                         [{k: v for k, v in g.items() if k != "params"} for g in theirs["param_groups"]])
+
+
+class MatchesTorch(OptimTestCase):
+    def run_pair(self, ours_class, torch_class, bucket_elements, depth=3, foreach=None, **options):
+        params, reference = make_params(), make_params()
+        store = make_store()
+        ours = ours_class(groups_of(params), lr=1e-2, bucket_elements=bucket_elements, depth=depth, store=store,
+                          foreach=foreach, **options)
+        theirs = torch_class(groups_of(reference), lr=1e-2, foreach=foreach, **options)
+        trainer = Trainer()
+        for _ in range(STEPS):
+            trainer.step([(ours, params), (theirs, reference)])
+        what = "%s bucket_elements=%d depth=%d foreach=%s" % (ours_class.__name__, bucket_elements, depth, foreach)
+        for i, (p, r) in enumerate(zip(params, reference)):
+            self.assertBitEqual(p.detach(), r.detach(), "%s: param %d" % (what, i))
+        self.assertSameState(ours.state_dict(), theirs.state_dict())
+        return ours, store
+
+    def test_adamw_bit_identical(self):
+        # 10: smaller than most tensors (they span buckets); 300: slices of several; 10**6: one bucket.
+        for bucket_elements in (10, 300, 10**6):
+            for depth in (1, 2, 3, 5):
+                with self.subTest(bucket_elements=bucket_elements, depth=depth):
+                    self.run_pair(StreamedAdamW, torch.optim.AdamW, bucket_elements, depth, weight_decay=0.1)
+
+    def test_adamw_foreach_and_maximize(self):
+        for foreach in (False, True):
+            with self.subTest(foreach=foreach):
+                self.run_pair(StreamedAdamW, torch.optim.AdamW, 100, foreach=foreach, maximize=True)
+
+    def test_adam_bit_identical(self):
+        for bucket_elements in (10, 300, 10**6):
+            for foreach in (False, True):
+                with self.subTest(bucket_elements=bucket_elements, foreach=foreach):
+                    self.run_pair(StreamedAdam, torch.optim.Adam, bucket_elements, foreach=foreach,
+                                  weight_decay=0.01)
+
+    def test_buckets_cut_as_asked(self):
+        _, store = self.run_pair(StreamedAdamW, torch.optim.AdamW, 10)
+        first_group = sum(-(-p.numel() // 10) for p in make_params()[:3])  # no bucket spans two groups
+        self.assertGreaterEqual(len(store.objects), first_group)
+        _, store = self.run_pair(StreamedAdamW, torch.optim.AdamW, 10**6)
+        self.assertEqual(len(store.objects), 2)  # one per group
+
+    def test_low_precision_params_against_fp32_masters(self):
+        """bf16 and fp16 parameters are updated through fp32 masters: the reference is torch's AdamW
+        on fp32 copies given the same (low-precision) gradients."""
+        for dtype in (torch.bfloat16, torch.float16):
+            for bucket_elements in (10, 10**6):
+                with self.subTest(dtype=dtype, bucket_elements=bucket_elements):
+                    params = make_params(dtype=dtype)
+                    params[1] = params[1].detach().float().requires_grad_()  # a mixed bucket
+                    masters = clones(params, torch.float32)
+                    ours = StreamedAdamW(groups_of(params), lr=1e-2, bucket_elements=bucket_elements,
+                                         store=make_store())
+                    theirs = torch.optim.AdamW(groups_of(masters), lr=1e-2)
+                    trainer = Trainer()
+                    for _ in range(STEPS):
+                        trainer.step([(ours, params), (theirs, masters)], grad_dtype=dtype)
+                    mine, ref = ours.state_dict(), theirs.state_dict()
+                    self.assertSameState(mine, ref)
+                    for i, (p, m) in enumerate(zip(params, masters)):
+                        self.assertBitEqual(p.detach(), m.detach().to(p.dtype), "param %d" % i)
+                        if p.dtype != torch.float32:
+                            self.assertBitEqual(mine["state"][i][optim.MASTER_KEY], m.detach(), "master %d" % i)
+                        else:
+                            self.assertNotIn(optim.MASTER_KEY, mine["state"][i])
+
+
+class StateDicts(OptimTestCase):
+    def continue_both(self, first, first_params, second, second_params, steps=STEPS // 2, seed=5):
+        trainer = Trainer(seed)
+        trainer.t = STEPS  # past the midway change
+        for _ in range(steps):
+            trainer.step([(first, first_params), (second, second_params)])
+        for i, (a, b) in enumerate(zip(first_params, second_params)):
+            self.assertBitEqual(a.detach(), b.detach(), "param %d after continuing" % i)
+
+    def test_ours_into_torch_and_back(self):
+        params = make_params()
+        ours = StreamedAdamW(groups_of(params), lr=1e-2, bucket_elements=50, store=make_store())
+        trainer = Trainer()
+        for _ in range(STEPS // 2):
+            trainer.step([(ours, params)])
+        saved = ours.state_dict()
+        self.assertEqual(saved[optim.MOMENT_DTYPE_KEY], "torch.float32")
+        torch_params = clones(params)
+        theirs = torch.optim.AdamW(groups_of(torch_params), lr=1e-2)
+        theirs.load_state_dict(saved)
+        self.assertSameState(saved, theirs.state_dict())
+        self.continue_both(ours, params, theirs, torch_params)
+        # and back: torch's state into a new streamed optimizer, both continued again
+        back_params = clones(torch_params)
+        back = StreamedAdamW(groups_of(back_params), lr=1e-2, bucket_elements=7, store=make_store())
+        back.load_state_dict(theirs.state_dict())
+        self.assertSameState(back.state_dict(), theirs.state_dict())
+        self.continue_both(back, back_params, theirs, torch_params, seed=6)
+
+    def test_torch_into_ours(self):
+        torch_params = make_params()
+        theirs = torch.optim.Adam(groups_of(torch_params), lr=1e-2, weight_decay=0.01)
+        trainer = Trainer()
+        for _ in range(STEPS // 2):
+            trainer.step([(theirs, torch_params)])
+        params = clones(torch_params)
+        ours = StreamedAdam(groups_of(params), lr=1e-2, bucket_elements=64, store=make_store())
+        ours.load_state_dict(theirs.state_dict())
+        self.continue_both(theirs, torch_params, ours, params)
+        self.assertSameState(ours.state_dict(), theirs.state_dict())
+
+    def test_ours_into_ours(self):
+        params = make_params(dtype=torch.bfloat16)
+        ours = StreamedAdamW(groups_of(params), bucket_elements=40, store=make_store())
+        trainer = Trainer()
+        for _ in range(STEPS // 2):
+            trainer.step([(ours, params)], grad_dtype=torch.bfloat16)
+        copy = clones(params)
+        other = StreamedAdamW(groups_of(copy), bucket_elements=1000, depth=2, store=make_store())
+        other.load_state_dict(ours.state_dict())  # masters included: bit-identical from here on
+        trainer = Trainer(9)
+        for _ in range(STEPS // 2):
+            trainer.step([(ours, params), (other, copy)], grad_dtype=torch.bfloat16)
+        for i, (a, b) in enumerate(zip(params, copy)):
+            self.assertBitEqual(a.detach(), b.detach(), "param %d" % i)
+        mine, theirs = ours.state_dict(), other.state_dict()
+        self.assertSameState(mine, theirs)
+        for index, entry in mine["state"].items():
+            self.assertBitEqual(entry[optim.MASTER_KEY], theirs["state"][index][optim.MASTER_KEY], "master")
+
+    def test_dtype_mismatch_refused(self):
+        params = make_params()
+        ours = StreamedAdamW(params, bucket_elements=100, store=make_store())
+        trainer = Trainer()
+        trainer.step([(ours, params)])
+        saved = ours.state_dict()
+        # it says bf16 but holds fp32: reading those bytes as bf16 is what must never happen
+        lying = dict(saved, **{optim.MOMENT_DTYPE_KEY: "torch.bfloat16"})
+        with self.assertRaisesRegex(ValueError, r"torch\.bfloat16.*torch\.float32"):
+            ours.load_state_dict(lying)
+        narrow = StreamedAdamW(clones(params), bucket_elements=100, moment_dtype=torch.bfloat16, store=make_store())
+        half = dict(saved, state={i: dict(e, exp_avg=e["exp_avg"].half(), exp_avg_sq=e["exp_avg_sq"].half())
+                                  for i, e in saved["state"].items()})
+        del half[optim.MOMENT_DTYPE_KEY]
+        with self.assertRaisesRegex(ValueError, r"torch\.float16.*torch\.bfloat16"):
+            narrow.load_state_dict(half)
+        double = dict(saved, state={i: dict(e, exp_avg=e["exp_avg"].double()) for i, e in saved["state"].items()})
+        del double[optim.MOMENT_DTYPE_KEY]
+        with self.assertRaisesRegex(ValueError, r"torch\.float64.*torch\.float32"):
+            ours.load_state_dict(double)
+        # the refusals changed nothing
+        self.assertSameState(ours.state_dict(), saved)
+
+    def test_fp32_state_into_bf16_moments_is_rounded(self):
+        params = make_params()
+        ours = StreamedAdamW(params, bucket_elements=100, store=make_store())
+        trainer = Trainer()
+        for _ in range(3):
+            trainer.step([(ours, params)])
+        saved = ours.state_dict()
+        narrow = StreamedAdamW(clones(params), bucket_elements=100, moment_dtype=torch.bfloat16, store=make_store())
+        narrow.load_state_dict(saved)
+        got = narrow.state_dict()
+        self.assertEqual(got[optim.MOMENT_DTYPE_KEY], "torch.bfloat16")
+        for index, entry in saved["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.assertBitEqual(got["state"][index][key], entry[key].to(torch.bfloat16), key)
+
+
+class Options(OptimTestCase):
+    def test_unsupported_flags_refused_by_name(self):
+        for cls in (StreamedAdamW, StreamedAdam):
+            for flag in ("amsgrad", "capturable", "differentiable", "fused"):
+                with self.subTest(cls=cls.__name__, flag=flag):
+                    with self.assertRaisesRegex(ValueError, flag + "=True"):
+                        cls(make_params(), store=make_store(), **{flag: True})
+            with self.assertRaisesRegex(ValueError, "amsgrad=True"):
+                cls([{"params": make_params()[:1]}, {"params": make_params()[1:], "amsgrad": True}],
+                    store=make_store())
+
+    def test_bad_arguments_refused(self):
+        for kwargs, pattern in (({"lr": -1.0}, "learning rate"), ({"betas": (1.0, 0.9)}, "beta"),
+                                ({"depth": 0}, "depth"), ({"bucket_elements": 0}, "bucket_elements"),
+                                ({"moment_dtype": torch.float16}, "moment_dtype"), ({"name": "a b"}, "name")):
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    StreamedAdamW(make_params(), store=make_store(), **kwargs)
+        with self.assertRaisesRegex(ValueError, "float64"):
+            StreamedAdamW([torch.zeros(3, dtype=torch.float64, requires_grad=True)], store=make_store())
+
+    def test_names_do_not_collide_and_close_removes(self):
+        store = make_store()
+        params_a, params_b = make_params(), make_params()
+        a = StreamedAdamW(params_a, store=store)
+        b = StreamedAdamW(params_b, store=store)
+        trainer = Trainer()
+        trainer.step([(a, params_a), (b, params_b)])
+        a.flush()
+        b.flush()
+        self.assertEqual(len(store.objects), 2)
+        with self.assertRaisesRegex(ValueError, "used by another"):
+            StreamedAdamW(make_params(), store=store, name=a._name)
+        a.close()
+        self.assertEqual(len(store.objects), 1)
+        with self.assertRaisesRegex(RuntimeError, "closed"):
+            a.step()
+
+    def test_bf16_moments_close_in_half_the_bytes(self):
+        # sizes in multiples of 32 elements: bf16 sections then fill their 64-byte alignment exactly
+        shapes = [(64, 32), (96,), (32, 3, 2)]
+        wide_params, narrow_params = make_params(shapes), make_params(shapes)
+        wide_store, narrow_store = make_store(), make_store()
+        wide = StreamedAdamW(wide_params, bucket_elements=1024, store=wide_store)
+        narrow = StreamedAdamW(narrow_params, bucket_elements=1024, moment_dtype=torch.bfloat16, store=narrow_store)
+        trainer = Trainer()
+        for _ in range(STEPS):
+            trainer.step([(wide, wide_params), (narrow, narrow_params)])
+        wide.flush()
+        narrow.flush()
+        self.assertEqual(narrow_store.stored_bytes() * 2, wide_store.stored_bytes())
+        for a, b in zip(wide_params, narrow_params):
+            self.assertFalse(torch.equal(a, b))  # bf16 moments do differ...
+            torch.testing.assert_close(b, a, rtol=0, atol=2e-3)  # ...by little after 20 steps of lr 1e-3
+        for index, entry in wide.state_dict()["state"].items():
+            got = narrow.state_dict()["state"][index]
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.assertEqual(got[key].dtype, torch.bfloat16)
+                # bf16 keeps 8 significant bits: each step rounds by 2**-9 of the value
+                scale = entry[key].abs().max().item()
+                torch.testing.assert_close(got[key].float(), entry[key], rtol=2e-2, atol=1e-2 * scale)
+
+
+class Pipeline(OptimTestCase):
+    def trained(self, depth, shapes=((60,), (40,), (50,), (30,)), bucket_elements=25, **options):
+        store = Recording(make_store())
+        params = make_params(shapes)
+        opt = StreamedAdamW(params, bucket_elements=bucket_elements, depth=depth, store=store, **options)
+        watch(opt, store)
+        return opt, params, store
+
+    def bucket_names(self, opt):
+        return [b.name for buckets in opt._buckets for b in buckets]
+
+    def test_first_step_reads_nothing(self):
+        opt, params, store = self.trained(3)
+        Trainer().step([(opt, params)])
+        self.assertFalse([e for e in store.events if e[0] == "read"])
+        self.assertEqual([e[1] for e in store.events if e[0] == "write"], self.bucket_names(opt))
+
+    def test_reads_ahead_and_writes_behind_within_depth(self):
+        for depth in (1, 2, 3, 4):
+            with self.subTest(depth=depth):
+                opt, params, store = self.trained(depth)
+                trainer = Trainer()
+                trainer.step([(opt, params)])
+                self.assertLessEqual(store.most_live, depth)
+                store.events.clear()
+                trainer.t = 1  # step 2 updates every parameter
+                trainer.step([(opt, params)])
+                self.assertLessEqual(store.most_live, depth)
+                names = self.bucket_names(opt)
+                self.assertEqual(len(names), 8)
+                events = store.events
+                for k, name in enumerate(names):
+                    update = events.index(("update", name))
+                    self.assertLess(update, events.index(("write", name)))
+                    if name in [e[1] for e in events if e[0] == "read"]:
+                        self.assertLess(events.index(("wait-read", name)), update)
+                    if depth >= 2 and k + 1 < len(names):
+                        self.assertLess(events.index(("read", names[k + 1])), update,
+                                        "the read of bucket %d is issued before bucket %d is updated" % (k + 1, k))
+                    if depth >= 4 and k + 2 < len(names):
+                        self.assertLess(events.index(("read", names[k + 2])), update)
+                # the last write-backs are left in flight; flush waits for them
+                def unwaited():
+                    return [n for n in names if ("wait-write", n) not in events[events.index(("write", n)):]]
+
+                self.assertTrue(unwaited())
+                opt.flush()
+                self.assertFalse(unwaited())
+                self.assertEqual(store.live, 0)
+
+    def test_bucket_still_in_memory_is_not_read_again(self):
+        opt, params, store = self.trained(3, shapes=((20,), (20,)), bucket_elements=20)
+        trainer = Trainer()
+        trainer.step([(opt, params)])
+        trainer.step([(opt, params)])
+        self.assertFalse([e for e in store.events if e[0] == "read"])
+
+    def test_prefetch_reads_the_first_buckets(self):
+        opt, params, store = self.trained(3)
+        trainer = Trainer()
+        trainer.step([(opt, params)])
+        opt.flush()
+        store.events.clear()
+        opt.prefetch()
+        names = self.bucket_names(opt)
+        self.assertEqual([e for e in store.events if e[0] == "read"], [("read", names[0]), ("read", names[1])])
+        trainer.t = 1
+        trainer.step([(opt, params)])
+        self.assertEqual(sum(1 for e in store.events if e == ("read", names[0])), 1)
+
+    def test_prefetch_on_backward(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        store = Recording(make_store())
+        opt = StreamedAdamW(model.parameters(), bucket_elements=50, store=store, prefetch_on_backward=True)
+        reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        reference.load_state_dict(model.state_dict())
+        theirs = torch.optim.AdamW(reference.parameters())
+        x = torch.randn(32, 8)
+        for step in range(3):
+            for m, o in ((model, opt), (reference, theirs)):
+                o.zero_grad()
+                m(x).square().mean().backward()
+                if m is model and step > 0:
+                    self.assertIn("read", [e[0] for e in store.events])  # during backward, before step()
+                o.step()
+            store.events.clear()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertBitEqual(a.detach(), b.detach(), "param")
+
+    def test_exit_waits_for_write_backs(self):
+        store = make_store()
+        params = make_params()
+        opt = StreamedAdamW(params, bucket_elements=50, store=store)
+        Trainer().step([(opt, params)])
+        self.assertTrue(store.queue)
+        optim._flush_live()  # what atexit runs
+        self.assertFalse(store.queue)
+
+    def test_store_errors_surface(self):
+        store = make_store()
+        params = make_params()
+        opt = StreamedAdamW(params, bucket_elements=50, store=store)
+        trainer = Trainer()
+        trainer.step([(opt, params)])
+        opt.flush()
+        for name in store.written:
+            store.written[name][:] = False  # as if never written: the next reads fail with ENODATA
+        with self.assertRaises(tmsdisk.Error) as caught:
+            trainer.step([(opt, params)])
+        self.assertEqual(caught.exception.errno, errno.ENODATA)
+        self.assertFalse(store.queue)  # nothing left in flight on the optimizer's buffers
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
