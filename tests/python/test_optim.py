@@ -9,6 +9,7 @@ simcuda) is that one line. Recording wraps any store to log the order of operati
     /usr/bin/python3 test_optim.py          (needs torch: Debian's python3-torch; exit 77 without it)
 
 CTest passes PYTHON_DIR, the build's copy of the tmsdisk package; run by hand, the source tree's is used.
+TEST_OPTIM_DEVICE=cuda puts the parameters on the GPU (default: cpu).
 """
 
 import errno
@@ -31,6 +32,7 @@ from tmsdisk import optim  # noqa: E402
 from tmsdisk.optim import StreamedAdam, StreamedAdamW  # noqa: E402
 
 STEPS = 20
+DEVICE = torch.device(os.environ.get("TEST_OPTIM_DEVICE", "cpu"))
 
 
 class FakeTicket:
@@ -216,7 +218,7 @@ SHAPES = [(33, 17), (7,), (5, 4, 3), (1,), (257,), (16, 16)]
 
 def make_params(shapes=SHAPES, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+    return [torch.randn(s, generator=gen).to(device=DEVICE, dtype=dtype).requires_grad_() for s in shapes]
 
 
 def clones(params, dtype=None):
@@ -247,7 +249,7 @@ class Trainer:
         skipped = {self.t % len(shapes)} if self.t % 4 == 0 else set()
         for opt, params in pairs:
             for i, (p, g) in enumerate(zip(params, grads)):
-                p.grad = None if i in skipped else g.to(p.dtype).clone()
+                p.grad = None if i in skipped else g.to(device=p.device, dtype=p.dtype).clone()
             if self.t == STEPS // 2:
                 for group in opt.param_groups:
                     group["lr"] *= 0.5
@@ -575,13 +577,13 @@ class Pipeline(OptimTestCase):
 
     def test_prefetch_on_backward(self):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(DEVICE)
         store = Recording(make_store())
         opt = StreamedAdamW(model.parameters(), bucket_elements=50, store=store, prefetch_on_backward=True)
-        reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(DEVICE)
         reference.load_state_dict(model.state_dict())
         theirs = torch.optim.AdamW(reference.parameters())
-        x = torch.randn(32, 8)
+        x = torch.randn(32, 8, device=DEVICE)
         for step in range(3):
             for m, o in ((model, opt), (reference, theirs)):
                 o.zero_grad()
