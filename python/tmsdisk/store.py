@@ -87,13 +87,12 @@ def _function(call: str, name: str):
     lib = _load(call)
     fn = getattr(lib, name, None)
     if fn is None:
-        from . import version
-
         raise Error(
             _errno.ENOSYS,
             call,
             "the loaded libtmsdisk.so (%s) has no %s: it predates API version %d; use the tmsctl and "
-            "libtmsdisk.so of the same tmsdisk as this package" % (version(), name, STORE_API_VERSION),
+            "libtmsdisk.so of the same tmsdisk as this package"
+            % (lib.tmsdisk_version().decode("utf-8", "replace"), name, STORE_API_VERSION),
         )
     restype, argtypes = _PROTOTYPES[name]
     if fn.restype is not restype or fn.argtypes != argtypes:
@@ -227,7 +226,7 @@ def _transfer(kind: str, handle: int, offset: int, memory, nbytes, stream) -> Ti
     return Ticket(ticket.value, call, memory)
 
 
-def write(handle: int, offset: int, src, nbytes=None, stream=None) -> Ticket:
+def write(handle: int, offset: int, src, nbytes=None, *, stream=None) -> Ticket:
     """Queues a write of `src` (a contiguous tensor, or an address with nbytes) to the object at offset.
 
     Ordered after the work queued until now on `stream` (default: the tensor's device's current stream,
@@ -237,7 +236,7 @@ def write(handle: int, offset: int, src, nbytes=None, stream=None) -> Ticket:
     return _transfer("write", handle, offset, src, nbytes, stream)
 
 
-def read(handle: int, offset: int, dst, nbytes=None, stream=None) -> Ticket:
+def read(handle: int, offset: int, dst, nbytes=None, *, stream=None) -> Ticket:
     """Queues a read of the object's bytes at offset into `dst` (a contiguous tensor, or an address with
     nbytes), after the work queued on `stream` and every write queued before. `dst` holds them once the
     ticket is waited for (Error ENODATA if they were never written)."""

@@ -103,10 +103,10 @@ class FakeStore:
         self.queue.append(op)
         return op["ticket"]
 
-    def write(self, handle, offset, src, nbytes=None, stream=None):
+    def write(self, handle, offset, src, nbytes=None, *, stream=None):
         return self._queue("write", handle, offset, src, nbytes)
 
-    def read(self, handle, offset, dst, nbytes=None, stream=None):
+    def read(self, handle, offset, dst, nbytes=None, *, stream=None):
         return self._queue("read", handle, offset, dst, nbytes)
 
     def prefetch(self, handle, offset, nbytes):
@@ -174,11 +174,11 @@ class Recording:
 
         return Ticket()
 
-    def write(self, handle, offset, src, nbytes=None, stream=None):
-        return self._ticket("write", handle, self.inner.write(handle, offset, src, nbytes, stream))
+    def write(self, handle, offset, src, nbytes=None, *, stream=None):
+        return self._ticket("write", handle, self.inner.write(handle, offset, src, nbytes, stream=stream))
 
-    def read(self, handle, offset, dst, nbytes=None, stream=None):
-        return self._ticket("read", handle, self.inner.read(handle, offset, dst, nbytes, stream))
+    def read(self, handle, offset, dst, nbytes=None, *, stream=None):
+        return self._ticket("read", handle, self.inner.read(handle, offset, dst, nbytes, stream=stream))
 
     def prefetch(self, handle, offset, nbytes):
         self.events.append(("prefetch", self.names[handle]))
@@ -617,6 +617,111 @@ class Pipeline(OptimTestCase):
             trainer.step([(opt, params)])
         self.assertEqual(caught.exception.errno, errno.ENODATA)
         self.assertFalse(store.queue)  # nothing left in flight on the optimizer's buffers
+
+
+class FakeCLibrary:
+    """The C functions tmsdisk.store calls, as C-callable functions over Python, so that the calls go
+    through ctypes' marshalling as they do into libtmsdisk.so. `calls` logs them; `rc` maps a function
+    name to the -errno it returns instead of working."""
+
+    def __init__(self, chunk=4096):
+        from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int, c_uint64, c_void_p
+
+        self.calls, self.rc, self.chunk = [], {}, chunk
+        u64p = POINTER(c_uint64)
+
+        def fn(restype, *argtypes):
+            return lambda body: CFUNCTYPE(restype, *argtypes)(body)
+
+        def logged(name, result):
+            def call(*args):
+                self.calls.append((name,) + tuple(a.decode() if isinstance(a, bytes) else a for a in args
+                                                  if not hasattr(a, "contents")))
+                rc = self.rc.get(name, 0)
+                return rc if rc else result(*args)
+            return call
+
+        def set_out(value):
+            def body(*args):
+                args[-1][0] = value
+                return 0
+            return body
+
+        self.tmsdisk_version = fn(c_char_p)(lambda: b"tmsdisk 0.0-fake")
+        self.tmsdisk_store_chunk_bytes = fn(c_uint64)(lambda: self.chunk)
+        self.tmsdisk_store_open = fn(c_int, c_char_p, c_uint64, u64p)(logged("open", set_out(7)))
+        self.tmsdisk_store_remove = fn(c_int, c_char_p)(logged("remove", lambda *a: 0))
+        self.tmsdisk_store_write = fn(c_int, c_uint64, c_uint64, c_void_p, c_uint64, c_void_p, u64p)(
+            logged("write", set_out(11)))
+        self.tmsdisk_store_read = fn(c_int, c_uint64, c_uint64, c_void_p, c_uint64, c_void_p, u64p)(
+            logged("read", set_out(12)))
+        self.tmsdisk_store_prefetch = fn(c_int, c_uint64, c_uint64, c_uint64)(logged("prefetch", lambda *a: 0))
+        self.tmsdisk_store_wait = fn(c_int, c_uint64)(logged("wait", lambda *a: 0))
+        self.tmsdisk_store_flush = fn(c_int)(logged("flush", lambda *a: 0))
+
+
+class StoreBindings(OptimTestCase):
+    """tmsdisk.store's calls into the C API (through ctypes, over FakeCLibrary) and its errors."""
+
+    def setUp(self):
+        from tmsdisk import store
+
+        self.store, self.lib = store, FakeCLibrary()
+        self.saved = store._load
+        store._load = lambda call: self.lib
+
+    def tearDown(self):
+        self.store._load = self.saved
+
+    def test_calls_pass_through(self):
+        store, lib = self.store, self.lib
+        self.assertEqual(store.chunk_bytes(), 4096)
+        handle = store.open("opt.0.0", 1 << 20)
+        self.assertEqual(handle, 7)
+        cpu = torch.arange(8, dtype=torch.float32)
+        ticket = store.write(handle, 4096, cpu)
+        ticket.wait()
+        ticket.wait()  # the C API refuses a second wait: the outcome is kept instead
+        store.read(handle, 0, cpu, 16).wait()
+        store.write(handle, 0, 12345, 64, stream=99).wait()
+        store.prefetch(handle, 0, 4096)
+        store.flush()
+        store.remove("opt.0.0")
+        self.assertEqual(lib.calls, [
+            ("open", "opt.0.0", 1 << 20), ("write", 7, 4096, cpu.data_ptr(), 32, None), ("wait", 11),
+            ("read", 7, 0, cpu.data_ptr(), 16, None), ("wait", 12), ("write", 7, 0, 12345, 64, 99), ("wait", 11),
+            ("prefetch", 7, 0, 4096), ("flush",), ("remove", "opt.0.0")])
+
+    def test_errors_say_what_to_do(self):
+        store, lib = self.store, self.lib
+        lib.rc["open"] = -errno.EEXIST
+        with self.assertRaisesRegex(tmsdisk.Error, "remove it") as caught:
+            store.open("x", 10)
+        self.assertEqual(caught.exception.errno, errno.EEXIST)
+        lib.rc["wait"] = -errno.ENODATA
+        ticket = store.read(7, 0, torch.zeros(4))
+        with self.assertRaisesRegex(tmsdisk.Error, "never written"):
+            ticket.wait()
+        with self.assertRaisesRegex(tmsdisk.Error, "never written"):
+            ticket.wait()
+        self.assertEqual(sum(1 for c in lib.calls if c[0] == "wait"), 1)
+        lib.chunk = 0
+        with self.assertRaisesRegex(tmsdisk.Error, "tmsctl run") as caught:
+            store.chunk_bytes()
+        self.assertEqual(caught.exception.errno, errno.ENOTCONN)
+        calls = len(lib.calls)
+        with self.assertRaises(tmsdisk.Error) as caught:
+            store.open("caf\u00e9", 10)  # not ASCII: refused before C sees it
+        self.assertEqual(caught.exception.errno, errno.EINVAL)
+        with self.assertRaisesRegex(ValueError, "contiguous"):
+            store.write(7, 0, torch.zeros(4, 4).t())
+        self.assertEqual(len(lib.calls), calls)
+
+    def test_older_library_named(self):
+        del self.lib.tmsdisk_store_open
+        with self.assertRaisesRegex(tmsdisk.Error, "API version 6") as caught:
+            self.store.open("x", 10)
+        self.assertEqual(caught.exception.errno, errno.ENOSYS)
 
 
 if __name__ == "__main__":
