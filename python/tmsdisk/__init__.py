@@ -14,6 +14,10 @@ this process: run the program under `tmsctl run -- ...` (or with LD_PRELOAD nami
     print(tmsdisk.status())
     tmsdisk.resume()
 
+Its parts: tmsdisk.store, the rank's store of named objects in the daemon's files, and tmsdisk.optim,
+Adam and AdamW whose state lives there and streams through the step (imported on first use: it
+imports torch). tmsdisk.on_pause(fn) runs fn before each pause, to hand back memory a pause need not move.
+
 Every failure raises tmsdisk.Error, an OSError whose errno is the shim's and whose text carries the
 shim's own message; NotLoadedError (also an Error) when libtmsdisk.so is not in this process. The C
 functions are called through ctypes.CDLL, which releases the GIL while they run: a pause waits for the
@@ -44,17 +48,19 @@ __all__ = [
     "disabled",
     "library_path",
     "loaded",
+    "on_pause",
     "pause",
     "region",
     "resume",
     "status",
+    "store",
     "tags",
     "version",
 ]
 
 #: The C API version this package is written against (TMSDISK_API_VERSION; tags came with 4, a tag's
-#: resume with accept_loss with 5).
-API_VERSION = 5
+#: resume with accept_loss with 5, the store of named objects with 6).
+API_VERSION = 6
 
 #: Policies (TMSDISK_POLICY_*): what a pause does with a tag's allocations.
 BACKUP = "backup"  # saved (host tier, disk) and restored bit for bit
@@ -145,6 +151,8 @@ _PROTOTYPES = {
     "tmsdisk_resume_accept_loss": (ctypes.c_int, []),
     "tmsdisk_status": (ctypes.c_int, [ctypes.POINTER(_CStatus), ctypes.c_size_t]),
     "tmsdisk_version": (ctypes.c_char_p, []),
+    # API version 3
+    "tmsdisk_on_pause": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
     # API version 4
     "tmsdisk_tag_push": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "tmsdisk_tag_pop": (ctypes.c_int, []),
@@ -327,6 +335,59 @@ def resume(tag: Optional[str] = None, accept_loss: bool = False) -> None:
     name = _encode_tag(tag, call)
     function = "tmsdisk_resume_tag_accept_loss" if accept_loss else "tmsdisk_resume_tag"
     _pause_resume(call, _function(call, function)(name), tag)
+
+
+# --- before a pause --------------------------------------------------------------------------------
+
+_LOG_LEVELS = ("error", "warn", "info", "debug")
+_on_pause_lock = threading.Lock()
+_on_pause_functions = []  # what on_pause() was given, in order
+_on_pause_c_callback = None  # the package's one tmsdisk_on_pause callback; the shim keeps its pointer for good
+
+
+def _log(level: str, message: str) -> None:
+    """As the shim logs: to stderr, up to the level TMSDISK_LOG names (default warn)."""
+    wanted = os.environ.get("TMSDISK_LOG", "warn").strip().lower()
+    if wanted in _LOG_LEVELS and _LOG_LEVELS.index(level) <= _LOG_LEVELS.index(wanted):
+        os.write(2, ("[tmsdisk %d] %s: python: %s\n" % (os.getpid(), level, message)).encode("utf-8", "replace"))
+
+
+def _run_on_pause(_arg) -> None:
+    for function in list(_on_pause_functions):
+        try:
+            function()
+        except BaseException as e:  # pylint: disable=broad-except
+            # Raised into ctypes it would be printed as "Exception ignored"; the pause goes on anyway,
+            # moving what the function did not hand back.
+            _log("warn", "before pause: %s raised %r; the pause goes on" % (getattr(function, "__qualname__", function), e))
+
+
+def on_pause(function) -> None:
+    """Runs function() before each pause of this process, to hand back memory the pause need not move.
+
+    The shim's rules for tmsdisk_on_pause (tmsdisk.h) hold: it runs on a thread of the shim, not on the
+    thread that pauses, before CUDA calls are held, and only for a pause that has work to do; it must
+    return promptly and must not wait for anything a thread that pauses may hold (a lock of the
+    program's, a CUDA stream it keeps busy). What it raises is logged, and the pause goes on. Functions
+    run in the order given, all of them through one callback of this package's; there is no way to
+    unregister one: give a function that finds what it acts on (through weak references) rather than
+    one that keeps it alive. The same function given twice runs once.
+    """
+    global _on_pause_c_callback
+    call = "tmsdisk.on_pause(%s)" % getattr(function, "__qualname__", repr(function))
+    if not callable(function):
+        raise TypeError("%s: not callable" % call)
+    register = _function(call, "tmsdisk_on_pause")
+    with _on_pause_lock:
+        if _on_pause_c_callback is None:
+            c_callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_on_pause)
+            rc = register(ctypes.cast(c_callback, ctypes.c_void_p), None)
+            if rc < 0:
+                why = {_errno.ENOSPC: "the process has 16 pause callbacks registered already, the most there may be"}
+                raise Error(-rc, call, why.get(-rc, ""))
+            _on_pause_c_callback = c_callback
+        if function not in _on_pause_functions:
+            _on_pause_functions.append(function)
 
 
 # --- regions ---------------------------------------------------------------------------------------
@@ -521,3 +582,18 @@ def status() -> Status:
         tags=by_tag,
     )
 
+
+
+# --- the parts -------------------------------------------------------------------------------------
+# store is plain ctypes, imported with the package; optim imports torch, so only on first use
+# (tmsdisk.optim or `from tmsdisk import optim`), and it stays out of __all__: `from tmsdisk import *`
+# must work where torch is absent.
+from . import store  # noqa: E402  (it imports Error and _load from above)
+
+
+def __getattr__(name):
+    if name == "optim":
+        import importlib  # pylint: disable=import-outside-toplevel
+
+        return importlib.import_module(".optim", __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

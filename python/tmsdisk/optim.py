@@ -19,6 +19,16 @@ The last write-backs of a step may finish after step() returns; the next step(),
 flush() (synchronize()) and the interpreter's exit wait for them. prefetch() starts reading the first
 buckets early, for use during backward (prefetch_on_backward=True does it from the first gradient
 hook of each backward).
+
+A step opens every object it will write before it updates anything: a store that refuses one (over
+the user's quota, EDQUOT) fails the step with the parameters untouched.
+
+Between steps a pause of the process moves what is resident (parameters, gradients), never the
+buckets: where libtmsdisk.so is loaded, each pause first waits for the write-backs and reads in
+flight and drops every bucket buffer (tmsdisk.on_pause), then empties PyTorch's cache so that their
+memory goes back to the driver (unless TMSDISK_TORCH_EMPTY_CACHE=0: the cache, and they with it, is
+then paused as asked). The next step reads them back. An optimizer whose step runs on another thread
+while the pause begins keeps its buckets, which the pause then moves.
 """
 
 import atexit
@@ -35,6 +45,7 @@ from itertools import chain
 
 import torch
 
+from . import Error, _log, loaded, on_pause
 from . import store as _store_module
 
 __all__ = ["StreamedAdam", "StreamedAdamW"]
@@ -187,6 +198,7 @@ class _Pipeline:
         self.lookahead = 0 if depth == 1 else max(1, depth - 2)
         self._open = open_bucket
         self.resident = OrderedDict()  # bucket -> _Slot, oldest first
+        self.deferred = None  # an error release() met, raised by the next run() or drain()
 
     def new_buffer(self, bucket):
         return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
@@ -240,8 +252,18 @@ class _Pipeline:
         if write:
             slot.write = self.store.write(self._open(bucket), 0, slot.buffer)
 
+    def _raise_deferred(self) -> None:
+        if self.deferred is not None:
+            error, self.deferred = self.deferred, None
+            raise error
+
     def run(self, buckets, action, read: bool, write: bool) -> None:
-        """action(bucket, buffer) on each bucket in turn, reading ahead and writing behind."""
+        """action(bucket, buffer) on each bucket in turn, reading ahead and writing behind. With `write`,
+        every bucket's object is opened before the first action."""
+        self._raise_deferred()
+        if write:
+            for bucket in buckets:
+                self._open(bucket)
         try:
             hinted = set()
             for k, bucket in enumerate(buckets):
@@ -259,8 +281,9 @@ class _Pipeline:
             raise
 
     def drain(self) -> None:
-        """Waits for every read and write and lets go of every buffer; raises the first error."""
-        first = None
+        """Waits for every read and write and lets go of every buffer; raises the first error (or the
+        one release() kept)."""
+        first, self.deferred = self.deferred, None
         while self.resident:
             _, slot = self.resident.popitem(last=False)
             try:
@@ -269,6 +292,16 @@ class _Pipeline:
                 first = first or e
         if first is not None:
             raise first
+
+    def release(self) -> bool:
+        """drain() before a pause, on the shim's thread: an error is kept for the caller's next run() or
+        drain() instead of raised here, where nobody would see it. Whether any buffer was let go."""
+        had = bool(self.resident)
+        try:
+            self.drain()
+        except Exception as e:  # pylint: disable=broad-except
+            self.deferred = e
+        return had
 
     def abandon(self) -> None:
         """After a failure: waits for what is in flight (the store still uses those buffers), keeping
@@ -281,9 +314,49 @@ class _Pipeline:
 
 # --- the optimizers --------------------------------------------------------------------------------
 
-_live = weakref.WeakSet()  # optimizers whose write-backs atexit waits for
+_live = weakref.WeakSet()  # optimizers whose write-backs atexit waits for, whose buckets a pause drops
 _names = weakref.WeakValueDictionary()  # object-name prefix -> the live optimizer using it
 _serial = itertools.count()
+
+
+_pause_lock = threading.Lock()
+_pause_registered = False
+
+
+def _release_for_pause() -> None:
+    """Before a pause (tmsdisk.on_pause, on the shim's thread): every live optimizer lets go of its bucket
+    buffers once their reads and writes are done, and PyTorch's cache hands their memory back.
+
+    Waiting here is safe: the shim runs the store's operations in the order queued, and a pause after
+    them, so those queued before the pause are done by now. A step running on another thread holds its
+    optimizer's lock and is not waited for (the pause must not wait on a thread it may hold): that
+    optimizer keeps its buckets.
+    """
+    released = False
+    for opt in list(_live):
+        if not opt._lock.acquire(blocking=False):
+            _log("debug", "before pause: %s is in a step on another thread; its buckets are paused with it" % opt._name)
+            continue
+        try:
+            released = opt._pipeline.release() or released
+        finally:
+            opt._lock.release()
+    # The start-up module's callback, which empties the cache too, may have run before this one.
+    if released and os.environ.get("TMSDISK_TORCH_EMPTY_CACHE", "1") != "0" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _drop_buckets_before_pauses() -> None:
+    """Registers _release_for_pause once, where libtmsdisk.so is loaded (without it nothing pauses)."""
+    global _pause_registered
+    with _pause_lock:
+        if _pause_registered or not loaded():
+            return
+        try:
+            on_pause(_release_for_pause)
+        except Error as e:
+            _log("warn", "tmsdisk.optim: a pause will move the optimizers' buckets in memory too: %s" % e)
+        _pause_registered = True
 
 
 @atexit.register
@@ -319,7 +392,12 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         if name in _names:
             raise ValueError("%s: name %r is used by another optimizer of this process" % (cls, name))
         self._name = name
-        self._store = _store_module if store is None else store
+        if store is None:
+            store = _store_module
+            # No session with the daemon is better said now than after the model is built and trained
+            # up to the first step (chunk_bytes() opens the session, or raises saying how to get one).
+            store.chunk_bytes()
+        self._store = store
         self._moment_dtype = moment_dtype
         self._bucket_elements = bucket_elements
         self._buckets = []  # per param group, its buckets in order
@@ -340,6 +418,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         super().__init__(params, defaults)
         _names[name] = self
         _live.add(self)
+        _drop_buckets_before_pauses()
 
     # -- construction --------------------------------------------------------------------------------
 
@@ -529,7 +608,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
 
     def flush(self) -> None:
         """Waits for every write-back (and read) in flight and lets go of the buckets in memory; raises
-        the first error among them (tmsdisk.Error)."""
+        the first error among them (tmsdisk.Error), or one met by a pause's release of them."""
         with self._lock:
             self._pipeline.drain()
 

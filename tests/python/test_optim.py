@@ -618,6 +618,94 @@ class Pipeline(OptimTestCase):
         self.assertEqual(caught.exception.errno, errno.ENODATA)
         self.assertFalse(store.queue)  # nothing left in flight on the optimizer's buffers
 
+    def test_refused_open_fails_the_step_before_any_update(self):
+        store = make_store()
+        params = make_params()
+        before = clones(params)
+        opt = StreamedAdamW(params, bucket_elements=100, store=store)
+        opens = []
+
+        def over_quota(name, nbytes):
+            opens.append(name)
+            if len(opens) > 2:
+                raise tmsdisk.Error(errno.EDQUOT, "fake open(%r)" % name)
+            return FakeStore.open(store, name, nbytes)
+
+        store.open = over_quota
+        with self.assertRaises(tmsdisk.Error) as caught:
+            Trainer().step([(opt, params)])
+        self.assertEqual(caught.exception.errno, errno.EDQUOT)
+        for p, b in zip(params, before):
+            self.assertBitEqual(p.detach(), b.detach(), "a parameter after the refused step")
+        self.assertFalse(store.queue)
+        self.assertEqual(opt.state_dict()["state"], {})
+
+
+class PauseRelease(OptimTestCase):
+    """What a pause's callback (optim._release_for_pause) does to the optimizers of the process."""
+
+    def test_buckets_dropped_after_their_writes_and_read_back_next_step(self):
+        params, reference = make_params(), make_params()
+        store = Recording(make_store())
+        ours = StreamedAdamW(groups_of(params), bucket_elements=100, store=store)
+        theirs = torch.optim.AdamW(groups_of(reference))
+        watch(ours, store)
+        trainer = Trainer()
+        for step in range(STEPS):
+            trainer.step([(ours, params), (theirs, reference)])
+            if step % 3 == 1:
+                self.assertTrue(ours._pipeline.resident)
+                store.events.clear()
+                optim._release_for_pause()
+                self.assertEqual(store.live, 0, "bucket buffers alive after the release")
+                self.assertFalse(store.inner.queue, "operations left in flight")
+                waits = [e for e in store.events if e[0] == "wait-write"]
+                self.assertEqual(len(waits), len([e for e in store.events if e[0].startswith("wait")]))
+                self.assertTrue(waits)
+        for a, b in zip(params, reference):
+            self.assertBitEqual(a.detach(), b.detach(), "param")
+        self.assertSameState(ours.state_dict(), theirs.state_dict())
+
+    def test_a_write_error_met_by_the_release_is_raised_by_the_next_step(self):
+        store = make_store()
+        params = make_params()
+        opt = StreamedAdamW(params, bucket_elements=100, store=store)
+        trainer = Trainer()
+        trainer.step([(opt, params)])
+        failing = store.queue[0]["ticket"]
+        failing.rc = errno.EIO  # done, and failed
+        store.queue.pop(0)
+        optim._release_for_pause()  # quiet: it runs on the shim's thread
+        self.assertFalse(opt._pipeline.resident)
+        with self.assertRaises(tmsdisk.Error) as caught:
+            trainer.step([(opt, params)])
+        self.assertEqual(caught.exception.errno, errno.EIO)
+        opt.flush()  # raised once
+
+    def test_an_optimizer_in_a_step_on_another_thread_is_left_alone(self):
+        import threading
+
+        store = make_store()
+        params = make_params()
+        opt = StreamedAdamW(params, bucket_elements=100, store=store)
+        Trainer().step([(opt, params)])
+        held, go = threading.Event(), threading.Event()
+
+        def in_step():
+            with opt._lock:
+                held.set()
+                go.wait(30)
+
+        thread = threading.Thread(target=in_step)
+        thread.start()
+        try:
+            held.wait(30)
+            optim._release_for_pause()  # must not wait for the lock
+            self.assertTrue(opt._pipeline.resident)
+        finally:
+            go.set()
+            thread.join()
+
 
 class FakeCLibrary:
     """The C functions tmsdisk.store calls, as C-callable functions over Python, so that the calls go
