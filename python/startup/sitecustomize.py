@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tmsdisk's Python start-up module: PyTorch hands back its cache before a pause.
+"""tmsdisk's Python start-up module: PyTorch hands back its cache before a pause, and, when asked,
+torch.optim.AdamW and Adam stream their state through tmsdiskd's store.
 
 `tmsctl run` puts this directory first on PYTHONPATH, so Python's `site` imports this file at start-up
 in every Python process of the job. When libtmsdisk.so is preloaded and TMSDISK_TORCH_EMPTY_CACHE is
@@ -19,6 +20,12 @@ program, and moving them to disk and back is pure waste.
   (ctypes.CDLL(None).tmsdisk_pause()), ctypes.PyDLL calls do not; with PyDLL the pause goes on without
   emptying the cache once TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS has passed.
 - Nothing raised in the callback reaches the shim: it is caught, and told with TMSDISK_LOG=debug.
+
+With TMSDISK_STREAM_OPTIMIZER set (`tmsctl run --stream-optimizer[=fp32|bf16]`), torch.optim.AdamW and
+torch.optim.Adam become tmsdisk.optim's StreamedAdamW and StreamedAdam, keeping their moments in the
+dtype named (fp32 by default; the value fp8 is refused: not implemented yet). torch is not imported
+for it: the classes are replaced once the program's own `import torch` has run, before the program
+sees torch.optim. A value that cannot be honoured stops the process at start, before any work.
 
 Python imports only the first `sitecustomize` on its path, so this one then runs the one it hides (a
 site's or a virtual environment's own), which stays importable as `sitecustomize`.
@@ -78,6 +85,103 @@ def _register():
     return callback
 
 
+# TMSDISK_STREAM_OPTIMIZER's values: the moments' torch dtype by name. fp8 is a value tmsctl takes
+# already, refused here until it is implemented.
+_STREAM_MOMENTS = {"fp32": "float32", "bf16": "bfloat16"}
+_STREAM_NOT_YET = {"fp8": "fp8 moments are not implemented yet"}
+
+
+def _stream_optimizer_setting():
+    """The value of TMSDISK_STREAM_OPTIMIZER when streaming is asked for (None when unset or empty). A
+    value that cannot be honoured ends the process: a job asked to stream must not run without."""
+    value = os.environ.get("TMSDISK_STREAM_OPTIMIZER", "").strip().lower()
+    if not value:
+        return None
+    if value in _STREAM_MOMENTS:
+        return value
+    why = _STREAM_NOT_YET.get(value, "not one of fp32, bf16")
+    os.write(2, ("[tmsdisk %d] error: python: TMSDISK_STREAM_OPTIMIZER=%s (what `tmsctl run --stream-optimizer=%s` "
+                 "sets): %s; use fp32 or bf16, or leave it unset\n" % (os.getpid(), value, value, why)).encode())
+    # site.py would turn SystemExit into a fatal "Failed to import the site module" with a traceback.
+    os._exit(2)
+
+
+def _stream_torch_optimizers(torch, setting):
+    """torch.optim.AdamW and Adam (and their modules' names) become the streamed classes."""
+    import functools
+
+    from tmsdisk import optim  # imports torch, which has finished its own import by now
+
+    moment_dtype = getattr(torch, _STREAM_MOMENTS[setting])
+    for original, streamed in ((torch.optim.AdamW, optim.StreamedAdamW), (torch.optim.Adam, optim.StreamedAdam)):
+        if moment_dtype != torch.float32:
+            # The class as the program's code names it, with the moments' dtype as its default; an explicit
+            # moment_dtype= still wins.
+            streamed = type(streamed.__name__, (streamed,), {
+                "__init__": functools.partialmethod(streamed.__init__, moment_dtype=moment_dtype),
+                "__module__": streamed.__module__, "__doc__": streamed.__doc__, "__qualname__": streamed.__qualname__})
+        name = original.__name__
+        setattr(torch.optim, name, streamed)
+        defining = sys.modules.get(original.__module__)  # torch.optim.adamw, for `from torch.optim.adamw import AdamW`
+        if defining is not None and getattr(defining, name, None) is original:
+            setattr(defining, name, streamed)
+    _debug("torch.optim.AdamW and Adam stream their state (%s moments)" % setting)
+
+
+class _AfterTorchImport:
+    """A meta path finder that finds nothing itself: when `torch` is imported, it has the rest of the path
+    find it and runs _stream_torch_optimizers once torch's own module has run (a post-import hook)."""
+
+    def __init__(self, setting):
+        self.setting = setting
+
+    def find_spec(self, fullname, path, target=None):  # pylint: disable=unused-argument
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and out of the way of the search below
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, self.setting)
+        return spec
+
+
+class _PatchingLoader:
+    def __init__(self, loader, setting):
+        self.loader, self.setting = loader, setting
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader  # torch keeps its own loader, as if this one had never been there
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        try:
+            _stream_torch_optimizers(module, self.setting)
+        except Exception as e:
+            raise ImportError("TMSDISK_STREAM_OPTIMIZER=%s (tmsctl run --stream-optimizer): torch.optim's AdamW and "
+                              "Adam could not be replaced by tmsdisk.optim's: %s: %s" % (
+                                  self.setting, type(e).__name__, e)) from e
+
+
+def _stream_optimizer():
+    setting = _stream_optimizer_setting()
+    if setting is None:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "optim"):  # imported before this module ran (embedded Python)
+        _stream_torch_optimizers(torch, setting)
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport(setting))
+
+
 def _run_hidden_sitecustomize():
     """Imports the next `sitecustomize` on sys.path after this directory, as Python would have."""
     import importlib.machinery
@@ -110,4 +214,5 @@ try:
 except Exception as _e:  # pylint: disable=broad-except
     _CALLBACK = None
     _debug("not registered: %r" % (_e,))
+_stream_optimizer()
 _run_hidden_sitecustomize()
