@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fd_reaper.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <thread>
+
+#include "tmsdisk/common/signal_blocked_thread.h"
 
 namespace tmsdisk::server {
 
@@ -22,10 +22,7 @@ void FdReaper::discard(UniqueFd fd) noexcept {
     if (!state_) {
       auto st = std::make_shared<State>();
       // Signals stay with the main thread (SIGTERM handling).
-      sigset_t all, old;
-      sigfillset(&all);
-      pthread_sigmask(SIG_SETMASK, &all, &old);
-      std::thread([st] {
+      start_signal_blocked_thread([st] {
         std::unique_lock lock(st->mu);
         for (;;) {
           st->cv.wait(lock, [&] { return st->stop || !st->fds.empty(); });
@@ -37,7 +34,6 @@ void FdReaper::discard(UniqueFd fd) noexcept {
           lock.lock();
         }
       }).detach();
-      pthread_sigmask(SIG_SETMASK, &old, nullptr);
       state_ = std::move(st);
     }
     std::lock_guard lock(state_->mu);

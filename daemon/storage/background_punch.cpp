@@ -4,8 +4,6 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
-#include <pthread.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 
 #include "storage_testing.h"
 #include "tmsdisk/common/human.h"
+#include "tmsdisk/common/signal_blocked_thread.h"
 
 namespace tmsdisk::storage {
 
@@ -135,19 +134,10 @@ void BackgroundPunch::start(PunchPlan plan) noexcept {
     state = std::make_shared<State>();
     state->plan = std::move(plan);
     // Signals stay with the main thread (the daemon's SIGTERM handling).
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    try {
-      thread_ = std::thread([state] {
-        state->complete = run_and_log(state->plan, &state->stop, "in the background");
-        state->finished.store(true, std::memory_order_release);
-      });
-    } catch (...) {
-      pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      throw;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    thread_ = start_signal_blocked_thread([state] {
+      state->complete = run_and_log(state->plan, &state->stop, "in the background");
+      state->finished.store(true, std::memory_order_release);
+    });
     state_ = std::move(state);
   } catch (const std::exception&) {
     // No memory or no thread: given back here and now, as before it moved off.

@@ -14,7 +14,7 @@
 
 #include "driver.h"
 #include "log.h"
-#include "threads.h"
+#include "tmsdisk/common/signal_blocked_thread.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -35,7 +35,7 @@ void ControlThread::start() noexcept {
     TMS_LOG_ONCE(LogLevel::Error, "cannot create the control thread's eventfd: %s", std::strerror(errno));
     return;
   }
-  if (const int rc = start_shim_thread(&ControlThread::thread_main, this, "tmsdisk-ctl"); rc != 0) {
+  if (const int rc = start_detached_signal_blocked_thread(&ControlThread::thread_main, this, "tmsdisk-ctl"); rc != 0) {
     TMS_LOG_ONCE(LogLevel::Error, "cannot start the control thread: %s", std::strerror(rc));
     return;
   }

@@ -12,7 +12,7 @@
 #include <new>
 
 #include "log.h"
-#include "threads.h"
+#include "tmsdisk/common/signal_blocked_thread.h"
 
 namespace tmsdisk::shim {
 namespace {
@@ -105,7 +105,7 @@ bool run_pause_callbacks(int timeout_ms) noexcept {
       round->args[i] = g_registered[i].arg.load(std::memory_order_relaxed);
     }
     auto* handed = new std::shared_ptr<Round>(round);
-    if (const int rc = start_shim_thread(&run_round, handed, "tmsdisk-onpause"); rc != 0) {
+    if (const int rc = start_detached_signal_blocked_thread(&run_round, handed, "tmsdisk-onpause"); rc != 0) {
       delete handed;
       g_running.store(false, std::memory_order_release);
       TMS_WARN("pause: cannot start a thread for the tmsdisk_on_pause callbacks (%s); pausing without them",

@@ -2,13 +2,13 @@
 // simcuda streams, events and built-in kernels: every stream has a worker thread that runs its
 // queue in order, so asynchronous work really completes later than the call that queued it.
 #include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "simcuda_internal.h"
+#include "tmsdisk/common/signal_blocked_thread.h"
 
 namespace simcuda {
 namespace {
@@ -61,16 +61,7 @@ void worker_main(std::shared_ptr<CUstream_st> s) {
 // Threads started inside the host program block every signal, so its handlers keep running on its
 // own threads only.
 void start_worker(const std::shared_ptr<CUstream_st>& s) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  try {
-    std::thread(worker_main, s).detach();
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    throw;
-  }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  tmsdisk::start_signal_blocked_thread(worker_main, s).detach();
 }
 
 // Caller holds work_mu.
