@@ -2,14 +2,10 @@
 // The hash workers (hash_workers.h).
 #include "hash_workers.h"
 
-#include <pthread.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <system_error>
+#include <thread>
 
 namespace tmsdisk::server {
 
@@ -21,21 +17,9 @@ unsigned automatic_hash_threads() noexcept {
   return static_cast<unsigned>(std::clamp(cpus / 2, 2, 8));
 }
 
-HashWorkers::HashWorkers(unsigned threads, std::function<void()> before_hash) : before_hash_(std::move(before_hash)) {
-  efd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!efd_) throw std::system_error(errno, std::generic_category(), "eventfd for the hash workers");
-  // Signals stay with the main thread (SIGTERM handling).
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  try {
-    for (unsigned i = 0; i < std::max(threads, 1u); ++i) threads_.emplace_back([this] { work(); });
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    stop();
-    throw;
-  }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+HashWorkers::HashWorkers(unsigned threads, std::function<void()> before_hash)
+    : WorkerPool("hash workers"), before_hash_(std::move(before_hash)) {
+  start_workers(std::max(threads, 1u), [this] { work(); });
 }
 
 HashWorkers::~HashWorkers() {
@@ -53,8 +37,7 @@ bool HashWorkers::submit(const Job& job) {
 }
 
 void HashWorkers::finished(std::vector<Done>& out) {
-  uint64_t ignored;
-  (void)!::read(efd_.get(), &ignored, sizeof(ignored));
+  clear_wakeup();
   std::lock_guard lock(mu_);
   if (out.empty()) {
     out.swap(done_);
@@ -67,12 +50,10 @@ void HashWorkers::finished(std::vector<Done>& out) {
 void HashWorkers::stop() noexcept {
   {
     std::lock_guard lock(mu_);
-    stopping_ = true;
+    stopping_ = true;  // at once with the queue cleared: nothing submitted from here on is hashed
     queue_.clear();
   }
-  cv_.notify_all();
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
+  stop_workers();
 }
 
 void HashWorkers::work() {
@@ -95,10 +76,7 @@ void HashWorkers::work() {
       continue;
     }
     // The loop is woken once per batch: it takes all that is done when it wakes.
-    if (done_.size() == 1) {
-      const uint64_t one = 1;
-      (void)!::write(efd_.get(), &one, sizeof(one));
-    }
+    if (done_.size() == 1) wake_loop();
   }
 }
 

@@ -12,16 +12,13 @@
 // has a request in flight (Session::io_in_flight), so the bytes neither change nor go away meanwhile.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "storage.h"
-#include "tmsdisk/common/unique_fd.h"
+#include "worker_pool.h"
 
 namespace tmsdisk::server {
 
@@ -31,7 +28,7 @@ namespace tmsdisk::server {
 // adds a handoff per chunk (on a 2-CPU machine, 8 GB/s against 12 inline; two workers, 18-22).
 unsigned automatic_hash_threads() noexcept;
 
-class HashWorkers {
+class HashWorkers : public WorkerPool {
  public:
   struct Job {
     uint64_t tag = 0;  // the caller's, handed back with the sum
@@ -51,9 +48,8 @@ class HashWorkers {
   HashWorkers(const HashWorkers&) = delete;
   HashWorkers& operator=(const HashWorkers&) = delete;
 
-  unsigned threads() const noexcept { return static_cast<unsigned>(threads_.size()); }
-  // Readable while finished() has something for the loop.
-  int event_fd() const noexcept { return efd_.get(); }
+  unsigned threads() const noexcept { return worker_count(); }
+  // event_fd() (WorkerPool) is readable while finished() has something for the loop.
 
   // Queues `job`; false (nothing queued) once stop() was called. Throws std::bad_alloc (nothing
   // queued).
@@ -68,13 +64,8 @@ class HashWorkers {
   void work();
 
   std::function<void()> before_hash_;
-  UniqueFd efd_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
+  std::deque<Job> queue_;  // under mu_, as done_ is
   std::vector<Done> done_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
 };
 
 }  // namespace tmsdisk::server

@@ -3,10 +3,7 @@
 #include "staging_workers.h"
 
 #include <fmt/format.h>
-#include <pthread.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,35 +35,12 @@ void StagingRetire::operator()(StagingBuffer* buffer) const noexcept {
 }
 
 StagingWorkers::StagingWorkers(io::Engine& engine, std::function<void(const std::string&)> before_build)
-    : engine_(engine), before_build_(std::move(before_build)) {
-  efd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!efd_) throw std::system_error(errno, std::generic_category(), "eventfd for the staging workers");
-  // Signals stay with the main thread (SIGTERM handling).
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  try {
-    for (unsigned i = 0; i < kThreads; ++i) threads_.emplace_back([this] { work(); });
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-    throw;
-  }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    : WorkerPool("staging workers"), engine_(engine), before_build_(std::move(before_build)) {
+  start_workers(kThreads, [this] { work(); });
 }
 
 StagingWorkers::~StagingWorkers() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  stop_workers();
   // Buffers built for HELLOs the loop never finished: torn down here (retire() sees stopping_).
   Finished left;
   {
@@ -138,24 +112,18 @@ void StagingWorkers::retire(StagingBuffer* buffer) noexcept {
     std::lock_guard lock(mu_);
     try {
       done_.emptied_slots.push_back(slot);
-      post_locked();
+      wake_loop();
     } catch (...) {
     }
   }
 }
 
 StagingWorkers::Finished StagingWorkers::finished() {
-  uint64_t ignored;
-  (void)!::read(efd_.get(), &ignored, sizeof(ignored));
+  clear_wakeup();
   std::lock_guard lock(mu_);
   Finished out = std::move(done_);
   done_ = {};
   return out;
-}
-
-void StagingWorkers::post_locked() {
-  const uint64_t one = 1;
-  (void)!::write(efd_.get(), &one, sizeof(one));
 }
 
 void StagingWorkers::work() {
@@ -179,7 +147,7 @@ void StagingWorkers::work() {
         } catch (...) {
           // The slot stays claimed: one fewer registered buffer for later sessions, nothing worse.
         }
-        post_locked();
+        wake_loop();
       }
       continue;
     }
@@ -213,7 +181,7 @@ void StagingWorkers::work() {
         // No memory to report it: the TIER_ASK is never answered (the shim times out and pauses to
         // disk); its charge stays until the session ends.
       }
-      post_locked();
+      wake_loop();
       continue;
     }
     BuildJob job = std::move(builds_.front());
@@ -243,7 +211,7 @@ void StagingWorkers::work() {
       built.buffer.reset();
       lock.lock();
     }
-    post_locked();
+    wake_loop();
   }
 }
 

@@ -7,14 +7,11 @@
 // staging is, is made and taken back here too.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "host_tier.h"
@@ -22,10 +19,11 @@
 #include "staging_buffer.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
+#include "worker_pool.h"
 
 namespace tmsdisk::server {
 
-class StagingWorkers {
+class StagingWorkers : public WorkerPool {
  public:
   // HELLOs that arrive together are built side by side, up to this many: one that is slow (a GiB on
   // a loaded node) holds back the others only when this many are in the works.
@@ -65,8 +63,7 @@ class StagingWorkers {
   StagingWorkers(const StagingWorkers&) = delete;
   StagingWorkers& operator=(const StagingWorkers&) = delete;
 
-  // Readable while finished() has something for the loop.
-  int event_fd() const noexcept { return efd_.get(); }
+  // event_fd() (WorkerPool) is readable while finished() has something for the loop.
 
   // Builds a buffer of `slot_count` slots of `chunk_bytes` for the HELLO on `conn_id`, registered at
   // `claimed_index` (-1: not registered). The result comes back through finished().
@@ -93,21 +90,15 @@ class StagingWorkers {
     int claimed_index = -1;
   };
   void work();
-  void post_locked();  // wakes the loop; call with mu_ held
 
   io::Engine& engine_;
   std::function<void(const std::string&)> before_build_;
-  UniqueFd efd_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  // Teardowns go first: they give memory back, builds take it.
+  // Under mu_. Teardowns go first: they give memory back, builds take it.
   std::deque<StagingBuffer*> teardowns_;
   std::deque<TierMemory> tier_takebacks_;
   std::deque<BuildJob> builds_;
   std::deque<TierBuilt> tier_builds_;  // requests: `memory` and `error` filled in by a worker
   Finished done_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
 };
 
 }  // namespace tmsdisk::server
