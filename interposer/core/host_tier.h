@@ -16,6 +16,7 @@
 
 #include "cuda_api.h"
 #include "daemon_session.h"
+#include "registered_mapping.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
@@ -39,17 +40,14 @@ class HostTier {
   // A fork child: the mapping and its registration are the parent's.
   void forget_after_fork() noexcept;
 
-  bool held() const noexcept { return base_ != nullptr; }
-  uint8_t* base() const noexcept { return base_; }
-  uint64_t bytes() const noexcept { return bytes_; }
+  bool held() const noexcept { return mapping_.mapped(); }
+  uint8_t* base() const noexcept { return mapping_.data(); }
+  uint64_t bytes() const noexcept { return mapping_.bytes(); }
   int fd() const noexcept { return fd_.get(); }
 
  private:
   UniqueFd fd_;
-  uint8_t* base_ = nullptr;
-  uint64_t bytes_ = 0;
-  bool registered_ = false;
-  CUcontext registered_ctx_ = nullptr;
+  RegisteredMapping mapping_;
 };
 
 // The host-tier policy of one rank, run on the control thread. The engine lends it the session (a

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_api.h"
+#include "registered_mapping.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/protocol/messages.h"
 
@@ -48,10 +49,10 @@ class StagingSlots {
   // copies go on unpinned.
   void register_with(CUcontext ctx) noexcept;
 
-  bool mapped() const noexcept { return data_ != nullptr; }
+  bool mapped() const noexcept { return buffer_.mapped(); }
   uint32_t chunk_bytes() const noexcept { return chunk_bytes_; }
   std::size_t count() const noexcept { return slots_.size(); }
-  uint8_t* data(std::size_t slot) const noexcept { return data_ + slot * chunk_bytes_; }
+  uint8_t* data(std::size_t slot) const noexcept { return buffer_.data() + slot * chunk_bytes_; }
   Slot& operator[](std::size_t slot) noexcept { return slots_[slot]; }
   const Slot& operator[](std::size_t slot) const noexcept { return slots_[slot]; }
 
@@ -66,12 +67,9 @@ class StagingSlots {
   void drop_daemon_held() noexcept;
 
  private:
-  uint8_t* data_ = nullptr;
-  std::size_t bytes_ = 0;
+  RegisteredMapping buffer_;
   uint32_t chunk_bytes_ = 0;
   std::vector<Slot> slots_;
-  bool registered_ = false;
-  CUcontext registered_ctx_ = nullptr;
 };
 
 }  // namespace tmsdisk::shim
