@@ -3,27 +3,14 @@
 // deadlines, and a pause that meets a HELLO.
 // A real daemon on a temp socket and temp roots, driven by a client that plays the shim's role; each
 // TEST_CASE runs as its own CTest test, and one that cannot run here exits 77.
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/mman.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <future>
-#include <iterator>
-#include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 

@@ -3,29 +3,18 @@
 // holes punched, and the engine's faults (ENOSPC, EIO, short transfers).
 // A real daemon on a temp socket and temp roots, driven by a client that plays the shim's role; each
 // TEST_CASE runs as its own CTest test, and one that cannot run here exits 77.
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <future>
-#include <iterator>
 #include <map>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 #include "client.h"
 #include "daemon_fixture.h"
@@ -34,7 +23,6 @@
 #include "server.h"
 #include "small_filesystem.h"
 #include "test_support.h"
-#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace fs = std::filesystem;

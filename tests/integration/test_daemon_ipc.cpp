@@ -5,33 +5,17 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <future>
-#include <iterator>
-#include <map>
-#include <mutex>
-#include <thread>
-#include <utility>
 
-#include "client.h"
 #include "daemon_fixture.h"
 #include "fd_passing.h"
 #include "other_user.h"
 #include "test_support.h"
-#include "tmsdisk/protocol/client.h"
 #include "tmsdisk/protocol/socket.h"
 
 namespace fs = std::filesystem;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The unit tests write their byte figures in: one MiB, defined once for every test program.
+// The units the tests write their byte figures in: one MiB and one GiB, defined once for every test
+// program.
 #pragma once
 
 #include <cstdint>
@@ -7,5 +8,6 @@
 namespace tmsdisk::testing {
 
 inline constexpr uint64_t MiB = 1ull << 20;
+inline constexpr uint64_t GiB = 1ull << 30;
 
 }  // namespace tmsdisk::testing

@@ -3,32 +3,16 @@
 // on a later root), what remove deletes, and the sweep of dead ranks' directories.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "background_punch.h"
-#include "checksum_journal.h"
-#include "extent_allocator.h"
-#include "manifest.h"
-#include "manifest_v1.h"
-#include "punch_gate.h"
 #include "storage.h"
 #include "storage_fixtures.h"
-#include "storage_testing.h"
-#include "tmsdisk/common/proc.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;

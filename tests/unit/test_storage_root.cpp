@@ -2,14 +2,11 @@
 // Storage tests that need root: real ENOSPC on a small loop-mounted ext4, and planted foreign owners.
 // Exits 77 (skipped, with the reason) when not root or when the loop mount is not possible here.
 // main() is in test_storage_catch_impl.cpp; it calls storage_test_setup() first.
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>

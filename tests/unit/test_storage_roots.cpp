@@ -2,33 +2,13 @@
 // Storage, job names, rank directory names, and the roots: what Roots::open accepts, and the root a
 // backup directory names.
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <xxhash.h>
 
-#include <algorithm>
 #include <catch2/catch.hpp>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "background_punch.h"
-#include "checksum_journal.h"
-#include "extent_allocator.h"
-#include "manifest.h"
-#include "manifest_v1.h"
-#include "punch_gate.h"
 #include "storage.h"
 #include "storage_fixtures.h"
-#include "storage_testing.h"
-#include "tmsdisk/common/proc.h"
 #include "tmsdisk/protocol/messages.h"
 
 using namespace tmsdisk;
