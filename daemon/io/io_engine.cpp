@@ -11,13 +11,13 @@
 
 #include <cerrno>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <utility>
 
 #include "tmsdisk/common/unique_fd.h"
+#include "uring_probe.h"
 
 namespace tmsdisk::io {
 namespace {
@@ -46,11 +46,7 @@ std::string describe_setup_error(int rc) {
   if (rc == -ENOSYS) out += " (kernel built without io_uring, or a seccomp filter blocks it)";
   if (rc == -EPERM || rc == -EACCES) {
     out += " (kernel.io_uring_disabled, kernel.io_uring_group, or a seccomp filter";
-    if (FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "re")) {
-      int v = 0;
-      if (std::fscanf(f, "%d", &v) == 1 && v != 0) out += fmt::format("; kernel.io_uring_disabled={}", v);
-      std::fclose(f);
-    }
+    if (const auto v = io_uring_disabled(); v && *v != 0) out += fmt::format("; kernel.io_uring_disabled={}", *v);
     out += ")";
   }
   return out;
@@ -341,14 +337,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Options& options) {
     if (options.force_sync) {
       impl->fallback = "synchronous engine forced by configuration";
     } else {
-      io_uring_params p{};
-      // SUBMIT_ALL: one bad SQE must not stall the ones behind it (kernel 5.18+; retried without).
-      p.flags = IORING_SETUP_SUBMIT_ALL;
-      int rc = io_uring_queue_init_params(options.queue_depth, &impl->ring, &p);
-      if (rc == -EINVAL) {
-        p = io_uring_params{};
-        rc = io_uring_queue_init_params(options.queue_depth, &impl->ring, &p);
-      }
+      int rc = setup_ring(impl->ring, options.queue_depth);
       if (rc < 0) {
         impl->fallback = describe_setup_error(rc);
       } else {
@@ -505,13 +494,11 @@ std::size_t Engine::in_flight() const noexcept {
 }
 
 bool io_uring_available(std::string* why) noexcept {
-  io_uring ring{};
-  int rc = io_uring_queue_init(2, &ring, 0);
-  if (rc < 0) {
-    set_why(why, [&] { return describe_setup_error(rc); });
+  const int error = ring_setup_error(2);
+  if (error != 0) {
+    set_why(why, [&] { return describe_setup_error(-error); });
     return false;
   }
-  io_uring_queue_exit(&ring);
   return true;
 }
 

@@ -130,8 +130,8 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-// Whether this kernel lets us create an io_uring at all (disabled by sysctl or seccomp in some
-// containers). Tests that need it skip with this reason.
+// Whether this kernel lets us create an io_uring as the engine does (setup_ring, uring_probe.h;
+// disabled by sysctl or seccomp in some containers). Tests that need it skip with this reason.
 bool io_uring_available(std::string* why = nullptr) noexcept;
 
 }  // namespace tmsdisk::io

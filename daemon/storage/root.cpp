@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <cerrno>
 #include <new>
 
+#include "root_probe.h"
 #include "storage.h"
 #include "storage_fs.h"
 #include "tmsdisk/common/memory_filesystem.h"
@@ -56,9 +56,9 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
   }
   root.dir.reset(fd);
 
-  struct statfs sfs {};
-  if (::fstatfs(fd, &sfs) != 0) return errno_error("cannot stat the filesystem of storage root " + root.path);
-  auto magic = static_cast<unsigned long>(sfs.f_type);
+  auto type = filesystem_type(fd, root.path);
+  if (!type) return std::move(type).error();
+  const unsigned long magic = *type;
   root.in_memory = in_memory_filesystem(magic);
   if (root.in_memory && !allow_tmpfs) {
     return make_error(EINVAL, "storage root " + root.path + " is on " + (magic == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
@@ -70,20 +70,11 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
   if (::fstat(fd, &st) != 0) return errno_error("cannot stat storage root " + root.path);
   root.dev = st.st_dev;
 
-  // Probe O_DIRECT with an unnamed temporary file. If O_TMPFILE itself is unsupported we cannot tell
-  // and leave the decision to the first data file.
-  int probe = ::openat(fd, ".", O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, kFileMode);
-  if (probe >= 0) {
-    ::close(probe);
-  } else if (errno == EINVAL) {
-    probe = ::openat(fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, kFileMode);
-    if (probe >= 0) {
-      ::close(probe);
-      root.direct_io = false;
-    }
-  } else if (errno == EROFS || errno == EACCES) {
-    return errno_error("storage root " + root.path + " is not writable by tmsdiskd");
-  }
+  // If O_TMPFILE itself is unsupported the probe cannot tell: the first data file decides.
+  const DirectIoProbe probe = probe_direct_io(fd);
+  if (probe.outcome == DirectIoProbe::Outcome::Buffered) root.direct_io = false;
+  if (probe.error == EROFS || probe.error == EACCES)
+    return make_error(probe.error, "storage root " + root.path + " is not writable by tmsdiskd");
   return root;
 }
 
