@@ -176,6 +176,19 @@ TEST_CASE("a root on tmpfs FAILs, saying the paused memory would stay in RAM and
   CHECK(contains(fs["fix"], "NVMe"));
 }
 
+TEST_CASE("the O_DIRECT verdict is the daemon's own, and probing a root leaves nothing in it") {
+  Node node;
+  const json out = parse(doctor({"--json", "--socket", node.dir / "absent.sock", "--root", node.root}, node.sim_env()));
+  const json direct = check(out, "root.direct_io", node.root);
+  INFO(direct.dump());
+  CHECK(fs::is_empty(node.root));
+  // tmsdiskd probes the root as it starts, with the same function, and says when it falls back.
+  node.start_daemon();
+  const bool daemon_buffered = contains(node.daemon.log(), "does not support O_DIRECT");
+  CHECK(daemon_buffered == contains(direct["detail"], "refuses O_DIRECT"));
+  if (!daemon_buffered) CHECK(direct["status"] == "ok");
+}
+
 TEST_CASE("without a CUDA driver the driver FAILs, and free space is told without a comparison") {
   // The doctor inherits this test's library path, on which simcuda is not.
   if (void* real = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {

@@ -2,22 +2,20 @@
 // `tmsctl doctor` (doctor.h): gathers facts about the node, judges each, prints one line per check.
 //
 // tmsctl depends on nothing but the C and C++ runtimes, so the CUDA driver is reached with dlopen (as
-// the shim reaches it) and io_uring with the raw system call; cuda.h provides the types only.
+// the shim reaches it); cuda.h provides the types only. A root's filesystem and O_DIRECT, and
+// io_uring, are probed by tmsdiskd's own functions (root_probe.h, uring_probe.h), linked statically.
 #include "doctor.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <linux/io_uring.h>
 #include <linux/magic.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,17 +30,17 @@
 #include <sstream>
 
 #include "client.h"
+#include "root_probe.h"
 #include "tmsdisk/common/human.h"
 #include "tmsdisk/common/memory_filesystem.h"
 #include "tmsdisk/common/paths.h"
+#include "tmsdisk/common/sizes.h"
 #include "tmsdisk/common/unique_fd.h"
 #include "tmsdisk/protocol/socket.h"
+#include "uring_probe.h"
 
 #ifndef TMSDISK_VERSION
 #define TMSDISK_VERSION "unknown"
-#endif
-#ifndef __NR_io_uring_setup
-#define __NR_io_uring_setup 425  // the same number on every architecture
 #endif
 
 namespace tmsdisk::ctl {
@@ -51,11 +49,12 @@ namespace {
 
 // The file tmsdiskd reads by default when installed beside this tmsctl (paths.h).
 const std::string kConfigFile = default_config_file(layout::kBinDir);
-constexpr uint64_t kMiB = uint64_t{1} << 20;
 // tmsdiskd's default staging-budget-mb, for when no daemon answers to tell its own.
 constexpr uint64_t kDefaultStagingBudget = 256 * kMiB;
 constexpr std::size_t kProbeBlock = 4096;  // a multiple of every logical block size O_DIRECT asks for
-constexpr int kCapIpcLock = 14;            // linux/capability.h
+// The ring doctor sets up as the engine would: whether the kernel allows one does not depend on its size.
+constexpr unsigned kProbeRingEntries = 4;
+constexpr int kCapIpcLock = 14;  // linux/capability.h
 
 // Filesystems other than the local block-device ones, by statfs magic (linux/magic.h lacks some).
 constexpr unsigned long kOverlayMagic = 0x794c7630;
@@ -443,15 +442,6 @@ std::string read_first_line(const std::string& path) {
   return line;
 }
 
-std::optional<long long> read_number(const std::string& path) {
-  const std::string line = read_first_line(path);
-  if (line.empty()) return std::nullopt;
-  char* end = nullptr;
-  const long long v = std::strtoll(line.c_str(), &end, 10);
-  if (end == line.c_str()) return std::nullopt;
-  return v;
-}
-
 // The value of "Key:" in a /proc/<pid>/status file.
 std::optional<std::string> status_field(const std::string& path, const std::string& key) {
   std::ifstream in(path);
@@ -671,8 +661,9 @@ DriverFacts probe_driver() {
   return f;
 }
 
-// The root's filesystem, free space and O_DIRECT: a file made in it (and unlinked at once, so that
-// nothing is left behind even if we die), one aligned block written and read back.
+// The root's filesystem, free space and O_DIRECT. O_DIRECT is probed as tmsdiskd probes it when it
+// opens the root (an unnamed file, else one named and removed at once, as a rank's data file is
+// opened), then one aligned block is written to that file and read back.
 RootFacts probe_root(const std::string& path) {
   RootFacts f;
   f.path = path;
@@ -683,27 +674,19 @@ RootFacts probe_root(const std::string& path) {
     f.open_error = errno;
     return f;
   }
-  struct statfs sfs {};
-  if (::fstatfs(dir.get(), &sfs) == 0) f.fs_type = static_cast<unsigned long>(sfs.f_type);
+  if (const auto type = storage::filesystem_type(dir.get(), path)) f.fs_type = *type;
   struct statvfs vfs {};
   if (::fstatvfs(dir.get(), &vfs) == 0) f.free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 
   const std::string name = ".tmsdisk-doctor-" + std::to_string(::getpid());
-  const int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-  UniqueFd file(::openat(dir.get(), name.c_str(), flags | O_DIRECT, 0600));
-  if (!file) {
-    f.direct_error = errno;
+  storage::DirectIoProbe probe = storage::probe_direct_io(dir.get(), name.c_str());
+  if (probe.outcome != storage::DirectIoProbe::Outcome::Direct) {
+    f.direct_error = probe.error;
     f.direct_step = "open";
-    if (f.direct_error == EINVAL) {
-      UniqueFd plain(::openat(dir.get(), name.c_str(), flags, 0600));
-      if (plain) {
-        ::unlinkat(dir.get(), name.c_str(), 0);
-        f.direct_unsupported = true;
-      }
-    }
+    f.direct_unsupported = probe.outcome == storage::DirectIoProbe::Outcome::Buffered;
     return f;
   }
-  ::unlinkat(dir.get(), name.c_str(), 0);
+  const UniqueFd file = std::move(probe.file);
   std::unique_ptr<unsigned char, decltype(&std::free)> written(
       static_cast<unsigned char*>(std::aligned_alloc(kProbeBlock, kProbeBlock)), &std::free);
   std::unique_ptr<unsigned char, decltype(&std::free)> read(
@@ -733,13 +716,8 @@ RootFacts probe_root(const std::string& path) {
 
 IoUringFacts probe_io_uring() {
   IoUringFacts f;
-  io_uring_params params{};
-  const long fd = ::syscall(__NR_io_uring_setup, 4, &params);
-  if (fd >= 0)
-    ::close(static_cast<int>(fd));
-  else
-    f.setup_error = errno;
-  if (auto v = read_number("/proc/sys/kernel/io_uring_disabled")) f.disabled = static_cast<int>(*v);
+  f.setup_error = io::ring_setup_error(kProbeRingEntries);
+  f.disabled = io::io_uring_disabled();
   if (auto s = status_field("/proc/self/status", "Seccomp:")) f.seccomp = std::atoi(s->c_str());
   utsname u{};
   if (::uname(&u) == 0) f.kernel = u.release;

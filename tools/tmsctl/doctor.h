@@ -101,7 +101,7 @@ const char* filesystem_name(unsigned long fs_type);  // "ext4", "tmpfs", ...; nu
 
 // io_uring, as this process finds it.
 struct IoUringFacts {
-  int setup_error = 0;          // errno of io_uring_setup for a 4-entry ring; 0: the ring was created
+  int setup_error = 0;          // errno of a 4-entry ring set up as tmsdiskd's engine sets one up; 0: it was
   std::optional<int> disabled;  // kernel.io_uring_disabled (the sysctl exists from Linux 6.6)
   std::optional<int> seccomp;   // "Seccomp:" of /proc/self/status: 0 none, 1 strict, 2 filter
   std::string kernel;           // uname -r
