@@ -26,6 +26,7 @@
 #include "tmsdisk/common/paths.h"
 #include "tmsdisk/common/plain_integer.h"
 #include "tmsdisk/common/private_daemon.h"
+#include "tmsdisk/common/sizes.h"
 #include "tmsdisk/common/staging_budget.h"
 #include "tmsdisk/common/unique_fd.h"
 
@@ -355,6 +356,8 @@ int cmd_status(const Common& common) {
   return 0;
 }
 
+namespace {
+
 // "--job J --rank R": the selector as the user typed it, for messages.
 std::string selector_text(const Selector& sel) {
   if (sel.all) return "--all";
@@ -387,79 +390,102 @@ std::string unanswered_text(const Deadline& deadline, bool pause) {
          " (" + still + " see `tmsctl status`)";
 }
 
-int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
+// The request that pauses or resumes `sel`, or nullopt once the usage mistake that refuses it has
+// been told (exit status kExitUsage).
+std::optional<proto::Control> control_request(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
   const std::string verb = pause ? "pause" : "resume";
   proto::Control req;
   req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
   if (accept_loss) req.flags = proto::kAcceptLoss;
   // On the wire an empty tag means the whole process: `--tag ""` (an unset variable in a script) must
   // not pause or discard everything.
-  if (sel.tag_given && (sel.tag.empty() || !proto::valid_tag(sel.tag)))
-    return fail(common, verb,
-                "--tag '" + sel.tag + "': a tag is 1 to 63 of A-Z a-z 0-9 _ . -" +
-                    (sel.tag.empty() ? "; leave out --tag to " + verb + " the whole process" : ""),
-                kExitUsage);
+  if (sel.tag_given && (sel.tag.empty() || !proto::valid_tag(sel.tag))) {
+    fail(common, verb,
+         "--tag '" + sel.tag + "': a tag is 1 to 63 of A-Z a-z 0-9 _ . -" +
+             (sel.tag.empty() ? "; leave out --tag to " + verb + " the whole process" : ""),
+         kExitUsage);
+    return std::nullopt;
+  }
   req.tag = sel.tag;
   if (sel.all) {
-    if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0)
-      return fail(common, verb, "--all cannot be combined with --job, --rank or --pid", kExitUsage);
+    if (!sel.job.empty() || sel.rank >= 0 || sel.pid > 0) {
+      fail(common, verb, "--all cannot be combined with --job, --rank or --pid", kExitUsage);
+      return std::nullopt;
+    }
     req.match = proto::kMatchAll;
   }
   if (!sel.job.empty()) req.match |= proto::kMatchJob, req.job = sel.job;
   if (sel.rank >= 0) req.match |= proto::kMatchRank, req.rank = sel.rank;
   if (sel.pid > 0) req.match |= proto::kMatchPid, req.pid = sel.pid;
-  if (req.match == 0) return fail(common, verb, "say which ranks: --job J, --rank R, --pid P, or --all", kExitUsage);
+  if (req.match == 0) {
+    fail(common, verb, "say which ranks: --job J, --rank R, --pid P, or --all", kExitUsage);
+    return std::nullopt;
+  }
   // The daemon gets the same limit, so that it ends the request (and drops the late answers) when
   // tmsctl gives up; whichever deadline passes first, the silent ranks are named alike (client.h).
   req.timeout_ms = static_cast<uint32_t>(std::lround(common.timeout_s * 1000));  // at most 1e9: main.cpp's range
+  return req;
+}
 
-  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
-  auto client = Client::connect(socket_of(common), deadlines.answer);
-  if (!client) return fail(common, verb, client.error());
+// The line a pause or resume keeps up to date on a terminal's stderr while the ranks work: a progress
+// bar, or, while they are silent, whom the command waits for and until when.
+class ProgressLine {
+ public:
+  ProgressLine(std::string verb, const Deadline& ranks, bool tty) : verb_(std::move(verb)), ranks_(ranks), tty_(tty) {}
 
-  const bool tty = !common.json && ::isatty(STDERR_FILENO);
-  const auto start = std::chrono::steady_clock::now();
-  std::map<uint64_t, proto::Progress> progress;
-  auto on_progress = [&](const proto::Progress& p) {
-    if (!tty) return;
-    progress[p.session_id] = p;
+  void progress(const proto::Progress& p) {
+    if (!tty_) return;
+    progress_[p.session_id] = p;
     uint64_t done = 0, total = 0;
-    for (auto& [id, q] : progress) done += q.done_bytes, total += q.total_bytes;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (auto& [id, q] : progress_) done += q.done_bytes, total += q.total_bytes;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
     const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
     const int width = 30;
     const int filled = total ? static_cast<int>(width * static_cast<double>(done) / static_cast<double>(total)) : 0;
     // \x1b[K clears what a longer waiting line left on the right.
-    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs\x1b[K", verb.c_str(), width,
+    std::fprintf(stderr, "\r%s [%-*s] %s / %s  %.2f GB/s  ETA %.0fs\x1b[K", verb_.c_str(), width,
                  std::string(filled, '#').c_str(), human_bytes(done).c_str(), human_bytes(total).c_str(), rate / 1e9,
                  eta);
-  };
-  // While the ranks are silent, whom the command waits for and until when: one rank that never
-  // answers (wedged, or another user's under root's `pause --all`) holds an untimed command for
-  // kSilenceLimit, which nobody would guess from a still progress bar.
-  bool waited = false;
-  auto on_waiting = [&](const std::vector<proto::RankTarget>& silent, std::chrono::milliseconds quiet) {
-    if (!tty || silent.empty()) return;
-    waited = true;
+  }
+
+  // One rank that never answers (wedged, or another user's under root's `pause --all`) holds an
+  // untimed command for kSilenceLimit, which nobody would guess from a still progress bar.
+  void waiting(const std::vector<proto::RankTarget>& silent, std::chrono::milliseconds quiet) {
+    if (!tty_ || silent.empty()) return;
+    waited_ = true;
     std::string who;
     for (std::size_t i = 0; i < silent.size() && i < 3; ++i)
       who += (i ? ", " : "") + silent[i].job + " rank " + rank_text(silent[i].rank) + " (pid " +
              std::to_string(silent[i].pid) + ")";
     if (silent.size() > 3) who += " and " + std::to_string(silent.size() - 3) + " more";
     const std::string until =
-        deadlines.ranks.renewed()
-            ? "gives up after " + deadlines.ranks.seconds_text() + " without a word (--timeout S sets a limit)"
-            : "gives up at " + deadlines.ranks.seconds_text() + " (--timeout)";
-    std::fprintf(stderr, "\r%s: waiting for %s: nothing for %lld s; %s\x1b[K", verb.c_str(), who.c_str(),
+        ranks_.renewed() ? "gives up after " + ranks_.seconds_text() + " without a word (--timeout S sets a limit)"
+                         : "gives up at " + ranks_.seconds_text() + " (--timeout)";
+    std::fprintf(stderr, "\r%s: waiting for %s: nothing for %lld s; %s\x1b[K", verb_.c_str(), who.c_str(),
                  static_cast<long long>(quiet.count() / 1000), until.c_str());
-  };
-  auto answer = client->control(req, deadlines.ranks, on_progress, on_waiting);
-  if (tty && (!progress.empty() || waited)) std::fprintf(stderr, "\n");
-  if (!answer) return fail(common, verb + " " + selector_text(sel), answer.error());
-  const auto& results = answer->results;
-  const auto& unanswered = answer->unanswered;
+  }
 
+  // Ends the line, if one was shown, so that what follows starts on its own.
+  void finish() const {
+    if (tty_ && (!progress_.empty() || waited_)) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const std::string verb_;
+  const Deadline& ranks_;
+  const bool tty_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::map<uint64_t, proto::Progress> progress_;
+  bool waited_ = false;
+};
+
+// Tells each rank's part of a pause or resume (the answers, then the ranks that gave none) and returns
+// the exit status.
+int report_control(const Common& common, const std::string& verb, bool pause, const ControlAnswer& answer,
+                   const Deadline& ranks) {
+  const auto& results = answer.results;
+  const auto& unanswered = answer.unanswered;
   int failed = 0;
   json out = json::array();
   for (const auto& r : results) {
@@ -484,7 +510,7 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
   }
   // After the answers, the ranks that gave none: whether they paused is not known ("outcome":
   // "unknown"), and they may still finish.
-  const std::string silent = unanswered_text(deadlines.ranks, pause);
+  const std::string silent = unanswered_text(ranks, pause);
   for (const auto& t : unanswered) {
     if (common.json) {
       out.push_back({{"job", t.job},
@@ -511,6 +537,28 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
     std::fprintf(stderr, "tmsctl %s: %zu of %zu rank(s) did not answer in time\n", verb.c_str(), unanswered.size(),
                  asked);
   return failed || !unanswered.empty() ? kExitFailed : 0;
+}
+
+}  // namespace
+
+int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
+  const std::string verb = pause ? "pause" : "resume";
+  const std::optional<proto::Control> req = control_request(common, sel, pause, accept_loss);
+  if (!req) return kExitUsage;
+
+  const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
+  auto client = Client::connect(socket_of(common), deadlines.answer);
+  if (!client) return fail(common, verb, client.error());
+
+  ProgressLine line(verb, deadlines.ranks, !common.json && ::isatty(STDERR_FILENO));
+  auto answer = client->control(
+      *req, deadlines.ranks, [&](const proto::Progress& p) { line.progress(p); },
+      [&](const std::vector<proto::RankTarget>& silent, std::chrono::milliseconds quiet) {
+        line.waiting(silent, quiet);
+      });
+  line.finish();
+  if (!answer) return fail(common, verb + " " + selector_text(sel), answer.error());
+  return report_control(common, verb, pause, *answer, deadlines.ranks);
 }
 
 int cmd_gc(const Common& common) {
@@ -595,14 +643,13 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
     mib = *inherited;
     named = "TMS_DISK_BACKUP_CHUNK_MB=" + std::to_string(mib);
   }
-  const uint64_t MiB = uint64_t{1} << 20;
   const uint64_t least = min_staging_budget_mib(daemon.chunk_bytes);
   if (daemon.chunk_bytes && mib < least)
     return Refusal{named + " is too small: the staging budget must hold two of this daemon's chunks (2 x " +
                    human_bytes(daemon.chunk_bytes) + "); use " + std::to_string(least) + " or more"};
-  if (daemon.max_staging_budget_bytes && mib * MiB > daemon.max_staging_budget_bytes)
+  if (daemon.max_staging_budget_bytes && mib * kMiB > daemon.max_staging_budget_bytes)
     return Refusal{named + " is more than this daemon allows per rank (max-staging-budget-mb = " +
-                   std::to_string(daemon.max_staging_budget_bytes / MiB) + ")"};
+                   std::to_string(daemon.max_staging_budget_bytes / kMiB) + ")"};
   return std::nullopt;
 }
 
