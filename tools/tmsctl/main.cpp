@@ -5,6 +5,7 @@
 // exit status 2 (the man page's promise), and a JSON object instead when --json was asked for.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -148,124 +149,150 @@ CLI::Validator one_of(std::vector<std::string> choices) {
       "{" + list + "}");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "tmsctl: pause a CUDA job's GPU memory to local NVMe and resume it, with no code changes.\n\n"
-      "  tmsctl run -- python train.py        launch with the tmsdisk shim preloaded\n"
-      "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
-      "  tmsctl resume --job J                bring it back at the same addresses\n"
-      "  tmsctl status                        what each rank holds where\n"
-      "  tmsctl doctor                        check this node before enabling the service\n\n"
-      "Exit status: 0 success (also when there was nothing to do), 1 a rank, the daemon or a doctor check\n"
-      "failed, or a rank or the daemon did not answer in time (--timeout), 2 a usage error."};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "tmsctl (tmsdisk) " TMSDISK_VERSION, "print the version and exit");
+// What the command line fills in: each subcommand's options write here.
+struct Inputs {
   Common common;
-  // --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
-  // and after it (`tmsctl status --json`), and listed in every command's --help.
-  auto add_global = [&](CLI::App* a) {
-    a->add_option("--socket", common.socket,
-                  "tmsdiskd socket (default: $TMSDISK_SOCKET, else /run/tmsdisk/tmsdiskd.sock, else the private "
-                  "daemon's)")
-        ->type_name("PATH")
-        ->group(kGlobalGroup);
-    a->add_flag("--json", common.json, "machine-readable output, errors included")->group(kGlobalGroup);
-    a->add_option("--timeout", common.timeout_s,
-                  "give up after S seconds, print what answered and name what did not (exit 1); default: 30 s for "
-                  "the daemon's answers, and for pause/resume until the ranks send nothing for 120 s")
-        ->type_name("S")
-        ->check(seconds(1e6))
-        ->group(kGlobalGroup);
-  };
-  add_global(&app);
+  Selector sel;                  // pause, resume
+  bool accept_loss = false;      // resume
+  LaunchOptions launch;          // env, run
+  bool no_start_daemon = false;  // run
+  DoctorOptions doctor;
+  std::vector<std::string> command;  // run: the words after --
+};
 
-  auto* status =
-      app.add_subcommand("status", "list ranks: state, resident, paused and unmanaged bytes, last pause/resume");
+// The subcommands, in the order --help lists them.
+struct Subcommands {
+  CLI::App* status = nullptr;
+  CLI::App* pause = nullptr;
+  CLI::App* resume = nullptr;
+  CLI::App* gc = nullptr;
+  CLI::App* env = nullptr;
+  CLI::App* run = nullptr;
+  CLI::App* doctor = nullptr;
+  std::vector<CLI::App*> all() const { return {status, pause, resume, gc, env, run, doctor}; }
+};
 
-  Selector sel;
-  auto add_selector = [&](CLI::App* sub) {
-    sub->add_option("--job", sel.job, "ranks of this job (TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)")
-        ->type_name("JOB");
-    sub->add_option("--rank", sel.rank, "only this rank")
-        ->type_name("R")
-        ->check(whole_number(0, INT64_MAX, "a rank number"));
-    sub->add_option("--pid", sel.pid, "only this process")
-        ->type_name("PID")
-        ->check(whole_number(1, INT32_MAX, "a process id"));
-    sub->add_flag("--all", sel.all, "every rank you may act on");
-    sub->add_option("--tag", sel.tag,
-                    "only the allocations carrying this tag (made inside tmsdisk.region(TAG) or between "
-                    "tmsdisk_tag_push and _pop; \"untagged\": the others); a rank without it has nothing to do")
-        ->type_name("TAG");
-  };
+// --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
+// and after it (`tmsctl status --json`), and listed in every command's --help.
+void add_global_options(CLI::App& a, Common& common) {
+  a.add_option("--socket", common.socket,
+               "tmsdiskd socket (default: $TMSDISK_SOCKET, else /run/tmsdisk/tmsdiskd.sock, else the private "
+               "daemon's)")
+      ->type_name("PATH")
+      ->group(kGlobalGroup);
+  a.add_flag("--json", common.json, "machine-readable output, errors included")->group(kGlobalGroup);
+  a.add_option("--timeout", common.timeout_s,
+               "give up after S seconds, print what answered and name what did not (exit 1); default: 30 s for "
+               "the daemon's answers, and for pause/resume until the ranks send nothing for 120 s")
+      ->type_name("S")
+      ->check(seconds(1e6))
+      ->group(kGlobalGroup);
+}
+
+// Which ranks pause and resume act on.
+void add_selector_options(CLI::App& sub, Selector& sel) {
+  sub.add_option("--job", sel.job, "ranks of this job (TMSDISK_JOB, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)")
+      ->type_name("JOB");
+  sub.add_option("--rank", sel.rank, "only this rank")
+      ->type_name("R")
+      ->check(whole_number(0, INT64_MAX, "a rank number"));
+  sub.add_option("--pid", sel.pid, "only this process")
+      ->type_name("PID")
+      ->check(whole_number(1, INT32_MAX, "a process id"));
+  sub.add_flag("--all", sel.all, "every rank you may act on");
+  sub.add_option("--tag", sel.tag,
+                 "only the allocations carrying this tag (made inside tmsdisk.region(TAG) or between "
+                 "tmsdisk_tag_push and _pop; \"untagged\": the others); a rank without it has nothing to do")
+      ->type_name("TAG");
+}
+
+// How env and run launch the ranks.
+void add_launch_options(CLI::App& sub, LaunchOptions& launch) {
+  sub.add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB; default: the launcher's job id)")
+      ->type_name("JOB");
+  sub.add_option("--staging-budget-mb", launch.staging_budget_mb,
+                 "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; at least two of the "
+                 "daemon's chunks; default: the daemon's staging-budget-mb)")
+      ->type_name("MIB")
+      ->check(whole_number(1, 1 << 20, "a size in MiB"));
+  // Its old name said "chunk", which is the unit of one request (the daemon's chunk-mb): refuse it
+  // with the new one instead of guessing.
+  sub.add_option_function<std::string>("--chunk-mb",
+                                       [](const std::string&) {
+                                         throw CLI::ValidationError(
+                                             "--chunk-mb", "renamed --staging-budget-mb (pinned memory per rank)");
+                                       })
+      ->group("");
+  sub.add_option("--min-mb", launch.min_mb,
+                 "allocations below this many MiB stay native (TMSDISK_MIN_BYTES; default: the shim's, 2 MiB)")
+      ->type_name("MIB")
+      ->check(whole_number(0, 1 << 30, "a size in MiB"));
+  sub.add_option("--on-touch", launch.on_touch,
+                 "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "
+                 "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
+      ->type_name("MODE")
+      ->check(one_of({"wait", "resume", "fail"}));
+  sub.add_flag_function(
+      "--keep-torch-cache", [&launch](std::int64_t) { launch.empty_torch_cache = false; },
+      "pause PyTorch's cached memory with the rest (TMSDISK_TORCH_EMPTY_CACHE=0); by default a Python start-up "
+      "module put first on PYTHONPATH calls torch.cuda.empty_cache() before each pause, so that memory no tensor "
+      "uses does not move");
+  sub.add_flag("--tms-compat", launch.tms_compat,
+               "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
+               "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
+               "variables read as torch_memory_saver reads them, and PyTorch's cache kept as it keeps it "
+               "(implies --keep-torch-cache)");
+}
+
+// Each subcommand with its own options, then the global ones (add_global_options).
+
+CLI::App* add_status(CLI::App& app, Inputs&) {
+  return app.add_subcommand("status", "list ranks: state, resident, paused and unmanaged bytes, last pause/resume");
+}
+
+CLI::App* add_pause(CLI::App& app, Inputs& in) {
   auto* pause = app.add_subcommand("pause", "write the selected ranks' GPU memory to disk and release it");
-  add_selector(pause);
+  add_selector_options(*pause, in.sel);
+  return pause;
+}
+
+CLI::App* add_resume(CLI::App& app, Inputs& in) {
   auto* resume = app.add_subcommand("resume", "restore the selected ranks' GPU memory at the same addresses");
-  add_selector(resume);
+  add_selector_options(*resume, in.sel);
   // Resume only: a pause has nothing to lose.
-  bool accept_loss = false;
-  resume->add_flag("--accept-loss", accept_loss,
+  resume->add_flag("--accept-loss", in.accept_loss,
                    "allocations whose backup is damaged (see status) get zero-filled memory at their addresses: "
                    "their data is LOST; without it they stay paused and the rest of the process runs");
+  return resume;
+}
 
-  auto* gc = app.add_subcommand("gc", "remove files left by ranks that no longer run");
+CLI::App* add_gc(CLI::App& app, Inputs&) {
+  return app.add_subcommand("gc", "remove files left by ranks that no longer run");
+}
 
-  LaunchOptions launch;
-  auto add_launch = [&](CLI::App* sub) {
-    sub->add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB; default: the launcher's job id)")
-        ->type_name("JOB");
-    sub->add_option("--staging-budget-mb", launch.staging_budget_mb,
-                    "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; at least two of the "
-                    "daemon's chunks; default: the daemon's staging-budget-mb)")
-        ->type_name("MIB")
-        ->check(whole_number(1, 1 << 20, "a size in MiB"));
-    // Its old name said "chunk", which is the unit of one request (the daemon's chunk-mb): refuse it
-    // with the new one instead of guessing.
-    sub->add_option_function<std::string>("--chunk-mb",
-                                          [](const std::string&) {
-                                            throw CLI::ValidationError(
-                                                "--chunk-mb", "renamed --staging-budget-mb (pinned memory per rank)");
-                                          })
-        ->group("");
-    sub->add_option("--min-mb", launch.min_mb,
-                    "allocations below this many MiB stay native (TMSDISK_MIN_BYTES; default: the shim's, 2 MiB)")
-        ->type_name("MIB")
-        ->check(whole_number(0, 1 << 30, "a size in MiB"));
-    sub->add_option("--on-touch", launch.on_touch,
-                    "what a CUDA launch or copy does while paused: wait (until resumed), resume (automatically) "
-                    "or fail (CUDA_ERROR_NOT_PERMITTED) (TMSDISK_ON_TOUCH; default: wait)")
-        ->type_name("MODE")
-        ->check(one_of({"wait", "resume", "fail"}));
-    sub->add_flag_function(
-        "--keep-torch-cache", [&](std::int64_t) { launch.empty_torch_cache = false; },
-        "pause PyTorch's cached memory with the rest (TMSDISK_TORCH_EMPTY_CACHE=0); by default a Python start-up "
-        "module put first on PYTHONPATH calls torch.cuda.empty_cache() before each pause, so that memory no tensor "
-        "uses does not move");
-    sub->add_flag("--tms-compat", launch.tms_compat,
-                  "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
-                  "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
-                  "variables read as torch_memory_saver reads them, and PyTorch's cache kept as it keeps it "
-                  "(implies --keep-torch-cache)");
-  };
+CLI::App* add_env(CLI::App& app, Inputs& in) {
   auto* env =
       app.add_subcommand("env", "print the environment a launch needs (LD_PRELOAD, TMSDISK_*, TMS_DISK_BACKUP_*)");
-  add_launch(env);
-  std::vector<std::string> command;
+  add_launch_options(*env, in.launch);
+  return env;
+}
+
+CLI::App* add_run(CLI::App& app, Inputs& in) {
   auto* run = app.add_subcommand(
       "run",
       "run a command with the shim preloaded (torchrun's children inherit it): tmsctl run [options] -- CMD ARGS...");
-  add_launch(run);
-  bool no_start_daemon = false;
-  run->add_flag("--no-start-daemon", no_start_daemon, "fail instead of starting a private daemon when none answers");
-  DoctorOptions doctor_options;
+  add_launch_options(*run, in.launch);
+  run->add_flag("--no-start-daemon", in.no_start_daemon, "fail instead of starting a private daemon when none answers");
+  return run;
+}
+
+CLI::App* add_doctor(CLI::App& app, Inputs& in) {
   auto* doctor = app.add_subcommand(
       "doctor",
       "check this node before enabling the service: storage roots, io_uring, memlock, the CUDA driver and its VMM "
       "support, the systemd socket, the daemon; each problem comes with what to do");
   doctor
-      ->add_option("--root", doctor_options.roots,
+      ->add_option("--root", in.doctor.roots,
                    "a storage root to check; repeat for each (default: the daemon's "
                    "first root)")
       ->type_name("DIR");
@@ -282,8 +309,19 @@ int main(int argc, char** argv) {
       "Only the roots given, or the daemon's first one, are checked: name each root of the daemon's\n"
       "configuration with --root to check them all. Exit status: 0 when nothing FAILed (warnings\n"
       "included), 1 otherwise, 2 on a usage error.");
-  for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor}) add_global(sub);
+  return doctor;
+}
 
+// The command line as CLI11 is to parse it: the words before a first `--`, with "--tag=" split into
+// "--tag" and "", and the command after the `--` set aside.
+struct Words {
+  std::vector<std::string> words;
+  std::vector<char*> pointers;  // into `words`, for CLI11
+  std::vector<std::string> command;
+};
+
+Words split_words(int argc, char** argv) {
+  Words out;
   // `tmsctl run [options] -- CMD ARGS...`: everything after the first `--` is the command, untouched
   // by option parsing (its own flags may look like ours).
   int ours = argc;
@@ -293,77 +331,124 @@ int main(int argc, char** argv) {
       break;
     }
   }
-  for (int i = ours + 1; i < argc; ++i) command.emplace_back(argv[i]);
+  for (int i = ours + 1; i < argc; ++i) out.command.emplace_back(argv[i]);
   // "--tag=" is an option given the empty value, but CLI11 would take the next word as its value
   // (`--tag= --json` pauses the tag "--json"): it is split into "--tag" and "" before parsing.
-  std::vector<std::string> words;
   for (int i = 0; i < ours; ++i) {
     const std::string_view a = argv[i];
     if (i > 0 && a.size() > 3 && a.substr(0, 2) == "--" && a.find('=') == a.size() - 1) {
-      words.emplace_back(a.substr(0, a.size() - 1));
-      words.emplace_back();
+      out.words.emplace_back(a.substr(0, a.size() - 1));
+      out.words.emplace_back();
     } else {
-      words.emplace_back(a);
+      out.words.emplace_back(a);
     }
   }
-  std::vector<char*> word_ptrs;
-  for (auto& w : words) word_ptrs.push_back(w.data());
-  ours = static_cast<int>(words.size());
-  argv = word_ptrs.data();
+  for (auto& w : out.words) out.pointers.push_back(w.data());
+  return out;
+}
 
-  // --json decides how a usage error is told, so it is looked for before parsing, which may fail.
-  std::string first_word;
+// What is told before parsing, which may fail: --json (it decides how a usage error is told), the
+// command word, and the options given before it.
+struct FirstLook {
+  std::string command;
   bool json = false;
   std::vector<std::pair<std::string, std::string>> before;  // options before the command, with their values
-  for (int i = 1; i < ours; ++i) {
-    const std::string_view a = argv[i];
-    if (a == "--json") json = true;
-    if (first_word.empty() && a.size() > 2 && a.substr(0, 2) == "--")
-      before.emplace_back(a.substr(0, a.find('=')), takes_value(a) && i + 1 < ours ? argv[i + 1] : "");
+};
+
+FirstLook first_look(const std::vector<std::string>& words) {
+  FirstLook out;
+  const int n = static_cast<int>(words.size());
+  for (int i = 1; i < n; ++i) {
+    const std::string_view a = words[i];
+    if (a == "--json") out.json = true;
+    if (out.command.empty() && a.size() > 2 && a.substr(0, 2) == "--")
+      out.before.emplace_back(a.substr(0, a.find('=')), takes_value(a) && i + 1 < n ? words[i + 1] : "");
     if (takes_value(a)) {
       ++i;
-    } else if (first_word.empty() && !a.empty() && a[0] != '-') {
-      first_word = a;
+    } else if (out.command.empty() && !a.empty() && a[0] != '-') {
+      out.command = a;
     }
   }
-  if (!first_word.empty()) {
-    CLI::App* command_app = nullptr;
-    for (CLI::App* sub : {status, pause, resume, gc, env, run, doctor})
-      if (sub->get_name() == first_word) command_app = sub;
-    if (!command_app) return usage_error(json, "tmsctl", unknown_command(first_word, app));
-    // Only the global options may come first; CLI11 would call a command's own option there unknown
-    // to the very command that lists it.
-    for (const auto& [option, value] : before) {
-      const CLI::Option* o = command_app->get_option_no_throw(option);
-      if (!o || o->get_group() == kGlobalGroup || option == "--help") continue;
-      const std::string given = option + (value.empty() ? "" : " " + value);
-      return usage_error(json, "tmsctl " + first_word,
-                         "put " + option + " after the command: tmsctl " + first_word + " " + given +
-                             " (only --socket, --json and --timeout may come before it)");
-    }
+  return out;
+}
+
+// An unknown command word, or a command's own option before it: refused in tmsctl's words, since
+// CLI11 would call that option unknown to the very command that lists it. Only the global options
+// may come first.
+std::optional<int> refuse_before_command(const CLI::App& app, const Subcommands& subs, const FirstLook& look) {
+  if (look.command.empty()) return std::nullopt;
+  const CLI::App* command_app = nullptr;
+  for (const CLI::App* sub : subs.all())
+    if (sub->get_name() == look.command) command_app = sub;
+  if (!command_app) return usage_error(look.json, "tmsctl", unknown_command(look.command, app));
+  for (const auto& [option, value] : look.before) {
+    const CLI::Option* o = command_app->get_option_no_throw(option);
+    if (!o || o->get_group() == kGlobalGroup || option == "--help") continue;
+    const std::string given = option + (value.empty() ? "" : " " + value);
+    return usage_error(look.json, "tmsctl " + look.command,
+                       "put " + option + " after the command: tmsctl " + look.command + " " + given +
+                           " (only --socket, --json and --timeout may come before it)");
   }
+  return std::nullopt;
+}
+
+// Runs the subcommand that was parsed.
+int run_parsed(const Subcommands& subs, Inputs& in) {
+  in.launch.start_daemon = !in.no_start_daemon;
+  // `--tag ""` is a tag given empty, which must not read as no --tag (the whole process).
+  for (CLI::App* sub : {subs.pause, subs.resume})
+    if (sub->parsed()) in.sel.tag_given = sub->get_option("--tag")->count() > 0;
+
+  if (!in.command.empty() && !subs.run->parsed())
+    return usage_error(in.common.json, "tmsctl", "only `run` takes a command after --");
+  if (subs.status->parsed()) return cmd_status(in.common);
+  if (subs.pause->parsed()) return cmd_control(in.common, in.sel, true);
+  if (subs.resume->parsed()) return cmd_control(in.common, in.sel, false, in.accept_loss);
+  if (subs.gc->parsed()) return cmd_gc(in.common);
+  if (subs.env->parsed()) return cmd_env(in.common, in.launch);
+  if (subs.doctor->parsed()) return cmd_doctor(in.common, in.doctor);
+  if (in.command.empty())
+    return usage_error(in.common.json, "tmsctl run", "no command given: tmsctl run [options] -- COMMAND [ARGS...]");
+  return cmd_run(in.common, in.launch, in.command);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "tmsctl: pause a CUDA job's GPU memory to local NVMe and resume it, with no code changes.\n\n"
+      "  tmsctl run -- python train.py        launch with the tmsdisk shim preloaded\n"
+      "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
+      "  tmsctl resume --job J                bring it back at the same addresses\n"
+      "  tmsctl status                        what each rank holds where\n"
+      "  tmsctl doctor                        check this node before enabling the service\n\n"
+      "Exit status: 0 success (also when there was nothing to do), 1 a rank, the daemon or a doctor check\n"
+      "failed, or a rank or the daemon did not answer in time (--timeout), 2 a usage error."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tmsctl (tmsdisk) " TMSDISK_VERSION, "print the version and exit");
+  Inputs in;
+  add_global_options(app, in.common);
+  // Designated initializers run in order: the order --help lists the commands in.
+  const Subcommands subs{.status = add_status(app, in),
+                         .pause = add_pause(app, in),
+                         .resume = add_resume(app, in),
+                         .gc = add_gc(app, in),
+                         .env = add_env(app, in),
+                         .run = add_run(app, in),
+                         .doctor = add_doctor(app, in)};
+  for (CLI::App* sub : subs.all()) add_global_options(*sub, in.common);
+
+  Words words = split_words(argc, argv);
+  in.command = std::move(words.command);
+  const FirstLook look = first_look(words.words);
+  if (const auto refused = refuse_before_command(app, subs, look)) return *refused;
   try {
-    app.parse(ours, argv);
+    app.parse(static_cast<int>(words.pointers.size()), words.pointers.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     const std::vector<CLI::App*> parsed = app.get_subcommands();
     const CLI::App* sub = parsed.empty() ? nullptr : parsed.back();
-    return usage_error(json, sub ? "tmsctl " + sub->get_name() : "tmsctl", usage_message(e, app, sub));
+    return usage_error(look.json, sub ? "tmsctl " + sub->get_name() : "tmsctl", usage_message(e, app, sub));
   }
-  launch.start_daemon = !no_start_daemon;
-  // `--tag ""` is a tag given empty, which must not read as no --tag (the whole process).
-  for (CLI::App* sub : {pause, resume})
-    if (sub->parsed()) sel.tag_given = sub->get_option("--tag")->count() > 0;
-
-  if (!command.empty() && !run->parsed())
-    return usage_error(common.json, "tmsctl", "only `run` takes a command after --");
-  if (status->parsed()) return cmd_status(common);
-  if (pause->parsed()) return cmd_control(common, sel, true);
-  if (resume->parsed()) return cmd_control(common, sel, false, accept_loss);
-  if (gc->parsed()) return cmd_gc(common);
-  if (env->parsed()) return cmd_env(common, launch);
-  if (doctor->parsed()) return cmd_doctor(common, doctor_options);
-  if (command.empty())
-    return usage_error(common.json, "tmsctl run", "no command given: tmsctl run [options] -- COMMAND [ARGS...]");
-  return cmd_run(common, launch, command);
+  return run_parsed(subs, in);
 }
