@@ -80,13 +80,18 @@ inline ShimClient::Options small_session(const std::string& job, int64_t rank = 
 }
 
 // A tmsdiskd child on its own socket and roots (root0, root1, ... under one temp directory), started
-// with debug logging and whatever options a case adds (see DaemonProcess).
+// with debug logging (unless the options say otherwise) and whatever options a case adds (see
+// DaemonProcess).
 struct Daemon {
   struct Options {
     int roots = 1;
     // What a shim-role session asks for unless the case says otherwise.
     uint64_t staging_budget_bytes = 32 * MiB;
     uint32_t chunk_bytes = 4 * MiB;
+    // The daemon's --log-level; empty: its own default.
+    std::string log_level = "debug";
+    // Options every start() passes, before a case's own.
+    std::vector<std::string> args;
   };
 
   TempDir dir{test_tmp_root()};
@@ -103,8 +108,10 @@ struct Daemon {
     }
   }
   std::vector<std::string> args(const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> a{"--socket", socket, "--log-level", "debug"};
+    std::vector<std::string> a{"--socket", socket};
+    if (!options.log_level.empty()) a.insert(a.end(), {"--log-level", options.log_level});
     for (auto& r : roots) a.insert(a.end(), {"--root", r});
+    a.insert(a.end(), options.args.begin(), options.args.end());
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers of the end-to-end tests: child processes driven line by line, and a node with its own
 // tmsdiskd, simcuda ledger and tmsctl, so that a case reads `node.pause("job")`, `node.status()`.
-// Header-only (it uses Catch2 and nlohmann_json, which the e2e suites link), included by one test
-// file each; the paths of the binaries come from the suite's compile definitions.
+// Header-only (it uses Catch2, nlohmann_json and tmsdisk_ctl, which the e2e suites link), included by
+// one test file each; the paths of the binaries come from the suite's compile definitions.
 #pragma once
 
 #include <fcntl.h>
@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "daemon_fixture.h"
 #include "test_support.h"
 
 extern char** environ;
@@ -238,22 +239,19 @@ struct Outcome {
   const RankOutcome& operator[](std::size_t i) const { return ranks.at(i); }
 };
 
+// The node's daemon is the tests' one tmsdiskd fixture (daemon_fixture.h), on one root, at its own log
+// level, with 16 MiB of staging and chunks of 2 MiB.
 struct Node {
-  TempDir dir{test_tmp_root(), "e2e"};
-  std::string socket = dir / "d.sock";
-  std::string root = dir / "root";
+  Daemon tmsdiskd{Daemon::Options{.log_level = "", .args = {"--staging-budget-mb", "16", "--chunk-mb", "2"}}};
+  // The fixture's, by the names the cases use: `root` may be pointed elsewhere before the daemon starts.
+  const TempDir& dir = tmsdiskd.dir;
+  const std::string& socket = tmsdiskd.socket;
+  std::string& root = tmsdiskd.roots.front();
+  DaemonProcess& daemon = tmsdiskd.proc;
   std::string sim_state = dir / "simcuda-state";
-  DaemonProcess daemon;
   uint64_t device_mb = 512;
 
-  Node() { fs::create_directories(root); }
-  void start_daemon(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args{"--socket", socket, "--root", root, "--staging-budget-mb", "16", "--chunk-mb", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    int rc = daemon.start(TMSDISK_DAEMON_PATH, args);
-    INFO(daemon.log());
-    REQUIRE(rc == 0);
-  }
+  void start_daemon(const std::vector<std::string>& extra = {}) { tmsdiskd.start(extra); }
   Env sim_env() const {
     return {{"LD_LIBRARY_PATH", SIMCUDA_DIR},
             {"SIMCUDA_STATE", sim_state},
@@ -287,8 +285,7 @@ struct Node {
   // `tmsctl --json <verb> <selector...>` for pause and resume, its answer parsed.
   Outcome control(const std::string& verb, const std::vector<std::string>& selector) const;
   std::string rank_dir(const std::string& job, int rank, pid_t pid) const {
-    return root + "/" + std::to_string(::getuid()) + "/" + job + "/rank" + std::to_string(rank) + "-" +
-           std::to_string(pid);
+    return tmsdiskd.rank_dir(0, job, rank, pid);
   }
 };
 
