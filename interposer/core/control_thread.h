@@ -48,6 +48,13 @@ class ControlThread {
   // Runs `task` on the thread; waits for it unless `wait` is false. -ESRCH if the thread cannot be
   // started, -ENOMEM if memory ran out (before or inside the task).
   int post(std::function<void()> task, bool wait) noexcept;
+  // Runs `task` on the thread and waits for it: the task's status, or why it could not run.
+  Status call(const std::function<Status()>& task) noexcept {
+    Status rc;
+    const int posted = post([&] { rc = task(); }, true);
+    if (posted < 0) return make_error(-posted, {});
+    return rc;
+  }
   // The session's handler of a command that came while the thread awaited another reply (an IPC
   // exchange, a host-tier ask): it runs right after, unless an operation is running (then EBUSY).
   void command_while_waiting(const proto::Envelope& env);

@@ -13,104 +13,87 @@
 namespace tmsdisk::shim {
 
 Result<uint64_t> IpcBroker::share(const std::shared_ptr<Allocation>& a) noexcept {
-  Status rc;
   uint64_t export_id = 0;
-  const int posted = control_.post(
-      [&] {
-        UniqueFd fd;
-        {
-          // No free of this allocation while its handle is exported (pauses run on this thread).
-          std::unique_lock lock(op_lock_);
-          if (registry().find(a->base) != a) {
-            rc = make_error(EINVAL, "the allocation was freed");
-            return;
-          }
-          if (a->state.load() != AllocState::Resident) {
-            rc = make_error(EAGAIN, "the allocation is paused");
-            return;
-          }
-          if (a->export_id) {
-            export_id = a->export_id;
-            return;
-          }
-          int raw = -1;
-          const CUresult r =
-              driver().api.cuMemExportToShareableHandle(&raw, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-          if (r != CUDA_SUCCESS) {
-            rc = make_error(ENOTSUP,
-                            std::string("cannot export the allocation's physical memory as a file descriptor (") +
-                                cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles");
-            return;
-          }
-          fd.reset(raw);
-        }
-        // The round trip runs without the lock: frees in the meantime must not wait for the daemon.
-        proto::IpcExport m;
-        m.bytes = a->mapped;
-        m.device = a->device;
-        proto::Envelope reply;
-        rc = session_.exchange(m, fd.get(), reply, nullptr);
-        if (!rc) return;
-        const auto* done = std::get_if<proto::IpcExported>(&reply.body);
-        if (!done) {
-          rc = make_error(EPROTO, "unexpected answer to IPC_EXPORT");
-          return;
-        }
-        std::unique_lock lock(op_lock_);
-        if (registry().find(a->base) != a) {
-          // Freed while the daemon was answering: its free could not name the export yet.
-          notify(proto::IpcRevoke{.export_id = done->export_id, .freed = 1});
-          rc = make_error(EINVAL, "the allocation was freed");
-          return;
-        }
-        a->export_id = done->export_id;
-        export_id = done->export_id;
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
+  Status rc = control_.call([&]() -> Status {
+    UniqueFd fd;
+    {
+      // No free of this allocation while its handle is exported (pauses run on this thread).
+      std::unique_lock lock(op_lock_);
+      if (registry().find(a->base) != a) {
+        return make_error(EINVAL, "the allocation was freed");
+      }
+      if (a->state.load() != AllocState::Resident) {
+        return make_error(EAGAIN, "the allocation is paused");
+      }
+      if (a->export_id) {
+        export_id = a->export_id;
+        return {};
+      }
+      int raw = -1;
+      const CUresult r =
+          driver().api.cuMemExportToShareableHandle(&raw, a->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (r != CUDA_SUCCESS) {
+        return make_error(ENOTSUP,
+                          std::string("cannot export the allocation's physical memory as a file descriptor (") +
+                              cu_error_name(r) + "); this device or driver lacks POSIX file descriptor handles");
+      }
+      fd.reset(raw);
+    }
+    // The round trip runs without the lock: frees in the meantime must not wait for the daemon.
+    proto::IpcExport m;
+    m.bytes = a->mapped;
+    m.device = a->device;
+    proto::Envelope reply;
+    if (Status st = session_.exchange(m, fd.get(), reply, nullptr); !st) return st;
+    const auto* done = std::get_if<proto::IpcExported>(&reply.body);
+    if (!done) {
+      return make_error(EPROTO, "unexpected answer to IPC_EXPORT");
+    }
+    std::unique_lock lock(op_lock_);
+    if (registry().find(a->base) != a) {
+      // Freed while the daemon was answering: its free could not name the export yet.
+      notify(proto::IpcRevoke{.export_id = done->export_id, .freed = 1});
+      return make_error(EINVAL, "the allocation was freed");
+    }
+    a->export_id = done->export_id;
+    export_id = done->export_id;
+    return {};
+  });
   if (!rc) return std::move(rc).error();
   return export_id;
 }
 
 Result<IpcBroker::Opened> IpcBroker::open(uint64_t export_id) noexcept {
-  Status rc;
   Opened out;
-  const int posted = control_.post(
-      [&] {
-        proto::IpcOpen m;
-        m.export_id = export_id;
-        proto::Envelope reply;
-        rc = session_.exchange(m, -1, reply, &out.fd);
-        const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
-        const auto* opened = rc ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
-        if (opened && out.fd && opened->export_id == export_id) {
-          out.info = *opened;
-          return;
-        }
-        if (rc) rc = make_error(EPROTO, "tmsdiskd's answer to IPC_OPEN carries no memory");
-        out.fd.reset();
-        // Unless the daemon said no, it may have counted the open (the answer was lost, or came
-        // without its descriptor): close it there, or the exporter could never pause it again.
-        if (!refused) notify(proto::IpcClose{.export_id = export_id});
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
+  Status rc = control_.call([&]() -> Status {
+    proto::IpcOpen m;
+    m.export_id = export_id;
+    proto::Envelope reply;
+    Status exchanged = session_.exchange(m, -1, reply, &out.fd);
+    const bool refused = std::holds_alternative<proto::ErrorReply>(reply.body);
+    const auto* opened = exchanged ? std::get_if<proto::IpcOpened>(&reply.body) : nullptr;
+    if (opened && out.fd && opened->export_id == export_id) {
+      out.info = *opened;
+      return {};
+    }
+    if (exchanged) exchanged = make_error(EPROTO, "tmsdiskd's answer to IPC_OPEN carries no memory");
+    out.fd.reset();
+    // Unless the daemon said no, it may have counted the open (the answer was lost, or came
+    // without its descriptor): close it there, or the exporter could never pause it again.
+    if (!refused) notify(proto::IpcClose{.export_id = export_id});
+    return exchanged;
+  });
   if (!rc) return std::move(rc).error();
   return out;
 }
 
 Status IpcBroker::close(uint64_t export_id) noexcept {
-  Status rc;
-  const int posted = control_.post(
-      [&] {
-        proto::IpcClose m;
-        m.export_id = export_id;
-        proto::Envelope reply;
-        rc = session_.exchange(m, -1, reply, nullptr);
-      },
-      true);
-  if (posted < 0) return make_error(-posted, {});
-  return rc;
+  return control_.call([&]() -> Status {
+    proto::IpcClose m;
+    m.export_id = export_id;
+    proto::Envelope reply;
+    return session_.exchange(m, -1, reply, nullptr);
+  });
 }
 
 void IpcBroker::forget(uint64_t export_id) noexcept {
