@@ -58,7 +58,10 @@ Result<UniqueFd> open_data_file(int rank_dir, bool create, bool& direct_io, cons
   direct_io = true;
   if (fd < 0 && errno == EINVAL) {
     // This filesystem has no O_DIRECT (tmpfs before 6.6, some FUSE and network filesystems):
-    // buffered I/O still works, only slower and through the page cache. The caller logs it.
+    // buffered I/O still works, only slower and through the page cache. The caller logs it. The
+    // refused open may have created the file already (the kernel checks O_DIRECT after creating
+    // it): that empty file goes, so that the new one is still created exclusively, by us.
+    if (create) (void)::unlinkat(rank_dir, kDataName, 0);
     fd = ::openat(rank_dir, kDataName, flags, kFileMode);
     direct_io = false;
   }
