@@ -24,7 +24,7 @@ ChunkIo::SetCounts ChunkIo::sets_of_uid(uid_t uid, uint64_t except) {
     n.pending_blobs += other.pending_reserve.size();
     n.reserved_blobs += other.store->blob_count();
     n.pending_chunks += other.pending_chunks;
-    n.reserved_chunks += other.store->chunk_count();
+    n.reserved_chunks += other.store->chunk_count() + (other.objects ? other.objects->chunk_count() : 0);
   }
   return n;
 }
@@ -56,6 +56,16 @@ class StorageTimer {
 // a + b, or UINT64_MAX where that overflows (a count past every limit either way).
 uint64_t add_saturated(uint64_t a, uint64_t b) {
   return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+// A chunk request goes to the rank's pause store or, for STORE_WRITE and STORE_READ, to its object
+// store; both answer the same calls (object_store.h).
+Result<storage::RankStore::Location> locate(Session& s, uint64_t blob, uint64_t offset, uint32_t length, io::Op op,
+                                            bool object) {
+  if (!object) return s.store->locate(blob, offset, length);
+  if (!s.objects) return make_error(ENOENT, "no object is open on this session (STORE_OPEN first)");
+  return op == io::Op::Write ? s.objects->locate_write(blob, offset, length)
+                             : s.objects->locate_read(blob, offset, length);
 }
 
 }  // namespace
@@ -122,8 +132,10 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
     return over_quota(others.reserved_blobs + in_set, "reserved");
   if (limited && add_saturated(others.pending_chunks, chunks_in_set) > max_chunks_per_uid_)
     return over_chunk_quota(add_saturated(others.pending_chunks, chunks_in_set), "in reservations being sent");
-  if (limited && last && add_saturated(others.reserved_chunks, chunks_in_set) > max_chunks_per_uid_)
-    return over_chunk_quota(add_saturated(others.reserved_chunks, chunks_in_set), "reserved");
+  // The rank's own objects count with what others reserved: a reservation replaces the rank's set, not them.
+  const uint64_t kept = add_saturated(others.reserved_chunks, s.objects ? s.objects->chunk_count() : 0);
+  if (limited && last && add_saturated(kept, chunks_in_set) > max_chunks_per_uid_)
+    return over_chunk_quota(add_saturated(kept, chunks_in_set), "reserved");
   // The wire's words become the store's here (storage.h).
   for (const auto& b : m.blobs) s.pending_reserve.push_back({.id = b.id, .size = b.size});
   auto add_runs = [](std::vector<storage::ChunkRun>& to, const std::vector<proto::ChunkRun>& from) {
@@ -174,28 +186,42 @@ proto::Message ChunkIo::pause_state(Session& s) {
 }
 
 std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::Write& m) {
-  return start(s, request_id, m, io::Op::Write);
+  return start(s, request_id, m, io::Op::Write, false);
 }
 
 std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, const proto::Read& m) {
-  return start(s, request_id, m, io::Op::Read);
+  return start(s, request_id, m, io::Op::Read, false);
+}
+
+std::optional<proto::Message> ChunkIo::write(Session& s, uint64_t request_id, const proto::StoreWrite& m) {
+  return start(s, request_id, m, io::Op::Write, true);
+}
+
+std::optional<proto::Message> ChunkIo::read(Session& s, uint64_t request_id, const proto::StoreRead& m) {
+  return start(s, request_id, m, io::Op::Read, true);
 }
 
 // Shared validation of WRITE and READ; on success the slot is marked busy and the WRITE handed to a
 // hash worker, or the READ queued (its chunk goes to a hash worker once read: on_completions()).
-std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op) {
+std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
+                                             bool object) {
   StagingBuffer& buf = *s.staging;
   if (m.slot >= buf.slot_count())
     return error_reply(ERANGE, fmt::format("slot {} out of range (session has {})", m.slot, buf.slot_count()));
   if (buf.busy(m.slot)) return error_reply(EBUSY, fmt::format("slot {} already has I/O in flight", m.slot));
   if (m.length > buf.chunk_bytes()) return error_reply(ERANGE, "chunk longer than a slot");
-  if (auto loc = s.store->locate(m.blob, m.offset, m.length); !loc)
-    return error_reply(loc.error().errnum(), loc.error().describe());
+  if (object && !s.objects) return error_reply(ENOENT, "no object is open on this session (STORE_OPEN first)");
+  // The pause store validates the chunk here; the object store when the WRITE opens a version of it
+  // (locate_write() has nothing to say before) or the READ is opened.
+  if (!object)
+    if (auto loc = s.store->locate(m.blob, m.offset, m.length); !loc)
+      return error_reply(loc.error().errnum(), loc.error().describe());
   const uint64_t tag = next_tag_++;
   Pending p{.session_id = s.id,
             .request_id = request_id,
             .op = op,
             .slot = m.slot,
+            .object = object,
             .blob = m.blob,
             .offset = m.offset,
             .length = m.length,
@@ -205,13 +231,15 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
     // Hashed before it is written, by a hash worker (the WRITEs in flight side by side): bytes the
     // file already holds there are not written again (on_hashed()), and the hash of the others is
     // what end_write() seals. What the store found recorded for the chunk is taken now.
-    auto ticket = s.store->open_write(m.blob, m.offset, m.length);
+    auto ticket =
+        object ? s.objects->open_write(m.blob, m.offset, m.length) : s.store->open_write(m.blob, m.offset, m.length);
     if (!ticket) return error_reply(ticket.error().errnum(), ticket.error().describe());
     p.ticket = *ticket;
     if (auto refused = queue_hash(s, tag, p)) return refused;
   } else {
     // A chunk never sealed is refused before any I/O; the data is verified once read.
-    auto ticket = s.store->open_read(m.blob, m.offset, m.length);
+    auto ticket =
+        object ? s.objects->open_read(m.blob, m.offset, m.length) : s.store->open_read(m.blob, m.offset, m.length);
     if (!ticket) return error_reply(ticket.error().errnum(), ticket.error().describe());
     p.read_xxh64 = ticket->xxh64;
     if (auto refused = queue_io(s, tag, p)) return refused;
@@ -222,7 +250,7 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
 }
 
 std::optional<proto::Message> ChunkIo::queue_io(Session& s, uint64_t tag, Pending p) {
-  auto loc = s.store->locate(p.blob, p.offset, p.length);
+  auto loc = locate(s, p.blob, p.offset, p.length, p.op, p.object);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
   io::Request req;
   req.op = p.op;
@@ -255,7 +283,8 @@ proto::Message ChunkIo::finish(Session& s, const Pending& p, int result) {
                        fmt::format("{} of blob {} at offset {} failed: {}", what, p.blob, p.offset, std::strerror(e)));
   }
   if (p.op == io::Op::Write) {
-    auto sum = s.store->end_write(p.blob, p.offset, p.length, p.sum);
+    auto sum = p.object ? s.objects->end_write(p.blob, p.offset, p.length, p.sum)
+                        : s.store->end_write(p.blob, p.offset, p.length, p.sum);
     if (!sum) {
       spdlog::error("session {}: cannot seal blob {} at offset {}: {}", s.id, p.blob, p.offset, sum.error().describe());
       return error_reply(sum.error().errnum(), sum.error().describe());
@@ -285,7 +314,8 @@ std::optional<proto::Message> ChunkIo::queue_hash(Session& s, uint64_t tag, Pend
 }
 
 proto::Message ChunkIo::settle_read(Session& s, const Pending& p, const storage::Checksum128& sum) {
-  auto verified = s.store->settle_read(p.blob, p.offset, p.length, sum);
+  auto verified = p.object ? s.objects->settle_read(p.blob, p.offset, p.length, sum)
+                           : s.store->settle_read(p.blob, p.offset, p.length, sum);
   if (!verified) {
     spdlog::error("session {}: blob {} at offset {}: {}", s.id, p.blob, p.offset, verified.error().describe());
     return error_reply(verified.error().errnum(), verified.error().describe());
@@ -342,7 +372,8 @@ void ChunkIo::on_hashed(const std::function<void(Session&, uint64_t, const proto
       if (release(*s, p)) reply(*s, p.request_id, answer);
       continue;
     }
-    auto plan = s->store->settle_write(p.blob, p.offset, p.length, p.ticket, done.sum);
+    auto plan = p.object ? s->objects->settle_write(p.blob, p.offset, p.length, p.ticket, done.sum)
+                         : s->store->settle_write(p.blob, p.offset, p.length, p.ticket, done.sum);
     std::optional<proto::Message> answer;
     if (!plan) {
       answer = error_reply(plan.error().errnum(), plan.error().describe());

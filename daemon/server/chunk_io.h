@@ -55,6 +55,10 @@ class ChunkIo {
   // nullopt when the request was queued: its reply comes from on_completions().
   std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::Write& m);
   std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::Read& m);
+  // The same for a chunk of one of the rank's objects (object_store.h): written to a new version of
+  // the chunk that its range's STORE_COMMIT makes current, or read from the current one.
+  std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::StoreWrite& m);
+  std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::StoreRead& m);
 
   // Reaps the engine's completions and hands each reply to `reply` (session, request id, message).
   // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
@@ -79,6 +83,7 @@ class ChunkIo {
     uint64_t request_id = 0;
     io::Op op = io::Op::Write;
     uint32_t slot = 0;
+    bool object = false;  // a chunk of an object (blob is its handle), not of the pause store
     uint64_t blob = 0;
     uint64_t offset = 0;
     uint32_t length = 0;
@@ -88,7 +93,8 @@ class ChunkIo {
     storage::Checksum128 sum;                // a write's, hashed before it started: sealed once it completes
   };
 
-  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op);
+  std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
+                                      bool object);
   // Queues the engine request of `p` under engine tag `tag`, and records it in pending_. nullopt on
   // success, else the error reply (nothing recorded).
   std::optional<proto::Message> queue_io(Session& s, uint64_t tag, Pending p);

@@ -53,6 +53,10 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
     info.orphaned_unix_ms = s.orphan ? s.orphaned_unix_ms : 0;
     info.host_tier_bytes = s.host_tier.bytes;
     info.host_tier_kept = s.host_tier_kept && s.host_tier.bytes ? 1 : 0;
+    if (s.objects) {
+      info.objects = static_cast<uint32_t>(std::min<std::size_t>(s.objects->object_count(), UINT32_MAX));
+      info.object_bytes = s.objects->disk_bytes();
+    }
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;

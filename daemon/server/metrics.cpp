@@ -157,6 +157,10 @@ MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& root
     if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier.bytes;
     if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
+    if (s.objects) {
+      now.objects += s.objects->object_count();
+      now.object_bytes += s.objects->disk_bytes();
+    }
   }
   for (std::size_t i = 0; i < roots.size(); ++i) now.disk_bytes.emplace_back(roots[i].path, disk[i]);
   return now;
@@ -290,9 +294,15 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
   out.sample("tmsdisk_staging_bytes", {}, now.staging_bytes);
 
   out.family("tmsdisk_disk_bytes", "gauge",
-             "Bytes allocated in the files of the ranks the daemon serves (connected and orphaned), per root.");
+             "Bytes allocated in the pause files of the ranks the daemon serves (connected and orphaned), per root.");
   for (const auto& [root, bytes] : now.disk_bytes)
     out.sample("tmsdisk_disk_bytes", std::vector<Label>{{"root", root}}, bytes);
+
+  out.family("tmsdisk_objects", "gauge",
+             "Objects in the ranks' stores of named objects (a streamed optimizer's state), apart from their pauses.");
+  out.sample("tmsdisk_objects", {}, now.objects);
+  out.family("tmsdisk_object_bytes", "gauge", "Bytes those objects hold in the ranks' files, on all roots.");
+  out.sample("tmsdisk_object_bytes", {}, now.object_bytes);
 
   out.family("tmsdisk_host_tier_bytes", "gauge",
              "The node's host-memory tier: its budget (host-tier-mb), what ranks hold of it now, and the part of "

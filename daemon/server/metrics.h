@@ -107,6 +107,8 @@ struct MetricsSnapshot {
   uint64_t staging_bytes = 0;
   // Per root: bytes allocated in the files of its ranks.
   std::vector<std::pair<std::string, uint64_t>> disk_bytes;
+  uint64_t objects = 0;       // in the ranks' stores of named objects
+  uint64_t object_bytes = 0;  // ... on disk
   // The node's host tier: its budget, and what sessions hold or are being granted of it.
   uint64_t host_tier_budget_bytes = 0;
   uint64_t host_tier_used_bytes = 0;

@@ -34,6 +34,7 @@
 #include "host_tier.h"
 #include "ipc_exports.h"
 #include "metrics.h"
+#include "object_requests.h"
 #include "session_table.h"
 #include "staging_workers.h"
 #include "storage.h"
@@ -92,6 +93,7 @@ struct Server::Impl {
   std::unique_ptr<StagingWorkers> staging;
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<ChunkIo> chunks;
+  std::unique_ptr<ObjectRequests> objects;
   std::unique_ptr<ControlRouter> router;
   std::unique_ptr<TierBroker> tier;
   std::unique_ptr<MetricsExporter> metrics;
@@ -194,6 +196,7 @@ struct Server::Impl {
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
                                        config.hooks.before_hash);
+    objects = std::make_unique<ObjectRequests>(roots, *sessions, config.max_chunks_per_uid);
     spdlog::info("hashing chunks (WRITEs before their write, READs after their read) on {} thread(s){}",
                  chunks->hash_threads(), config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
     router =
@@ -450,7 +453,9 @@ struct Server::Impl {
                         std::is_same_v<T, proto::PauseState> || std::is_same_v<T, proto::Report> ||
                         std::is_same_v<T, proto::CommandDone> || std::is_same_v<T, proto::Progress> ||
                         std::is_same_v<T, proto::TierAsk> || std::is_same_v<T, proto::TierRelease> ||
-                        std::is_same_v<T, proto::TierKeep>) {
+                        std::is_same_v<T, proto::TierKeep> || std::is_same_v<T, proto::StoreOpen> ||
+                        std::is_same_v<T, proto::StoreWrite> || std::is_same_v<T, proto::StoreRead> ||
+                        std::is_same_v<T, proto::StoreCommit> || std::is_same_v<T, proto::StoreRemove>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::TierAdopt>) {
@@ -621,6 +626,17 @@ struct Server::Impl {
     if (auto reply = chunks->write(session_of(c), rid, m)) send(c, rid, *reply);
   }
   void on_shim(Connection& c, uint64_t rid, proto::Read& m) {
+    if (auto reply = chunks->read(session_of(c), rid, m)) send(c, rid, *reply);
+  }
+
+  // The rank's objects (object_requests.h); their chunks go through ChunkIo as a pause's do.
+  void on_shim(Connection& c, uint64_t rid, proto::StoreOpen& m) { send(c, rid, objects->open(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreCommit& m) { send(c, rid, objects->commit(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) { send(c, rid, objects->remove(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreWrite& m) {
+    if (auto reply = chunks->write(session_of(c), rid, m)) send(c, rid, *reply);
+  }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreRead& m) {
     if (auto reply = chunks->read(session_of(c), rid, m)) send(c, rid, *reply);
   }
 

@@ -217,6 +217,13 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
   }
   if (!store) return std::move(store).error();
   s.store = std::move(store.value());
+  if (from_disk) {
+    // Objects an earlier session of the rank stored come back with it.
+    auto objects = storage::ObjectStore::open_existing(roots_, s.store->dir_fds(), o.chunk_bytes,
+                                                       [](const std::string& what) { spdlog::warn("{}", what); });
+    if (!objects) return std::move(objects).error();
+    s.objects = std::move(*objects);
+  }
   if (!adopted) s.from_earlier_daemon = from_disk;
   if (!s.store->record_problem().empty())
     spdlog::error("session {} (pid {}): {}", s.id, s.cred.pid, s.store->record_problem());
@@ -248,11 +255,13 @@ void SessionTable::maybe_destroy(uint64_t sid) {
   auto it = sessions_.find(sid);
   if (it == sessions_.end() || it->second.conn_id != 0 || it->second.io_in_flight != 0) return;
   Session& s = it->second;
-  if (!s.orphan && (s.store->holds_unresumed_data() || ipc_.holds(sid)) && rank_alive(s)) {
+  const bool holds_objects = s.objects && s.objects->object_count() != 0;
+  if (s.objects) s.objects->discard_all();  // a range written and not committed is never committed now
+  if (!s.orphan && (s.store->holds_unresumed_data() || holds_objects || ipc_.holds(sid)) && rank_alive(s)) {
     // The connection dropped but the process lives, and these files are the only copy of memory it
-    // released (invariant 6), or it shares memory through legacy IPC (what it exported, what it
-    // maps of others': an exporter pausing it then would leave the importer on stale memory): keep
-    // the session until it reconnects with its token or exits.
+    // released (invariant 6) or of the objects it stored, or it shares memory through legacy IPC
+    // (what it exported, what it maps of others': an exporter pausing it then would leave the
+    // importer on stale memory): keep the session until it reconnects with its token or exits.
     s.orphan = true;
     s.orphaned_unix_ms = unix_ms();
     s.staging.reset();

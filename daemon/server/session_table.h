@@ -19,6 +19,7 @@
 #include "config.h"
 #include "host_tier.h"
 #include "ipc_exports.h"
+#include "object_store.h"
 #include "staging_buffer.h"
 #include "staging_workers.h"
 #include "storage.h"
@@ -41,6 +42,10 @@ struct Session {
   uint64_t staging_charge = 0;
   std::size_t io_in_flight = 0;
   std::unique_ptr<storage::RankStore> store;
+  // The rank's named objects (object_store.h), opened with its first STORE_OPEN, or with the session
+  // when its files hold some already (a daemon restart); null until then. Its files live in the
+  // rank's directory and go with it.
+  std::unique_ptr<storage::ObjectStore> objects;
   uint64_t start_time = 0;  // of the rank's process, with cred.pid its identity
   UniqueFd pidfd;           // readable once the rank's process has exited (-1 on kernels without pidfd)
   bool orphan = false;      // connection gone, process alive, files hold its only copy: kept

@@ -49,14 +49,6 @@ LogRecord created_record(const Object& o) {
 
 }  // namespace
 
-bool valid_object_name(std::string_view name) noexcept {
-  if (name.empty() || name.size() > kMaxObjectName || name == "." || name == "..") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-           c == '-';
-  });
-}
-
 void ObjectStore::Impl::say(const std::string& what) const {
   if (warn)
     warn(what);

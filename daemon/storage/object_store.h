@@ -41,14 +41,14 @@
 
 #include "checksum128.h"
 #include "storage.h"
+#include "tmsdisk/common/object_name.h"
 #include "tmsdisk/common/result.h"
 
 namespace tmsdisk::storage {
 
-// Object names: 1 to 127 of A-Z a-z 0-9 _ . - (never "." or ".."): a rank's optimizer names its
+// Object names follow tmsdisk/common/object_name.h (valid_object_name): a rank's optimizer names its
 // buckets ("g0.b3.exp_avg"); the name never reaches the filesystem.
-inline constexpr std::size_t kMaxObjectName = 127;
-bool valid_object_name(std::string_view name) noexcept;
+inline constexpr std::size_t kMaxObjectName = kMaxObjectNameLength;
 
 struct ObjectInfo {
   uint64_t handle = 0;  // what WRITE/READ/COMMIT name it by, kept across daemon restarts
@@ -72,6 +72,11 @@ class ObjectStore {
   // filesystem takes it (else roots[i].direct_io becomes false, and Location::direct_io says so).
   static Result<std::unique_ptr<ObjectStore>> open(Roots& roots, std::span<const int> rank_dirs, uint32_t chunk_bytes,
                                                    const std::function<void(const std::string&)>& warn = {});
+  // open() where the rank's directory holds a store already (a daemon restarted), else null: a rank
+  // that never stored an object gets no object files.
+  static Result<std::unique_ptr<ObjectStore>> open_existing(Roots& roots, std::span<const int> rank_dirs,
+                                                            uint32_t chunk_bytes,
+                                                            const std::function<void(const std::string&)>& warn = {});
   ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;

@@ -271,4 +271,13 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::open(Roots& roots, std::span<c
   }
 }
 
+Result<std::unique_ptr<ObjectStore>> ObjectStore::open_existing(Roots& roots, std::span<const int> rank_dirs,
+                                                                uint32_t chunk_bytes,
+                                                                const std::function<void(const std::string&)>& warn) {
+  // Anything at the log's name counts (a link too: open() refuses it, saying why).
+  if (rank_dirs.empty() || ::faccessat(rank_dirs[0], kObjectLogName, F_OK, AT_SYMLINK_NOFOLLOW) != 0)
+    return std::unique_ptr<ObjectStore>();
+  return open(roots, rank_dirs, chunk_bytes, warn);
+}
+
 }  // namespace tmsdisk::storage

@@ -726,6 +726,51 @@ bool IpcUsers::check(std::string& why) const {
   return valid_export_id(export_id, why);
 }
 
+namespace {
+
+bool valid_object_name(std::string_view name, std::string& why) {
+  if (tmsdisk::valid_object_name(name)) return true;
+  why = std::string("object names are ") + kObjectNameRule;
+  return false;
+}
+
+bool valid_handle(uint64_t handle, std::string& why) {
+  if (handle != 0) return true;
+  why = "object handle 0";
+  return false;
+}
+
+}  // namespace
+
+bool StoreOpen::check(std::string& why) const {
+  if (size == 0) {
+    why = "an object of 0 bytes";
+    return false;
+  }
+  return valid_object_name(name, why);
+}
+bool StoreOpened::check(std::string& why) const {
+  if (created > 1) {
+    why = "STORE_OPENED.created must be 0 or 1";
+    return false;
+  }
+  return valid_handle(handle, why);
+}
+bool StoreCommit::check(std::string& why) const {
+  if (flags & ~kStoreDiscard) {
+    why = "unknown STORE_COMMIT flags";
+    return false;
+  }
+  if (length == 0 || offset > UINT64_MAX - length) {
+    why = "an empty or overflowing range";
+    return false;
+  }
+  return valid_handle(handle, why);
+}
+bool StoreRemove::check(std::string& why) const {
+  return valid_object_name(name, why);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Names
 
@@ -767,6 +812,12 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::IpcOpened: return "IPC_OPENED";
     case MsgType::IpcClose: return "IPC_CLOSE";
     case MsgType::IpcUsers: return "IPC_USERS";
+    case MsgType::StoreOpen: return "STORE_OPEN";
+    case MsgType::StoreOpened: return "STORE_OPENED";
+    case MsgType::StoreWrite: return "STORE_WRITE";
+    case MsgType::StoreRead: return "STORE_READ";
+    case MsgType::StoreCommit: return "STORE_COMMIT";
+    case MsgType::StoreRemove: return "STORE_REMOVE";
   }
   return "UNKNOWN";
 }

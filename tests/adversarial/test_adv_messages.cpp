@@ -217,6 +217,28 @@ void fill_sample(proto::IpcClose& m, const SampleContext&) {
 void fill_sample(proto::IpcUsers& m, const SampleContext&) {
   m.export_id = 1;
 }
+void fill_sample(proto::StoreOpen& m, const SampleContext&) {
+  m.name = "adam.b0";
+  m.size = 4096;
+}
+void fill_sample(proto::StoreOpened& m, const SampleContext&) {
+  m.handle = 1;
+}
+void fill_sample(proto::StoreWrite& m, const SampleContext&) {
+  m.length = 4096;
+  m.blob = 0x5eed;
+}
+void fill_sample(proto::StoreRead& m, const SampleContext&) {
+  m.length = 4096;
+  m.blob = 0x5eed;
+}
+void fill_sample(proto::StoreCommit& m, const SampleContext&) {
+  m.handle = 0x5eed;
+  m.length = 4096;
+}
+void fill_sample(proto::StoreRemove& m, const SampleContext&) {
+  m.name = "adam.b0";
+}
 
 template <std::size_t... I>
 std::vector<proto::Message> all_samples(const SampleContext& c, std::index_sequence<I...>) {
@@ -255,7 +277,8 @@ bool daemon_sends_only(MsgType t) {
     case MsgType::ControlTargets:
     case MsgType::IpcExported:
     case MsgType::IpcOpened:
-    case MsgType::IpcUsers: return true;
+    case MsgType::IpcUsers:
+    case MsgType::StoreOpened: return true;
     default: return false;
   }
 }
@@ -277,7 +300,12 @@ bool shim_sends_only(MsgType t) {
     case MsgType::IpcExport:
     case MsgType::IpcRevoke:
     case MsgType::IpcOpen:
-    case MsgType::IpcClose: return true;
+    case MsgType::IpcClose:
+    case MsgType::StoreOpen:
+    case MsgType::StoreWrite:
+    case MsgType::StoreRead:
+    case MsgType::StoreCommit:
+    case MsgType::StoreRemove: return true;
     default: return false;
   }
 }
@@ -332,6 +360,9 @@ std::string not_sent_because(Place place, const std::vector<uint8_t>& bytes) {
   if (auto* c = std::get_if<proto::Commit>(&d.envelope->body);
       c && c->state == static_cast<uint8_t>(proto::CommitState::Paused))
     return "a committed pause of nothing";
+  // An object is the rank's data as a paused chunk is: the daemon keeps it (and the session) while
+  // this process lives. Its WRITE, READ, COMMIT and REMOVE are sent, and refused for want of it.
+  if (std::holds_alternative<proto::StoreOpen>(d.envelope->body)) return "an object kept while this process lives";
   return {};
 }
 

@@ -25,6 +25,8 @@
 #include <variant>
 #include <vector>
 
+#include "tmsdisk/common/object_name.h"
+
 namespace tmsdisk::proto {
 
 inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four bytes on the wire
@@ -56,7 +58,12 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    after a daemon restart the shim hands its memfd to the new daemon (TIER_ADOPT), which counts it
 //    against the budget again. The bytes kept in the tier are reported beside the zero and unchanged
 //    ones (Skipped.host_bytes), sessions say what they hold, and SESSIONS the node's budget.
-inline constexpr uint16_t kVersion = 8;
+// 9: the rank's store of named objects (README.md, "Streaming optimizer state"): STORE_OPEN names an
+//    object (created at its size when missing) and gets a handle; STORE_WRITE and STORE_READ move its
+//    chunks through the staging slots as WRITE and READ do a pause's (sealed, verified); STORE_COMMIT
+//    makes a written range the object's current version at once (or drops it), STORE_REMOVE deletes
+//    an object. A pause never touches the store.
+inline constexpr uint16_t kVersion = 9;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
 // bit set: the shim numbers its own requests from 1, and a command that arrives while the shim awaits
@@ -131,6 +138,13 @@ enum class MsgType : uint16_t {
   IpcOpened = 44,    // daemon: the physical memory's fd rides along
   IpcClose = 45,     // importer: done with it
   IpcUsers = 46,     // daemon -> exporter: how many processes have it open now (no reply)
+  // The rank's store of named objects: shim <-> daemon (see the STORE messages below).
+  StoreOpen = 50,    // shim: the handle of an object, created at its size when missing
+  StoreOpened = 51,  // daemon: its handle
+  StoreWrite = 52,   // shim: write one staging slot to a chunk of an object (answered with WRITTEN)
+  StoreRead = 53,    // shim: read one chunk of an object's current version (answered with READ_DONE)
+  StoreCommit = 54,  // shim: a written range becomes the object's current version, or is dropped (OK)
+  StoreRemove = 55,  // shim: delete an object (OK)
 };
 
 enum class Role : uint8_t { Shim = 1, Control = 2 };
@@ -315,10 +329,12 @@ struct SessionInfo {
   uint64_t orphaned_unix_ms = 0;  // when it lost its connection; set exactly when orphaned
   uint64_t host_tier_bytes = 0;   // host-tier memory the rank holds (granted or adopted)
   uint8_t host_tier_kept = 0;     // 1: that memory holds nothing now, kept for the rank's next pause
+  uint32_t objects = 0;           // objects in the rank's store (STORE_OPEN), apart from its pauses
+  uint64_t object_bytes = 0;      // ... the bytes they hold on disk
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats), f(orphaned),
-        f(orphaned_unix_ms), f(host_tier_bytes), f(host_tier_kept);
+        f(orphaned_unix_ms), f(host_tier_bytes), f(host_tier_kept), f(objects), f(object_bytes);
   }
   bool check(std::string& why) const;
 };
@@ -810,11 +826,76 @@ struct IpcUsers {
   bool check(std::string& why) const;
 };
 
+// The rank's store of named objects (daemon/storage/object_store.h): byte arrays the rank writes and
+// reads in ranges while it runs, beside its pauses and never moved by them. A write of a range is
+// STORE_WRITEs of its chunks, then STORE_COMMIT: the object's current version changes all at once,
+// and a daemon killed before the commit leaves the previous version readable.
+
+// Object names follow tmsdisk/common/object_name.h.
+using tmsdisk::kMaxObjectNameLength;
+
+struct StoreOpen {
+  static constexpr MsgType kType = MsgType::StoreOpen;
+  std::string name;
+  uint64_t size = 0;  // bytes: an existing object of another size is refused (EEXIST)
+  template <class F>
+  void fields(F&& f) {
+    f(name, kMaxObjectNameLength), f(size);
+  }
+  bool check(std::string& why) const;
+};
+
+struct StoreOpened {
+  static constexpr MsgType kType = MsgType::StoreOpened;
+  uint64_t handle = 0;  // STORE_WRITE/STORE_READ name the object by it (ChunkRef::blob)
+  uint8_t created = 0;  // 1: the object did not exist
+  template <class F>
+  void fields(F&& f) {
+    f(handle), f(created);
+  }
+  bool check(std::string& why) const;
+};
+
+// Chunks of an object, as WRITE and READ name a blob's: ChunkRef::blob is the object's handle.
+struct StoreWrite : ChunkRef {
+  static constexpr MsgType kType = MsgType::StoreWrite;
+};
+struct StoreRead : ChunkRef {
+  static constexpr MsgType kType = MsgType::StoreRead;
+};
+
+// StoreCommit.flags
+inline constexpr uint8_t kStoreDiscard = 1;  // drop what was written of the range instead
+
+struct StoreCommit {
+  static constexpr MsgType kType = MsgType::StoreCommit;
+  uint64_t handle = 0;
+  uint64_t offset = 0;  // a multiple of the chunk size
+  uint64_t length = 0;
+  uint8_t flags = 0;
+  template <class F>
+  void fields(F&& f) {
+    f(handle), f(offset), f(length), f(flags);
+  }
+  bool check(std::string& why) const;
+};
+
+struct StoreRemove {
+  static constexpr MsgType kType = MsgType::StoreRemove;
+  std::string name;
+  template <class F>
+  void fields(F&& f) {
+    f(name, kMaxObjectNameLength);
+  }
+  bool check(std::string& why) const;
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
                  PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, TierKeep, TierReclaim, Report, Command,
                  CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc, GcResult, ControlTargets,
-                 IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers>;
+                 IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers, StoreOpen, StoreOpened,
+                 StoreWrite, StoreRead, StoreCommit, StoreRemove>;
 
 struct Envelope {
   uint64_t request_id = 0;
