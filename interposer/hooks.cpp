@@ -59,3 +59,29 @@ TMSDISK_EXPORT int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size
 TMSDISK_EXPORT const char* tmsdisk_version(void) noexcept {
   return tmsdisk::shim::api_version();
 }
+TMSDISK_EXPORT uint64_t tmsdisk_store_chunk_bytes(void) noexcept {
+  return tmsdisk::shim::api_store_chunk_bytes();
+}
+TMSDISK_EXPORT int tmsdisk_store_open(const char* name, uint64_t size, uint64_t* handle) noexcept {
+  return tmsdisk::shim::api_store_open(name, size, handle);
+}
+TMSDISK_EXPORT int tmsdisk_store_remove(const char* name) noexcept {
+  return tmsdisk::shim::api_store_remove(name);
+}
+TMSDISK_EXPORT int tmsdisk_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t length, void* stream,
+                                       uint64_t* ticket) noexcept {
+  return tmsdisk::shim::api_store_write(handle, offset, src, length, stream, ticket);
+}
+TMSDISK_EXPORT int tmsdisk_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length, void* stream,
+                                      uint64_t* ticket) noexcept {
+  return tmsdisk::shim::api_store_read(handle, offset, dst, length, stream, ticket);
+}
+TMSDISK_EXPORT int tmsdisk_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexcept {
+  return tmsdisk::shim::api_store_prefetch(handle, offset, length);
+}
+TMSDISK_EXPORT int tmsdisk_store_wait(uint64_t ticket) noexcept {
+  return tmsdisk::shim::api_store_wait(ticket);
+}
+TMSDISK_EXPORT int tmsdisk_store_flush(void) noexcept {
+  return tmsdisk::shim::api_store_flush();
+}

@@ -176,7 +176,9 @@ void ControlThread::serve_requests() {
         }
         cv_.notify_all();
       }
-      serve_deferred_command();
+      // A command the daemon sent meanwhile (deferred) waits until the queue is empty (loop()): the
+      // tasks queued before it run first, so that a pause never moves memory an object's write
+      // queued earlier still has to copy from.
       continue;
     }
     OpResult result;

@@ -127,6 +127,7 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
 
 void DaemonSession::attach(Welcomed& w) {
   sock_ = w.sock.release();
+  ++attached_;
   token_ = w.welcome.token;
   connect_backoff_ms_ = 1000;
   unreachable_logged_ = false;

@@ -46,6 +46,9 @@ class DaemonSession {
   void on_connect(Connector c) { connect_ = std::move(c); }
 
   bool connected() const noexcept { return sock_ >= 0; }
+  // Counts the sessions attached so far: what the daemon handed out on an earlier one (an object's
+  // handle) is asked for again on a new one.
+  uint64_t connection() const noexcept { return attached_; }
   int fd() const noexcept { return sock_; }
   uint64_t next_id() noexcept { return next_request_++; }
 
@@ -87,6 +90,7 @@ class DaemonSession {
   int sock_ = -1;
   uint64_t token_ = 0;
   uint64_t next_request_ = 1;
+  uint64_t attached_ = 0;
   int64_t next_connect_ms_ = 0;
   int64_t connect_backoff_ms_ = 1000;
   bool unreachable_logged_ = false;

@@ -403,7 +403,7 @@ Result<std::vector<TransferJob>> Engine::make_jobs(std::vector<std::shared_ptr<A
   *total = 0;
   for (std::size_t i = 0; i < list.size(); ++i) {
     TransferJob& j = jobs[i];
-    j.a = std::move(list[i]);
+    j = allocation_job(std::move(list[i]));
     Result<int> ctx = pipeline_.context(j.a->ctx);
     if (!ctx) return std::move(ctx).error();
     j.ctx = *ctx;
@@ -703,8 +703,7 @@ OpResult Engine::refill(std::vector<std::shared_ptr<Allocation>> list) {
   OpResult r;
   std::size_t failures = 0;
   for (const auto& a : list) {
-    TransferJob j;
-    j.a = a;
+    TransferJob j = allocation_job(a);
     if (Status st = zero_fill(j); !st) {
       if (failures++ == 0)
         r.status = make_error(st.error().errnum(), "cannot map discarded memory again: " + st.error().message);

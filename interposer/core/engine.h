@@ -28,6 +28,7 @@
 #include "daemon_session.h"
 #include "host_tier.h"
 #include "ipc_broker.h"
+#include "object_client.h"
 #include "op_result.h"
 #include "pause_record.h"
 #include "rank_report.h"
@@ -66,6 +67,8 @@ class Engine {
 
   // Legacy CUDA IPC brokered by tmsdiskd, for the hooks (ipc.cpp) and frees.
   IpcBroker& ipc() noexcept { return ipc_; }
+  // The rank's store of named objects, for the C API (tmsdisk_store_*).
+  ObjectClient& objects() noexcept { return objects_; }
 
   // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
   std::shared_mutex& op_lock() noexcept { return op_lock_; }
@@ -132,6 +135,7 @@ class Engine {
   HostTierClient host_tier_;
   ControlThread control_;
   IpcBroker ipc_{session_, control_, op_lock_};
+  ObjectClient objects_{session_, control_, pipeline_, staging_};
   PauseRecord record_{session_};
   RankReport report_{session_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tmsdisk.h"
 
@@ -24,5 +25,16 @@ int api_resume_tag(const char* tag) noexcept;
 int api_resume_tag_accept_loss(const char* tag) noexcept;
 int api_tags(struct tmsdisk_tag_info* out, std::size_t count, std::size_t size) noexcept;
 const char* api_version() noexcept;
+// The rank's store of named objects (api_objects.cpp).
+uint64_t api_store_chunk_bytes() noexcept;
+int api_store_open(const char* name, uint64_t size, uint64_t* handle) noexcept;
+int api_store_remove(const char* name) noexcept;
+int api_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t length, void* stream,
+                    uint64_t* ticket) noexcept;
+int api_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length, void* stream,
+                   uint64_t* ticket) noexcept;
+int api_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexcept;
+int api_store_wait(uint64_t ticket) noexcept;
+int api_store_flush() noexcept;
 
 }  // namespace tmsdisk::shim

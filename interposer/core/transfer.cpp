@@ -69,7 +69,7 @@ bool settle(Lane& lane, const std::vector<TransferJob>& jobs, uint32_t chunk_byt
       break;
     }
     const TransferJob& j = jobs[lane.job];
-    if (lane.offset >= j.a->size) {
+    if (lane.offset >= j.size) {
       ++lane.job;
       lane.offset = 0;
     } else if (!on_disk(j, lane.offset / chunk_bytes)) {
@@ -96,7 +96,7 @@ const char* copy_what(Direction dir) {
 }  // namespace
 
 uint64_t place_bytes(const TransferJob& j, ChunkPlace where, uint32_t chunk_bytes) noexcept {
-  const uint64_t size = j.a->size;
+  const uint64_t size = j.size;
   uint64_t bytes = 0;
   for (uint64_t i = 0; i < j.place.size() && i * chunk_bytes < size; ++i)
     if (j.place[i] == where) bytes += std::min<uint64_t>(chunk_bytes, size - i * chunk_bytes);
@@ -104,7 +104,7 @@ uint64_t place_bytes(const TransferJob& j, ChunkPlace where, uint32_t chunk_byte
 }
 
 void count_disk_chunks(TransferJob& j, uint32_t chunk_bytes) noexcept {
-  const uint64_t size = j.a->size;
+  const uint64_t size = j.size;
   const uint64_t all = chunk_bytes ? (size + chunk_bytes - 1) / chunk_bytes : 0;
   uint64_t elsewhere = 0;
   for (uint64_t i = 0; i < j.place.size() && i < all; ++i) elsewhere += on_disk(j, i) ? 0 : 1;
@@ -166,8 +166,8 @@ Status TransferPipeline::start_copy(Direction dir, TransferJob& j, std::size_t s
   const CtxResources& cr = ctxs_[static_cast<std::size_t>(slot.ctx)];
   CtxScope scope(api, cr.ctx);
   CUresult r = dir == Direction::ToStorage
-                   ? api.cuMemcpyDtoHAsync_v2(slots_.data(s), j.a->base + slot.offset, slot.length, cr.stream)
-                   : api.cuMemcpyHtoDAsync_v2(j.a->base + slot.offset, slots_.data(s), slot.length, cr.stream);
+                   ? api.cuMemcpyDtoHAsync_v2(slots_.data(s), j.base + slot.offset, slot.length, cr.stream)
+                   : api.cuMemcpyHtoDAsync_v2(j.base + slot.offset, slots_.data(s), slot.length, cr.stream);
   if (r == CUDA_SUCCESS) r = api.cuEventRecord(*ev, cr.stream);
   if (r != CUDA_SUCCESS) return cuda_error(copy_what(dir), r);
   return {};
@@ -177,9 +177,11 @@ Result<uint64_t> TransferPipeline::start_request(Direction dir, const TransferJo
   const Slot& slot = slots_[s];
   const uint64_t id = session_.next_id();
   const proto::ChunkRef chunk{
-      .slot = static_cast<uint32_t>(s), .length = slot.length, .blob = j.a->id, .offset = slot.offset};
-  const int e =
-      dir == Direction::ToStorage ? session_.send(id, proto::Write{chunk}) : session_.send(id, proto::Read{chunk});
+      .slot = static_cast<uint32_t>(s), .length = slot.length, .blob = j.blob, .offset = j.blob_offset + slot.offset};
+  const bool out = dir == Direction::ToStorage;
+  const int e = j.object
+                    ? (out ? session_.send(id, proto::StoreWrite{chunk}) : session_.send(id, proto::StoreRead{chunk}))
+                    : (out ? session_.send(id, proto::Write{chunk}) : session_.send(id, proto::Read{chunk}));
   if (e < 0)
     return make_error(-e, fmt::format("cannot send {} to tmsdiskd: {}", dir == Direction::ToStorage ? "WRITE" : "READ",
                                       std::strerror(-e)));
@@ -210,11 +212,11 @@ Status TransferPipeline::queue_local(Direction dir, TransferJob& j) {
   // The host chunks, a copy per run: the k-th host chunk of the job lies at host + k * chunk.
   uint64_t k = 0;
   Status st = for_each_run(j, ChunkPlace::Host, [&](uint64_t first, uint64_t count) -> Status {
-    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.a->size);
+    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.size);
     uint8_t* host = j.host + k * chunk;
     k += count;
-    const CUresult r = out ? api.cuMemcpyDtoHAsync_v2(host, j.a->base + from, to - from, cr.stream)
-                           : api.cuMemcpyHtoDAsync_v2(j.a->base + from, host, to - from, cr.stream);
+    const CUresult r = out ? api.cuMemcpyDtoHAsync_v2(host, j.base + from, to - from, cr.stream)
+                           : api.cuMemcpyHtoDAsync_v2(j.base + from, host, to - from, cr.stream);
     if (r != CUDA_SUCCESS)
       return cuda_error(out ? "copying device memory to the host tier" : "copying the host tier to device memory", r);
     return {};
@@ -223,8 +225,8 @@ Status TransferPipeline::queue_local(Direction dir, TransferJob& j) {
   if (!api.cuMemsetD8Async) return make_error(ENOSYS, "the driver has no cuMemsetD8Async to set zero chunks");
   // One memset per run of zero chunks, queued before the chunks read back: they run in that order.
   return for_each_run(j, ChunkPlace::Zero, [&](uint64_t first, uint64_t count) -> Status {
-    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.a->size);
-    if (CUresult r = api.cuMemsetD8Async(j.a->base + from, 0, to - from, cr.stream); r != CUDA_SUCCESS)
+    const uint64_t from = first * chunk, to = std::min<uint64_t>((first + count) * chunk, j.size);
+    if (CUresult r = api.cuMemsetD8Async(j.base + from, 0, to - from, cr.stream); r != CUDA_SUCCESS)
       return cuda_error("setting zero chunks (cuMemsetD8Async)", r);
     return {};
   });
@@ -243,81 +245,117 @@ Status TransferPipeline::drain(int ctx) {
   return {};
 }
 
-std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
-                                           ProgressReporter& progress, uint64_t* done_bytes,
-                                           uint64_t* unchanged_bytes) {
-  const DriverApi& api = driver().api;
-  const bool out = dir == Direction::ToStorage;
-  const uint32_t chunk_bytes = slots_.chunk_bytes();
-  std::optional<Error> fatal;
+// One run of the pipeline: the state run() shares between its steps.
+class TransferPipeline::Run {
+ public:
+  Run(TransferPipeline& p, Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
+      ProgressReporter& progress, uint64_t* done_bytes, uint64_t* unchanged_bytes)
+      : p_(p),
+        dir_(dir),
+        out_(dir == Direction::ToStorage),
+        chunk_bytes_(p.slots_.chunk_bytes()),
+        jobs_(jobs),
+        steps_(steps),
+        progress_(progress),
+        done_bytes_(done_bytes),
+        unchanged_bytes_(unchanged_bytes) {}
+
+  std::optional<Error> go() {
+    *done_bytes_ = 0;
+    if (unchanged_bytes_) *unchanged_bytes_ = 0;
+    start_local();
+    deal();
+    last_activity_ = now_ms();
+    for (;;) {
+      start_chunks();
+      const bool copying = harvest_copies();
+      for (TransferJob& j : jobs_)
+        if (j.error && j.in_flight == 0) abandon(j);
+      if (!copying && !p_.slots_.any(SlotState::InDaemon)) {
+        if (fatal_ || next_lane() < 0) break;
+        if (p_.slots_.free_slot() < 0) {
+          fail_all(
+              make_error(EBUSY, "every staging slot is still held by an earlier request the daemon never answered"));
+          break;
+        }
+        continue;
+      }
+      take_message(copying);
+    }
+    finish_local();
+    progress_.update(*done_bytes_, true);
+    return fatal_;
+  }
+
+ private:
   // The whole transfer stops: no new copy or request starts; what is in flight is still collected.
-  auto fail_all = [&](Error e) {
-    if (!fatal) fatal = std::move(e);
-  };
+  void fail_all(Error e) {
+    if (!fatal_) fatal_ = std::move(e);
+  }
   // A failure in the path of one job stops everything, and the job carries the transfer's error.
-  auto fail = [&](TransferJob& j, Error e) {
+  void fail(TransferJob& j, Error e) {
     fail_all(std::move(e));
-    if (!j.error) j.error = *fatal;
-  };
-  auto free_slot = [&](TransferJob& j, Slot& slot) {
+    if (!j.error) j.error = *fatal_;
+  }
+  void free_slot(TransferJob& j, Slot& slot) {
     slot = Slot{};
     --j.in_flight;
-  };
+  }
   // A job is done: its host chunks, which moved with it, count as done too.
-  auto finish = [&](TransferJob& j) {
-    if (Status st = steps.finished(j); !st) return fail_all(std::move(st).error());
+  void finish(TransferJob& j) {
+    if (Status st = steps_.finished(j); !st) return fail_all(std::move(st).error());
     j.complete = true;
-    if (j.host) *done_bytes += place_bytes(j, ChunkPlace::Host, chunk_bytes);
-  };
+    if (j.host) *done_bytes_ += place_bytes(j, ChunkPlace::Host, chunk_bytes_);
+  }
   // A chunk's last step is done. A job finishes once all are, unless it failed (or, to storage,
   // anything failed: memory is released only while every step so far succeeded).
-  auto chunk_done = [&](TransferJob& j, uint32_t len) {
-    *done_bytes += len;
-    if (++j.done != j.chunks || j.error || (out && fatal)) return;
+  void chunk_done(TransferJob& j, uint32_t len) {
+    *done_bytes_ += len;
+    if (++j.done != j.chunks || j.error || (out_ && fatal_)) return;
     finish(j);
-  };
-
+  }
   // A failed job gives its memory back (from storage) once nothing queued for it still runs: its
   // host-tier copies and zero memsets are not tracked by slots.
-  auto abandon = [&](TransferJob& j) {
-    if (!steps.abandoned) return;
-    if (j.local_queued) (void)drain(j.ctx);
+  void abandon(TransferJob& j) {
+    if (!steps_.abandoned) return;
+    if (j.local_queued) (void)p_.drain(j.ctx);
     j.local_queued = false;
-    steps.abandoned(j);
-  };
-  *done_bytes = 0;
-  if (unchanged_bytes) *unchanged_bytes = 0;
+    steps_.abandoned(j);
+  }
+
   // To storage, every job's host-tier copies go first, on its stream: its disk chunks' copies run
   // after them, so a job whose last disk chunk is acknowledged has its host chunks copied too.
   // Jobs with no disk chunk: to storage, done at once when nothing of them moves (the daemon recorded
   // their zero chunks with the reservation), else once their host-tier copies ran (at the end); from
   // storage, their memory is mapped, their host chunks copied back and zero chunks set, and they are
   // done once that ran (at the end).
-  std::vector<TransferJob*> only_local;
-  for (TransferJob& j : jobs) {
-    if (j.error || (out && fatal)) continue;
-    if (out) {
-      if (Status st = queue_local(dir, j); !st) {
-        fail(j, std::move(st).error());
+  void start_local() {
+    for (TransferJob& j : jobs_) {
+      if (j.error || (out_ && fatal_)) continue;
+      if (out_) {
+        if (Status st = p_.queue_local(dir_, j); !st) {
+          fail(j, std::move(st).error());
+          continue;
+        }
+        if (j.chunks != 0) continue;
+        if (j.host)
+          only_local_.push_back(&j);
+        else
+          finish(j);
         continue;
       }
       if (j.chunks != 0) continue;
-      if (j.host)
-        only_local.push_back(&j);
-      else
-        finish(j);
-      continue;
+      Status st = steps_.before_copy ? steps_.before_copy(j) : Status{};
+      if (st) st = p_.queue_local(dir_, j);
+      if (!st) {
+        j.error = std::move(st).error();
+        abandon(j);
+        continue;
+      }
+      only_local_.push_back(&j);
     }
-    if (j.chunks != 0) continue;
-    Status st = steps.before_copy ? steps.before_copy(j) : Status{};
-    if (st) st = queue_local(dir, j);
-    if (!st) {
-      j.error = std::move(st).error();
-      abandon(j);
-      continue;
-    }
-    only_local.push_back(&j);
   }
+
   // The disk chunks, job after job, each job's in address order. To storage they are dealt into
   // lanes, contiguous parts of that order, and each free slot goes to the lane that holds the fewest:
   // the daemon answers an unchanged chunk once hashed but a changed one only once written, so where
@@ -325,87 +363,97 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
   // their lane waits on the disk while the other lanes' chunks are hashed, and the pause takes the
   // longer of the two instead of their sum. Each lane starts its part in address order. From storage
   // every chunk is read: one lane, in order.
-  const std::size_t lane_count =
-      out ? std::clamp<std::size_t>(slots_.count() / kMinSlotsPerLane, 1, kMaxPauseLanes) : std::size_t{1};
-  std::vector<Lane> lanes = deal_lanes(jobs, lane_count, chunk_bytes);
+  void deal() {
+    const std::size_t count =
+        out_ ? std::clamp<std::size_t>(p_.slots_.count() / kMinSlotsPerLane, 1, kMaxPauseLanes) : std::size_t{1};
+    lanes_ = deal_lanes(jobs_, count, chunk_bytes_);
+  }
+
   // The lane whose next chunk starts next: one with chunks left and the fewest slots copying or in
   // the daemon; -1 when every lane is done.
-  auto next_lane = [&]() -> int {
+  int next_lane() {
     std::array<uint32_t, kMaxPauseLanes> held{};
-    for (std::size_t s = 0; s < slots_.count(); ++s) {
-      const Slot& slot = slots_[s];
+    for (std::size_t s = 0; s < p_.slots_.count(); ++s) {
+      const Slot& slot = p_.slots_[s];
       const bool busy = slot.state == SlotState::Copying || slot.state == SlotState::InDaemon;
-      if (busy && slot.lane >= 0 && static_cast<std::size_t>(slot.lane) < lanes.size())
+      if (busy && slot.lane >= 0 && static_cast<std::size_t>(slot.lane) < lanes_.size())
         ++held[static_cast<std::size_t>(slot.lane)];
     }
     int best = -1;
-    for (std::size_t k = 0; k < lanes.size(); ++k)
-      if (settle(lanes[k], jobs, chunk_bytes) && (best < 0 || held[k] < held[static_cast<std::size_t>(best)]))
+    for (std::size_t k = 0; k < lanes_.size(); ++k)
+      if (settle(lanes_[k], jobs_, chunk_bytes_) && (best < 0 || held[k] < held[static_cast<std::size_t>(best)]))
         best = static_cast<int>(k);
     return best;
-  };
+  }
 
-  int64_t last_activity = now_ms();
-  for (;;) {
-    // 1. Start chunks while slots are free: to storage with the copy out of the device; from
-    // storage with the READ (reads need no device memory, so they start at once).
-    while (!fatal) {
+  // Starts chunks while slots are free: to storage with the copy out of the device; from storage
+  // with the READ (reads need no device memory, so they start at once).
+  void start_chunks() {
+    while (!fatal_) {
       const int k = next_lane();
-      if (k < 0) break;
-      const int s = slots_.free_slot();
-      if (s < 0) break;
-      Lane& lane = lanes[static_cast<std::size_t>(k)];
-      TransferJob& j = jobs[lane.job];
-      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, j.a->size - lane.offset));
-      Slot& slot = slots_[static_cast<std::size_t>(s)];
+      if (k < 0) return;
+      const int s = p_.slots_.free_slot();
+      if (s < 0) return;
+      Lane& lane = lanes_[static_cast<std::size_t>(k)];
+      TransferJob& j = jobs_[lane.job];
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, j.size - lane.offset));
+      Slot& slot = p_.slots_[static_cast<std::size_t>(s)];
       slot = Slot{
-          out ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(lane.job), lane.offset, len, j.ctx, k};
+          out_ ? SlotState::Copying : SlotState::InDaemon, 0, static_cast<int>(lane.job), lane.offset, len, j.ctx, k};
       Status started;
-      if (out) {
-        started = start_copy(dir, j, static_cast<std::size_t>(s));
-      } else if (Result<uint64_t> id = start_request(dir, j, static_cast<std::size_t>(s))) {
-        slot.request = *id;
+      if (out_ && !j.host_memory) {
+        started = p_.start_copy(dir_, j, static_cast<std::size_t>(s));
       } else {
-        started = std::move(id).error();
+        // Host memory is copied into the slot here, at once: the chunk goes to the daemon now.
+        if (out_) std::memcpy(p_.slots_.data(s), reinterpret_cast<const void*>(j.base + lane.offset), len);
+        slot.state = SlotState::InDaemon;
+        if (Result<uint64_t> id = p_.start_request(dir_, j, static_cast<std::size_t>(s)))
+          slot.request = *id;
+        else
+          started = std::move(id).error();
       }
       if (!started) {
         slot = Slot{};
         fail_all(std::move(started).error());
-        break;
+        return;
       }
       --lane.left;
-      lane.offset += chunk_bytes;
+      lane.offset += chunk_bytes_;
       ++j.in_flight;
     }
+  }
 
-    // 2. Harvest finished copies: to storage, the chunk goes to the daemon; from storage, it is done.
+  // Harvests finished copies: to storage, the chunk goes to the daemon; from storage, it is done.
+  // Whether a copy is still running.
+  bool harvest_copies() {
+    const DriverApi& api = driver().api;
     bool copying = false;
-    for (std::size_t s = 0; s < slots_.count(); ++s) {
-      Slot& slot = slots_[s];
+    for (std::size_t s = 0; s < p_.slots_.count(); ++s) {
+      Slot& slot = p_.slots_[s];
       if (slot.state != SlotState::Copying) continue;
-      TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
-      const CUresult q = api.cuEventQuery(ctxs_[static_cast<std::size_t>(slot.ctx)].events[s]);
+      TransferJob& j = jobs_[static_cast<std::size_t>(slot.job)];
+      const CUresult q = api.cuEventQuery(p_.ctxs_[static_cast<std::size_t>(slot.ctx)].events[s]);
       if (q == CUDA_ERROR_NOT_READY) {
         copying = true;
         continue;
       }
-      last_activity = now_ms();
+      last_activity_ = now_ms();
       if (q != CUDA_SUCCESS) {
-        fail(j, cuda_error(copy_what(dir), q));
+        fail(j, cuda_error(copy_what(dir_), q));
         free_slot(j, slot);
         continue;
       }
-      if (!out) {
+      if (!out_) {
         const uint32_t len = slot.length;
         free_slot(j, slot);
         chunk_done(j, len);
         continue;
       }
-      if (fatal) {
+      if (fatal_) {
         free_slot(j, slot);
         continue;
       }
-      Result<uint64_t> id = start_request(dir, j, s);
+      Result<uint64_t> id = p_.start_request(dir_, j, s);
       if (!id) {
         fail_all(std::move(id).error());
         free_slot(j, slot);
@@ -414,122 +462,142 @@ std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJo
       slot.state = SlotState::InDaemon;
       slot.request = *id;
     }
-    for (TransferJob& j : jobs)
-      if (j.error && j.in_flight == 0) abandon(j);
+    return copying;
+  }
 
-    if (!copying && !slots_.any(SlotState::InDaemon)) {
-      if (fatal || next_lane() < 0) break;
-      if (slots_.free_slot() < 0) {
-        fail_all(make_error(EBUSY, "every staging slot is still held by an earlier request the daemon never answered"));
-        break;
-      }
-      continue;
-    }
-
-    // 3. The daemon's answers.
+  // The daemon's next answer, or a copy finishing, or silence.
+  void take_message(bool copying) {
     proto::Envelope env;
-    const int got = next_message(env, copying);
-    if (copying && got == 0) {
-      progress.update(*done_bytes, false);
-      continue;  // a copy finished: harvest it
-    }
-    if (got < 0 || (got == 0 && now_ms() - last_activity > kReplyTimeoutMs)) {
-      // Connection gone: whatever the daemon held is gone with it. Timed out: a slot is freed only
-      // if its answer ever comes.
-      const bool lost = got < 0;
-      fail_all(
-          lost
-              ? make_error(-got, fmt::format("lost the connection to tmsdiskd during the {}", out ? "pause" : "resume"))
-              : make_error(ETIMEDOUT, fmt::format("tmsdiskd did not answer within {} s", kReplyTimeoutMs / 1000)));
-      for (std::size_t s = 0; s < slots_.count(); ++s) {
-        Slot& slot = slots_[s];
-        if (slot.state != SlotState::InDaemon) continue;
-        TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
-        --j.in_flight;
-        if (!j.error) j.error = *fatal;
-        if (lost)
-          slot = Slot{};
-        else
-          slot.state = SlotState::Lost;
-      }
-      if (!lost) progress.update(*done_bytes, false);
-      continue;
-    }
+    const int got = p_.next_message(env, copying);
+    if (got < 0 || (got == 0 && !copying && now_ms() - last_activity_ > kReplyTimeoutMs)) return lose_daemon(got);
     if (got == 0) {
-      progress.update(*done_bytes, false);
-      continue;
+      progress_.update(*done_bytes_, false);
+      return;  // a copy finished (harvest it), or a tick passed
     }
-    last_activity = now_ms();
-    const int s = slots_.awaiting(env.request_id);
-    if (s < 0) {
-      session_.other(env);
-      continue;
+    last_activity_ = now_ms();
+    const int s = p_.slots_.awaiting(env.request_id);
+    if (s < 0) return p_.session_.other(env);
+    answer(env, static_cast<std::size_t>(s));
+    progress_.update(*done_bytes_, false);
+  }
+
+  // Connection gone (`got` < 0): whatever the daemon held is gone with it. Timed out: a slot is
+  // freed only if its answer ever comes.
+  void lose_daemon(int got) {
+    const bool lost = got < 0;
+    fail_all(
+        lost ? make_error(-got, fmt::format("lost the connection to tmsdiskd during the {}", out_ ? "pause" : "resume"))
+             : make_error(ETIMEDOUT, fmt::format("tmsdiskd did not answer within {} s", kReplyTimeoutMs / 1000)));
+    for (std::size_t s = 0; s < p_.slots_.count(); ++s) {
+      Slot& slot = p_.slots_[s];
+      if (slot.state != SlotState::InDaemon) continue;
+      TransferJob& j = jobs_[static_cast<std::size_t>(slot.job)];
+      --j.in_flight;
+      if (!j.error) j.error = *fatal_;
+      if (lost)
+        slot = Slot{};
+      else
+        slot.state = SlotState::Lost;
     }
-    Slot& slot = slots_[static_cast<std::size_t>(s)];
-    TransferJob& j = jobs[static_cast<std::size_t>(slot.job)];
+    if (!lost) progress_.update(*done_bytes_, false);
+  }
+
+  // The daemon's answer for slot `s`.
+  void answer(const proto::Envelope& env, std::size_t s) {
+    Slot& slot = p_.slots_[s];
+    TransferJob& j = jobs_[static_cast<std::size_t>(slot.job)];
     const bool answered =
-        out ? std::holds_alternative<proto::Written>(env.body) : std::holds_alternative<proto::ReadDone>(env.body);
-    if (answered && out) {
+        out_ ? std::holds_alternative<proto::Written>(env.body) : std::holds_alternative<proto::ReadDone>(env.body);
+    if (answered && out_) {
       const uint32_t len = slot.length;
-      if (unchanged_bytes && std::get<proto::Written>(env.body).unchanged) *unchanged_bytes += len;
+      if (unchanged_bytes_ && std::get<proto::Written>(env.body).unchanged) *unchanged_bytes_ += len;
       free_slot(j, slot);
       chunk_done(j, len);
-      progress.update(*done_bytes, false);
-      continue;
+      return;
     }
-    if (answered && !j.error && !fatal && steps.before_copy) {
+    if (answered && !j.error && !fatal_ && steps_.before_copy) {
       // From storage, a failure to get the memory affects this allocation only. Its host chunks are
       // copied back and its zero chunks set first, on the stream its chunks are copied on: done
       // when its last copy is.
-      Status st = steps.before_copy(j);
-      if (st) st = queue_local(dir, j);
+      Status st = steps_.before_copy(j);
+      if (st) st = p_.queue_local(dir_, j);
       if (!st) j.error = std::move(st).error();
     }
-    if (answered && !j.error && !fatal) {
-      Status copied = start_copy(dir, j, static_cast<std::size_t>(s));
+    if (answered && !j.error && !fatal_ && j.host_memory) {
+      std::memcpy(reinterpret_cast<void*>(j.base + slot.offset), p_.slots_.data(s), slot.length);
+      const uint32_t len = slot.length;
+      free_slot(j, slot);
+      chunk_done(j, len);
+      return;
+    }
+    if (answered && !j.error && !fatal_) {
+      Status copied = p_.start_copy(dir_, j, s);
       if (copied) {
         slot.state = SlotState::Copying;
         slot.request = 0;
-        continue;
+        return;
       }
       fail(j, std::move(copied).error());
     } else if (const auto* err = std::get_if<proto::ErrorReply>(&env.body)) {
-      if (out) {
-        fail_all(make_error(err->code, fmt::format("tmsdiskd: {}", err->message)));
-      } else if (!j.error) {
-        // Checksum mismatch (EBADMSG), read error (EIO)...: this allocation stays paused.
-        j.error = make_error(err->code, fmt::format("blob {}: {}", j.a->id, err->message));
-        j.refused_offset = slot.offset;
-        j.refusal = err->message;
-        TMS_WARN("%s", j.error->message.c_str());
-      }
+      refused(j, slot, *err);
     } else if (!answered) {
-      fail_all(make_error(EPROTO, fmt::format("unexpected answer to {}", out ? "WRITE" : "READ")));
+      fail_all(make_error(EPROTO, fmt::format("unexpected answer to {}", out_ ? "WRITE" : "READ")));
     }
     free_slot(j, slot);
-    progress.update(*done_bytes, false);
   }
-  // The jobs with no disk chunk are done once what was queued for them ran.
-  std::vector<int> drained;
-  for (TransferJob* j : only_local) {
-    if (fatal) break;
-    if (std::find(drained.begin(), drained.end(), j->ctx) == drained.end()) {
-      if (Status st = drain(j->ctx); !st) {
-        fail_all(std::move(st).error());
-        break;
+
+  // The daemon refused a chunk: to storage the whole transfer stops; from storage (checksum
+  // mismatch EBADMSG, read error EIO...) only this job does, and it stays in storage.
+  void refused(TransferJob& j, const Slot& slot, const proto::ErrorReply& err) {
+    if (out_) return fail_all(make_error(err.code, fmt::format("tmsdiskd: {}", err.message)));
+    if (j.error) return;
+    j.error = make_error(err.code, fmt::format("blob {}: {}", j.blob, err.message));
+    j.refused_offset = slot.offset;
+    j.refusal = err.message;
+    TMS_WARN("%s", j.error->message.c_str());
+  }
+
+  // The jobs with no disk chunk are done once what was queued for them ran; whatever did not
+  // complete is unmapped by the caller, so nothing queued for it may still run.
+  void finish_local() {
+    std::vector<int> drained;
+    for (TransferJob* j : only_local_) {
+      if (fatal_) break;
+      if (std::find(drained.begin(), drained.end(), j->ctx) == drained.end()) {
+        if (Status st = p_.drain(j->ctx); !st) {
+          fail_all(std::move(st).error());
+          break;
+        }
+        drained.push_back(j->ctx);
       }
-      drained.push_back(j->ctx);
+      finish(*j);
     }
-    finish(*j);
+    for (TransferJob& j : jobs_)
+      if (j.local_queued && !j.complete && std::find(drained.begin(), drained.end(), j.ctx) == drained.end()) {
+        (void)p_.drain(j.ctx);
+        drained.push_back(j.ctx);
+      }
   }
-  // Whatever did not complete is unmapped by the caller: nothing queued for it may still run.
-  for (TransferJob& j : jobs)
-    if (j.local_queued && !j.complete && std::find(drained.begin(), drained.end(), j.ctx) == drained.end()) {
-      (void)drain(j.ctx);
-      drained.push_back(j.ctx);
-    }
-  progress.update(*done_bytes, true);
-  return fatal;
+
+  TransferPipeline& p_;
+  const Direction dir_;
+  const bool out_;
+  const uint32_t chunk_bytes_;
+  std::vector<TransferJob>& jobs_;
+  const TransferSteps& steps_;
+  ProgressReporter& progress_;
+  uint64_t* const done_bytes_;
+  uint64_t* const unchanged_bytes_;
+  std::optional<Error> fatal_;
+  std::vector<Lane> lanes_;
+  std::vector<TransferJob*> only_local_;
+  int64_t last_activity_ = 0;
+};
+
+std::optional<Error> TransferPipeline::run(Direction dir, std::vector<TransferJob>& jobs, const TransferSteps& steps,
+                                           ProgressReporter& progress, uint64_t* done_bytes,
+                                           uint64_t* unchanged_bytes) {
+  return Run(*this, dir, jobs, steps, progress, done_bytes, unchanged_bytes).go();
 }
 
 }  // namespace tmsdisk::shim

@@ -27,10 +27,18 @@ namespace tmsdisk::shim {
 
 enum class Direction : uint8_t { ToStorage, FromStorage };
 
-// One allocation moving through the pipeline.
+// One range of memory moving through the pipeline: `size` bytes at `base` (device memory, or host
+// memory the driver can copy from) to or from `blob` at `blob_offset` (a multiple of the chunk size)
+// in the daemon's store. The pipeline reads only these; `a` is for the caller's steps.
 struct TransferJob {
-  std::shared_ptr<Allocation> a;
-  int ctx = -1;  // TransferPipeline::context()
+  CUdeviceptr base = 0;
+  uint64_t size = 0;
+  uint64_t blob = 0;
+  uint64_t blob_offset = 0;
+  std::shared_ptr<Allocation> a;  // the allocation moving, for a pause or resume; else empty
+  bool object = false;            // `blob` is one of the rank's objects (STORE_WRITE/STORE_READ)
+  bool host_memory = false;       // `base` is host memory: its chunks are copied with memcpy
+  int ctx = -1;                   // TransferPipeline::context()
   uint64_t chunks = 0;
   uint64_t done = 0;  // chunks acknowledged (to storage) or copied back (from storage)
   uint32_t in_flight = 0;
@@ -51,6 +59,16 @@ struct TransferJob {
   uint8_t* host = nullptr;
   bool local_queued = false;  // its host-tier copies and zero memsets are queued on its stream
 };
+
+// A job moving the whole of allocation `a`.
+inline TransferJob allocation_job(std::shared_ptr<Allocation> a) {
+  TransferJob j;
+  j.base = a->base;
+  j.size = a->size;
+  j.blob = a->id;
+  j.a = std::move(a);
+  return j;
+}
 
 // Calls f(first, count) for each run of consecutive chunks of `j` placed at `where`, in order; stops
 // at the first error f returns. Disk runs are not listed (chunks past `place` are on disk too).
@@ -124,6 +142,9 @@ class TransferPipeline {
                            ProgressReporter& progress, uint64_t* done_bytes, uint64_t* unchanged_bytes = nullptr);
 
  private:
+  class Run;  // one call of run(): its state and steps
+  friend class Run;
+
   struct CtxResources {
     CUcontext ctx = nullptr;
     CUstream stream = nullptr;

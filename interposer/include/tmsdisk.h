@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 5
+#define TMSDISK_API_VERSION 6
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -162,6 +162,40 @@ struct tmsdisk_tag_info {
  * (more than `count`: call again with more room), or -EINVAL. */
 int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) TMSDISK_NOEXCEPT;
 
+/* The rank's store of named objects (API version 6): byte arrays kept in tmsdiskd's files while the
+ * process runs, written and read in ranges; what streams an optimizer's state through the step
+ * (python: tmsdisk.optim). Objects belong to the rank: kept across a daemon restart, removed when the
+ * process exits, never moved by a pause (a pause queued after writes waits for them). Bytes travel
+ * as a pause's do: staging slots, O_DIRECT, an XXH3-128 seal per chunk, verified on every read. */
+/* The chunk size of this rank's session: ranges start at multiples of it. 0 without a session. */
+uint64_t tmsdisk_store_chunk_bytes(void) TMSDISK_NOEXCEPT;
+/* The handle of object `name` (1-127 of A-Z a-z 0-9 _ . -), created with `size` bytes when missing.
+ * Returns 0, -EINVAL (bad name or size), -EEXIST (it exists with another size: remove it first),
+ * -EDQUOT (over the user's max-chunks-per-uid), -ECONNREFUSED/-ENOENT (no daemon)... */
+int tmsdisk_store_open(const char* name, uint64_t size, uint64_t* handle) TMSDISK_NOEXCEPT;
+/* Deletes object `name` and its files' space. Returns 0 or -ENOENT. */
+int tmsdisk_store_remove(const char* name) TMSDISK_NOEXCEPT;
+/* Queues a write of [src, src + length) (device memory, or host memory) to the object at `offset`,
+ * after the work queued on `stream` (a CUstream; NULL: the legacy default stream) until now. All or
+ * nothing: a reader sees the old bytes of the range or the new ones, never a mix, also after a
+ * daemon killed mid-write. `src` must not change until the write is done. offset is a multiple of
+ * tmsdisk_store_chunk_bytes(), the range inside the object. *ticket gets what to wait for. */
+int tmsdisk_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t length, void* stream,
+                        uint64_t* ticket) TMSDISK_NOEXCEPT;
+/* Queues a read of the object's current bytes [offset, offset + length) into dst, after the work
+ * queued on `stream` until now (dst must not be in use until the read is done), and after every
+ * write queued before it. */
+int tmsdisk_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length, void* stream,
+                       uint64_t* ticket) TMSDISK_NOEXCEPT;
+/* A hint that the range will be read soon. Returns 0. */
+int tmsdisk_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) TMSDISK_NOEXCEPT;
+/* Blocks until the operation `ticket` names is done; its outcome: 0, -ENODATA (read of bytes never
+ * written), -EBADMSG (a chunk failed verification), -EIO, -EINVAL (no such ticket, or waited for
+ * already). Each ticket is waited for once (or, a write's, left to tmsdisk_store_flush). */
+int tmsdisk_store_wait(uint64_t ticket) TMSDISK_NOEXCEPT;
+/* Blocks until every write queued so far is done: the first error among the writes since the last
+ * flush, 0 if none. */
+int tmsdisk_store_flush(void) TMSDISK_NOEXCEPT;
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 

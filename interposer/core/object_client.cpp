@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: Apache-2.0
+// The rank's side of its store of named objects (object_client.h).
+#include "object_client.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <variant>
+
+#include "driver.h"
+#include "log.h"
+#include "registry.h"
+
+namespace tmsdisk::shim {
+namespace {
+
+Error cuda_error(const char* what, CUresult r) {
+  return make_error(EIO, fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
+}
+
+// Whether `p` is device memory, and its context: the shim's own allocations (which the driver knows
+// only as mappings), else what the driver says. Anything else is the caller's host memory, pageable
+// or pinned: copied with memcpy, which needs no context.
+bool device_memory(const DriverApi& api, CUdeviceptr p, CUcontext* ctx) {
+  if (auto a = registry().find(p)) {
+    *ctx = a->ctx;
+    return true;
+  }
+  if (!api.cuPointerGetAttribute) return false;
+  unsigned int type = 0;
+  if (api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != CUDA_SUCCESS) return false;
+  if (type != CU_MEMORYTYPE_DEVICE) return false;
+  if (api.cuPointerGetAttribute(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS && *ctx) return true;
+  return api.cuCtxGetCurrent(ctx) == CUDA_SUCCESS && *ctx;
+}
+
+// The daemon's answer to a request that only says yes or no.
+Status ok_reply(const proto::Envelope& reply, const char* what) {
+  if (std::holds_alternative<proto::OkReply>(reply.body)) return {};
+  return make_error(EPROTO, fmt::format("unexpected answer to {}", what));
+}
+
+}  // namespace
+
+Result<uint64_t> ObjectClient::chunk_bytes() noexcept {
+  uint64_t chunk = 0;
+  Status st = control_.call([&]() -> Status {
+    if (!session_.connected())
+      if (Status c = session_.connect(); !c) return c;
+    chunk = slots_.chunk_bytes();
+    return {};
+  });
+  if (!st) return std::move(st).error();
+  return chunk;
+}
+
+Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexcept {
+  try {
+    if (!valid_object_name(name))
+      return make_error(
+          EINVAL, fmt::format("'{}' is no object name: use {}", std::string(name).substr(0, 200), kObjectNameRule));
+    if (size == 0) return make_error(EINVAL, "an object holds at least one byte");
+    {
+      std::lock_guard lock(mu_);
+      for (std::size_t i = 0; i < objects_.size(); ++i)
+        if (objects_[i].name == name) {
+          if (objects_[i].size != size)
+            return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first",
+                                                  objects_[i].name, objects_[i].size, size));
+          return i + 1;
+        }
+    }
+    Object o{.name = std::string(name), .size = size};
+    Status st = control_.call([&]() -> Status {
+      if (!session_.connected())
+        if (Status c = session_.connect(); !c) return c;
+      proto::Envelope reply;
+      if (Status x = session_.exchange(proto::StoreOpen{.name = o.name, .size = size}, -1, reply, nullptr); !x)
+        return x;
+      const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
+      if (!opened) return make_error(EPROTO, "unexpected answer to STORE_OPEN");
+      o.daemon_handle = opened->handle;
+      o.connection = session_.connection();
+      return {};
+    });
+    if (!st) return std::move(st).error();
+    std::lock_guard lock(mu_);
+    objects_.push_back(std::move(o));
+    return objects_.size();
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory opening an object");
+  }
+}
+
+Status ObjectClient::remove(std::string_view name) noexcept {
+  try {
+    const std::string n(name);
+    Status st = control_.call([&]() -> Status {
+      if (!session_.connected())
+        if (Status c = session_.connect(); !c) return c;
+      proto::Envelope reply;
+      if (Status x = session_.exchange(proto::StoreRemove{.name = n}, -1, reply, nullptr); !x) return x;
+      return ok_reply(reply, "STORE_REMOVE");
+    });
+    if (!st) return st;
+    // The handle stays (an open of the same name makes the object again); the daemon's is gone.
+    std::lock_guard lock(mu_);
+    for (Object& o : objects_)
+      if (o.name == n) o.daemon_handle = 0;
+    return {};
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory removing an object");
+  }
+}
+
+Result<uint64_t> ObjectClient::write(uint64_t handle, uint64_t offset, const void* src, uint64_t length,
+                                     CUstream stream) noexcept {
+  return queue(Range{.dir = Direction::ToStorage,
+                     .handle = handle,
+                     .offset = offset,
+                     .length = length,
+                     .memory = reinterpret_cast<CUdeviceptr>(src),
+                     .stream = stream});
+}
+
+Result<uint64_t> ObjectClient::read(uint64_t handle, uint64_t offset, void* dst, uint64_t length,
+                                    CUstream stream) noexcept {
+  return queue(Range{.dir = Direction::FromStorage,
+                     .handle = handle,
+                     .offset = offset,
+                     .length = length,
+                     .memory = reinterpret_cast<CUdeviceptr>(dst),
+                     .stream = stream});
+}
+
+Status ObjectClient::checked(const Range& r) const {
+  std::lock_guard lock(mu_);
+  if (r.handle == 0 || r.handle > objects_.size()) return make_error(EINVAL, "no object has this handle");
+  const Object& o = objects_[r.handle - 1];
+  const uint64_t chunk = slots_.chunk_bytes();
+  if (chunk == 0) return make_error(ENOTCONN, "no session with tmsdiskd");
+  if (r.length == 0 || r.offset > o.size || r.length > o.size - r.offset)
+    return make_error(EINVAL, fmt::format("bytes [{}, {}) lie outside object '{}' ({} bytes)", r.offset,
+                                          r.offset + r.length, o.name, o.size));
+  if (r.offset % chunk != 0)
+    return make_error(EINVAL,
+                      fmt::format("a range of an object starts at a multiple of {} bytes, not at {}", chunk, r.offset));
+  if (!r.memory) return make_error(EINVAL, "no memory to copy from or to");
+  return {};
+}
+
+Result<uint64_t> ObjectClient::queue(Range r) noexcept {
+  try {
+    if (Status st = checked(r); !st) return std::move(st).error();
+    const DriverApi& api = driver().api;
+    r.host = !device_memory(api, r.memory, &r.ctx);
+    // The range moves after the work its caller queued so far on `stream` (host memory too: a copy
+    // out of the device may still be filling it). Without a context no such work can exist.
+    CUcontext ctx = r.ctx;
+    if (r.host && (!r.stream || api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)) ctx = nullptr;
+    if (ctx) {
+      CtxScope scope(api, ctx);
+      if (CUresult e = api.cuEventCreate(&r.after, CU_EVENT_DISABLE_TIMING); e != CUDA_SUCCESS)
+        return cuda_error("cuEventCreate", e);
+      if (CUresult e = api.cuEventRecord(r.after, r.stream); e != CUDA_SUCCESS) {
+        api.cuEventDestroy_v2(r.after);
+        return cuda_error("cuEventRecord on the caller's stream", e);
+      }
+    }
+    uint64_t ticket = 0;
+    {
+      std::lock_guard lock(mu_);
+      ticket = next_ticket_++;
+      tickets_.emplace(ticket, Ticket{.outcome = std::nullopt, .write = r.dir == Direction::ToStorage});
+      if (r.dir == Direction::ToStorage) ++writes_in_flight_;
+    }
+    const int posted = control_.post([this, r, ticket] { finish(ticket, r.dir, transfer(r)); }, false);
+    if (posted < 0) {
+      finish(ticket, r.dir, make_error(-posted, "cannot queue the transfer on the shim's control thread"));
+      if (r.after) api.cuEventDestroy_v2(r.after);
+    }
+    return ticket;
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory queueing an object's transfer");
+  }
+}
+
+Result<uint64_t> ObjectClient::daemon_handle(uint64_t handle) {
+  Object o;
+  {
+    std::lock_guard lock(mu_);
+    o = objects_[handle - 1];
+  }
+  if (o.daemon_handle && o.connection == session_.connection()) return o.daemon_handle;
+  // A new session (the daemon restarted, or the connection was lost): the object is named again.
+  proto::Envelope reply;
+  if (Status x = session_.exchange(proto::StoreOpen{.name = o.name, .size = o.size}, -1, reply, nullptr); !x)
+    return std::move(x).error();
+  const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
+  if (!opened) return make_error(EPROTO, "unexpected answer to STORE_OPEN");
+  std::lock_guard lock(mu_);
+  objects_[handle - 1].daemon_handle = opened->handle;
+  objects_[handle - 1].connection = session_.connection();
+  return opened->handle;
+}
+
+// On the control thread: one range through the pipeline, then (a write) its commit or its discard.
+Status ObjectClient::transfer(const Range& r) {
+  const DriverApi& api = driver().api;
+  if (!session_.connected())
+    if (Status c = session_.connect(); !c) return c;
+  Result<uint64_t> handle = daemon_handle(r.handle);
+  if (!handle) return std::move(handle).error();
+  TransferJob j;
+  j.base = r.memory;
+  j.size = r.length;
+  j.blob = *handle;
+  j.blob_offset = r.offset;
+  j.object = true;
+  j.host_memory = r.host;
+  const uint32_t chunk = slots_.chunk_bytes();
+  j.chunks = (r.length + chunk - 1) / chunk;
+  if (r.after) {
+    const CUresult waited = api.cuEventSynchronize(r.after);
+    api.cuEventDestroy_v2(r.after);
+    if (waited != CUDA_SUCCESS) return cuda_error("waiting for the caller's stream", waited);
+  }
+  if (!r.host) {
+    Result<int> ctx = pipeline_.context(r.ctx);
+    if (!ctx) return std::move(ctx).error();
+    j.ctx = *ctx;
+    slots_.register_with(r.ctx);
+  }
+  std::vector<TransferJob> jobs{std::move(j)};
+  TransferSteps steps;
+  steps.finished = [](TransferJob&) -> Status { return {}; };
+  ProgressReporter progress(&session_, 0);
+  uint64_t done = 0;
+  std::optional<Error> failed = pipeline_.run(r.dir, jobs, steps, progress, &done);
+  if (!failed && jobs.front().error) failed = jobs.front().error;
+  if (r.dir == Direction::FromStorage) return failed ? Status(std::move(*failed)) : Status{};
+  // A write: the range becomes the object's current version, or what was written of it is dropped.
+  if (failed && !session_.connected()) return std::move(*failed);  // the daemon drops it with the session
+  proto::Envelope reply;
+  const proto::StoreCommit commit{.handle = *handle,
+                                  .offset = r.offset,
+                                  .length = r.length,
+                                  .flags = static_cast<uint8_t>(failed ? proto::kStoreDiscard : 0)};
+  Status committed = session_.exchange(commit, -1, reply, nullptr);
+  if (committed) committed = ok_reply(reply, "STORE_COMMIT");
+  if (failed) return std::move(*failed);
+  return committed;
+}
+
+void ObjectClient::finish(uint64_t ticket, Direction dir, Status st) {
+  std::lock_guard lock(mu_);
+  if (dir == Direction::ToStorage) {
+    --writes_in_flight_;
+    if (!st && !write_error_) write_error_ = st.error();
+  }
+  auto it = tickets_.find(ticket);
+  if (it != tickets_.end()) it->second.outcome = std::move(st);
+  cv_.notify_all();
+}
+
+Status ObjectClient::wait(uint64_t ticket) noexcept {
+  try {
+    std::unique_lock lock(mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return make_error(EINVAL, "no operation has this ticket (or it was waited for)");
+    cv_.wait(lock, [&] { return it->second.outcome.has_value(); });
+    Status st = std::move(*it->second.outcome);
+    tickets_.erase(it);
+    return st;
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory waiting for an object's transfer");
+  }
+}
+
+Status ObjectClient::flush() noexcept {
+  try {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return writes_in_flight_ == 0; });
+    std::erase_if(tickets_, [](const auto& t) { return t.second.write && t.second.outcome; });
+    if (!write_error_) return {};
+    Error e = std::move(*write_error_);
+    write_error_.reset();
+    return e;
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory waiting for an object's transfers");
+  }
+}
+
+}  // namespace tmsdisk::shim
