@@ -448,14 +448,8 @@ struct Server::Impl {
     std::visit(
         [&](auto& m) {
           using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::Reserve> || std::is_same_v<T, proto::Write> ||
-                        std::is_same_v<T, proto::Read> || std::is_same_v<T, proto::Commit> ||
-                        std::is_same_v<T, proto::PauseState> || std::is_same_v<T, proto::Report> ||
-                        std::is_same_v<T, proto::CommandDone> || std::is_same_v<T, proto::Progress> ||
-                        std::is_same_v<T, proto::TierAsk> || std::is_same_v<T, proto::TierRelease> ||
-                        std::is_same_v<T, proto::TierKeep> || std::is_same_v<T, proto::StoreOpen> ||
-                        std::is_same_v<T, proto::StoreWrite> || std::is_same_v<T, proto::StoreRead> ||
-                        std::is_same_v<T, proto::StoreCommit> || std::is_same_v<T, proto::StoreRemove>) {
+          // A shim's requests are the messages an on_shim() overload takes.
+          if constexpr (requires { on_shim(c, rid, m); }) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::TierAdopt>) {
@@ -464,8 +458,7 @@ struct Server::Impl {
           } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_ipc_export(c, rid, m, passed);
-          } else if constexpr (std::is_same_v<T, proto::IpcRevoke> || std::is_same_v<T, proto::IpcOpen> ||
-                               std::is_same_v<T, proto::IpcClose>) {
+          } else if constexpr (requires { on_ipc(c, rid, m); }) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_ipc(c, rid, m);
           } else if constexpr (std::is_same_v<T, proto::ListSessions> || std::is_same_v<T, proto::Control> ||
