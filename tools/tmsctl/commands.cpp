@@ -297,6 +297,8 @@ int cmd_status(const Common& common) {
            {"disk_bytes", s.disk_bytes},
            {"host_tier_bytes", s.host_tier_bytes},
            {"host_tier_kept", s.host_tier_kept != 0},
+           {"objects", s.objects},
+           {"object_bytes", s.object_bytes},
            {"tags", tags_json(s.stats)},
            {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
            {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
@@ -347,6 +349,10 @@ int cmd_status(const Common& common) {
     if (s.host_tier_bytes)
       std::printf("%-16s %5s %8s   host tier: holds %s%s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str(),
                   s.host_tier_kept ? " (empty, kept for its next pause)" : "");
+    // The rank's stored objects (a streamed optimizer's state): on disk beside its pauses, never moved by them.
+    if (s.objects)
+      std::printf("%-16s %5s %8s   objects: %u, %s on disk\n", "", "", "", s.objects,
+                  human_bytes(s.object_bytes).c_str());
     // What the last pause and resume did not have to move (zero and unchanged chunks).
     const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
     const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);
@@ -623,6 +629,11 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
         "--tms-compat: torch_memory_saver's compatibility module (tms-compat/torch_memory_saver in the "
         "directory of tmsdisk's Python start-up module) is not installed beside tmsctl; reinstall tmsdisk",
         kExitFailed};
+  if (!launch.stream_optimizer.empty() && find_python_startup().empty())
+    return Refusal{
+        "--stream-optimizer: tmsdisk's Python start-up module (sitecustomize.py), which replaces "
+        "torch.optim's AdamW and Adam, is not installed beside tmsctl; reinstall tmsdisk",
+        kExitFailed};
   if (!launch.staging_budget_mb) {
     const char* inherited = std::getenv("TMS_DISK_BACKUP_CHUNK_MB");
     if (inherited && !parse_plain_mib(inherited))
@@ -699,6 +710,7 @@ std::vector<std::pair<std::string, std::string>> launch_env(const std::string& s
   if (!launch.job.empty()) env.emplace_back("TMSDISK_JOB", launch.job);
   if (launch.min_mb) env.emplace_back("TMSDISK_MIN_BYTES", std::to_string(launch.min_mb << 20));
   if (!launch.on_touch.empty()) env.emplace_back("TMSDISK_ON_TOUCH", launch.on_touch);
+  if (!launch.stream_optimizer.empty()) env.emplace_back("TMSDISK_STREAM_OPTIMIZER", launch.stream_optimizer);
   std::vector<std::string> python_path;
   if (launch.tms_compat) python_path.push_back(find_tms_compat());
   if (!python_dir.empty()) python_path.push_back(python_dir);

@@ -237,6 +237,13 @@ void add_launch_options(CLI::App& sub, LaunchOptions& launch) {
       "pause PyTorch's cached memory with the rest (TMSDISK_TORCH_EMPTY_CACHE=0); by default a Python start-up "
       "module put first on PYTHONPATH calls torch.cuda.empty_cache() before each pause, so that memory no tensor "
       "uses does not move");
+  sub.add_flag("--stream-optimizer{fp32}", launch.stream_optimizer,
+               "keep the optimizer state of torch.optim.AdamW and Adam in tmsdiskd's store and stream it through "
+               "each step (tmsdisk.optim; the start-up module makes them the streamed classes, "
+               "TMSDISK_STREAM_OPTIMIZER): fp32 moments (the default), or bf16 moments, half the bytes; masters "
+               "stay fp32")
+      ->type_name("DTYPE")
+      ->check(one_of({"fp32", "bf16"}));
   sub.add_flag("--tms-compat", launch.tms_compat,
                "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
                "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
