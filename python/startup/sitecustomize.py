@@ -107,7 +107,11 @@ def _stream_optimizer_setting():
 
 
 def _stream_torch_optimizers(torch, setting):
-    """torch.optim.AdamW and Adam (and their modules' names) become the streamed classes."""
+    """torch.optim.AdamW and Adam become the streamed classes.
+
+    Only torch.optim's names: torch's own modules keep theirs (torch.optim.adamw.AdamW), which their code
+    looks up (torch 1.13's AdamW.__init__ calls super(AdamW, self), and the streamed class builds a torch
+    AdamW to learn its defaults)."""
     import functools
 
     from tmsdisk import optim  # imports torch, which has finished its own import by now
@@ -120,11 +124,7 @@ def _stream_torch_optimizers(torch, setting):
             streamed = type(streamed.__name__, (streamed,), {
                 "__init__": functools.partialmethod(streamed.__init__, moment_dtype=moment_dtype),
                 "__module__": streamed.__module__, "__doc__": streamed.__doc__, "__qualname__": streamed.__qualname__})
-        name = original.__name__
-        setattr(torch.optim, name, streamed)
-        defining = sys.modules.get(original.__module__)  # torch.optim.adamw, for `from torch.optim.adamw import AdamW`
-        if defining is not None and getattr(defining, name, None) is original:
-            setattr(defining, name, streamed)
+        setattr(torch.optim, original.__name__, streamed)
     _debug("torch.optim.AdamW and Adam stream their state (%s moments)" % setting)
 
 

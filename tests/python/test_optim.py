@@ -812,5 +812,242 @@ class StoreBindings(OptimTestCase):
         self.assertEqual(caught.exception.errno, errno.ENOSYS)
 
 
+# --- the real store --------------------------------------------------------------------------------
+# The cases below run optim_app.py under libtmsdisk.so (LD_PRELOAD) with simcuda as libcuda, against a
+# tmsdiskd of their own on temp roots. CTest passes the programs' paths as the `python` test's are:
+# TMSDISKD, SHIM, SIMCUDA_DIR (PYTHON_DIR and TEST_TMPDIR as above); without them they are skipped.
+
+STORE_NEEDED = ("TMSDISKD", "SHIM", "SIMCUDA_DIR")
+CHILD_TIMEOUT_S = 180  # torch's import takes seconds on a loaded machine; a hang fails instead of blocking
+NOBODY = 65534
+
+
+def python_path():
+    """The start-up module's directory and the package's: the build's (PYTHON_DIR holds both, as
+    `tmsctl run` puts it on the path), or the source tree's."""
+    built = os.environ.get("PYTHON_DIR")
+    if built:
+        return [built]
+    source = os.path.join(HERE, "..", "..", "python")
+    return [os.path.join(source, "startup"), source]
+
+
+class RealStoreCase(OptimTestCase):
+    """A tmsdiskd per test (some kill or restart it), with a 4 MiB chunk; a fresh simcuda device per child."""
+
+    daemon_args = ()
+
+    def setUp(self):
+        lacking = [n for n in STORE_NEEDED if not os.environ.get(n) or not os.path.exists(os.environ[n])]
+        if lacking:
+            self.skipTest("the real store needs %s (CTest passes them)" % ", ".join(lacking))
+        import shutil
+        import tempfile
+
+        from test_tmsdisk import Daemon
+
+        base = os.environ.get("TEST_TMPDIR") or None
+        if base:
+            os.makedirs(base, exist_ok=True)
+        self.work = tempfile.mkdtemp(prefix="optim.", dir=base)
+        self.addCleanup(shutil.rmtree, self.work, ignore_errors=True)
+        self.daemon = Daemon(self.work, self.daemon_args)
+        self.addCleanup(self.daemon.stop)
+
+    def child_env(self, job, extra=None):
+        import tempfile
+
+        env = dict(os.environ)
+        for name in ("LD_PRELOAD", "PYTHONPATH", "TMSDISK_LIBRARY", "TMS_DISK_BACKUP_DIR", "TMSDISK_STREAM_OPTIMIZER"):
+            env.pop(name, None)
+        state = tempfile.NamedTemporaryFile(dir=self.work, prefix="simcuda.", delete=False)
+        state.close()
+        os.chmod(state.name, 0o666)  # also for a child that runs as another user
+        env.update(
+            LD_PRELOAD=os.environ["SHIM"],
+            LD_LIBRARY_PATH=os.environ["SIMCUDA_DIR"],
+            SIMCUDA_STATE=state.name,
+            SIMCUDA_DEVICE_MEM_MB="256",
+            TMSDISK_SOCKET=self.daemon.socket,
+            TMSDISK_JOB=job,
+            PYTHONPATH=":".join(python_path()),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        env.update(extra or {})
+        return env
+
+    def start(self, scenario, extra_env=None, user=None):
+        """optim_app.py SCENARIO under the shim, its stdin and stdout pipes to talk to it."""
+        import subprocess
+
+        job = "optim-" + scenario
+        child = subprocess.Popen([sys.executable, os.path.join(HERE, "optim_app.py"), scenario], cwd=HERE,
+                                 env=self.child_env(job, extra_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, user=user, group=user,
+                                 extra_groups=[] if user is not None else None)
+        child.job, child.lines = job, []
+
+        def end():
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            child.stdin.close()
+            child.stdout.close()
+
+        self.addCleanup(end)
+        return child
+
+    def read_until(self, child, prefix):
+        """The child's next line starting with `prefix` (its other lines kept); fails if it ends first."""
+        import select
+
+        while True:
+            ready, _, _ = select.select([child.stdout], [], [], CHILD_TIMEOUT_S)
+            line = child.stdout.readline() if ready else ""
+            if not line:
+                child.kill()
+                rest = child.communicate()[0] or ""
+                self.fail("%s: no %r line within %d s; its output:\n%s%s\ndaemon log:\n%s" % (
+                    child.args[2:], prefix, CHILD_TIMEOUT_S, "".join(child.lines), rest, self.daemon.log()))
+            child.lines.append(line)
+            if line.startswith(prefix):
+                return line.rstrip("\n")
+
+    def tell(self, child, line):
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+
+    def finish(self, child, scenario):
+        self.read_until(child, "OK " + scenario)
+        rest = child.communicate(timeout=CHILD_TIMEOUT_S)[0]
+        out = "".join(child.lines) + rest
+        self.assertEqual(child.returncode, 0, "%s exited %d:\n%s\ndaemon log:\n%s" % (
+            scenario, child.returncode, out, self.daemon.log()))
+        return out
+
+    def run_scenario(self, scenario, extra_env=None):
+        return self.finish(self.start(scenario, extra_env), scenario)
+
+    def rank_dir(self, child, uid=None):
+        """The child's rank directory on the daemon's root: <root>/<uid>/<job>/rank<R>-<pid>."""
+        import glob
+
+        uid = os.getuid() if uid is None else uid
+        found = glob.glob(os.path.join(self.daemon.root, str(uid), child.job, "rank*-%d" % child.pid))
+        self.assertEqual(len(found), 1, "the rank directory of pid %d under %s: %s" % (
+            child.pid, self.daemon.root, found))
+        return found[0]
+
+
+class RealStore(RealStoreCase):
+    def test_adamw_and_adam_bit_identical_to_torch_through_the_daemon(self):
+        self.run_scenario("matches-torch")
+
+    def test_a_bucket_written_reads_back_intact(self):
+        self.run_scenario("roundtrip")
+
+    def test_daemon_killed_mid_step_then_restarted_keeps_the_committed_state(self):
+        child = self.start("daemon-killed")
+        self.read_until(child, "MID-STEP")
+        self.daemon.kill()
+        self.tell(child, "killed")
+        failed = self.read_until(child, "STEP-FAILED")
+        self.read_until(child, "WAITING")
+        self.daemon.start()  # the same roots and socket
+        self.tell(child, "restarted")
+        out = self.finish(child, "daemon-killed")
+        print("\n  " + failed, file=sys.stderr)
+        self.assertIn("OK daemon-killed", out)
+
+    def test_killed_rank_has_its_objects_reclaimed(self):
+        import signal
+        import time
+
+        child = self.start("rank-killed")
+        self.read_until(child, "WRITTEN")
+        directory = self.rank_dir(child)
+        self.assertTrue(os.path.getsize(os.path.join(directory, "objects")) > 0)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 30
+        while os.path.exists(directory) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertFalse(os.path.exists(directory), "%s is still there 30 s after its rank was killed; daemon log:\n%s"
+                         % (directory, self.daemon.log()))
+
+    def test_a_flipped_byte_fails_the_read_with_ebadmsg(self):
+        child = self.start("seal")
+        marker = bytes.fromhex(self.read_until(child, "WRITTEN").split()[1])
+        path = os.path.join(self.rank_dir(child), "objects")
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.find(marker)
+            self.assertGreaterEqual(at, 0, "the object's bytes are not in %s" % path)
+            self.assertEqual(data.find(marker, at + 1), -1)
+            f.seek(at + 21)
+            f.write(bytes([data[at + 21] ^ 0x10]))
+        self.tell(child, "flipped")
+        print("\n  " + self.read_until(child, "READ-FAILED"), file=sys.stderr)
+        self.finish(child, "seal")
+
+
+class RealStoreQuota(RealStoreCase):
+    daemon_args = ("--max-chunks-per-uid", "3")
+
+    def test_over_the_users_chunks_refused_before_a_byte_moves(self):
+        if os.getuid() != 0:
+            self.skipTest("max-chunks-per-uid does not limit root, and only root can run the child as user %d"
+                          % NOBODY)
+        os.chmod(self.work, 0o755)  # the socket and the simcuda ledger, for that user
+        child = self.start("over-quota", {"HOME": self.work}, user=NOBODY)
+        self.read_until(child, "REFUSED")
+        directory = self.rank_dir(child, NOBODY)
+        print("\n  rank directory: %s" % sorted(os.listdir(directory)), file=sys.stderr)
+        path = os.path.join(directory, "objects")
+        self.assertFalse(os.path.exists(path) and os.stat(path).st_blocks, "%s holds bytes" % path)
+        self.tell(child, "checked")
+        self.finish(child, "over-quota")
+
+
+class PauseBetweenSteps(RealStoreCase):
+    def test_a_pause_moves_parameters_and_gradients_not_buckets(self):
+        out = self.run_scenario("pause-between-steps")
+        print("\n  " + "\n  ".join(line for line in out.splitlines() if line.startswith("PAUSED")), file=sys.stderr)
+
+
+class StreamOptimizerStartup(RealStoreCase):
+    """TMSDISK_STREAM_OPTIMIZER (tmsctl run --stream-optimizer): the start-up module's replacement of
+    torch.optim.AdamW and Adam."""
+
+    def test_adamw_is_streamed_with_the_moments_asked(self):
+        for setting in ("fp32", "bf16"):
+            with self.subTest(setting=setting):
+                self.run_scenario("stream-optimizer", {"TMSDISK_STREAM_OPTIMIZER": setting})
+
+    def python(self, code, setting):
+        import subprocess
+
+        env = self.child_env("optim-startup", {"TMSDISK_STREAM_OPTIMIZER": setting} if setting else None)
+        return subprocess.run([sys.executable, "-c", code], env=env, cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT_S)
+
+    def test_torch_not_imported_by_the_module(self):
+        for setting in (None, "fp32"):
+            with self.subTest(setting=setting):
+                done = self.python("import sys; print('torch' in sys.modules)", setting)
+                self.assertEqual((done.returncode, done.stdout.strip()), (0, "False"), done.stderr)
+        done = self.python("import torch; print(torch.optim.AdamW.__module__)", None)
+        self.assertEqual(done.stdout.strip(), "torch.optim.adamw", done.stderr)
+
+    def test_fp8_and_unknown_values_refused_at_start(self):
+        for setting, why in (("fp8", "fp8 moments are not implemented yet"), ("fp16", "not one of fp32, bf16")):
+            with self.subTest(setting=setting):
+                done = self.python("print('ran')", setting)
+                self.assertEqual(done.returncode, 2, done.stdout + done.stderr)
+                self.assertNotIn("ran", done.stdout)
+                self.assertIn("TMSDISK_STREAM_OPTIMIZER=%s" % setting, done.stderr)
+                self.assertIn(why, done.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

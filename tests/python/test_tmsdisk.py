@@ -31,22 +31,30 @@ def missing():
 
 
 class Daemon:
-    """tmsdiskd on a temp root, ready once it says READY=1 (sd_notify), as systemd would see it."""
+    """tmsdiskd on a temp root, ready once it says READY=1 (sd_notify), as systemd would see it.
 
-    def __init__(self, work):
+    extra_args go to its command line; start() again (after kill() or stop()) restarts it on the same
+    root and socket, as systemd restarts a daemon that died."""
+
+    def __init__(self, work, extra_args=()):
+        self.work = work
         self.root = os.path.join(work, "root")
         self.socket = os.path.join(work, "d.sock")
+        self.extra_args = list(extra_args)
+        self.log_path = os.path.join(work, "tmsdiskd.log")
         os.mkdir(self.root)
+        self.start()
+
+    def start(self):
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        name = "tmsdisk-python-test-%d-%s" % (os.getpid(), os.path.basename(work))
+        name = "tmsdisk-python-test-%d-%s" % (os.getpid(), os.path.basename(self.work))
         notify.bind("\0" + name)
         env = dict(os.environ, NOTIFY_SOCKET="@" + name)
         env.pop("LD_PRELOAD", None)
-        self.log_path = os.path.join(work, "tmsdiskd.log")
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [os.environ["TMSDISKD"], "--root", self.root, "--socket", self.socket, "--staging-budget-mb", "32",
-                 "--chunk-mb", "4", "--log-level", "warn"],
+                 "--chunk-mb", "4", "--log-level", "warn", *self.extra_args],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             pidfd = os.pidfd_open(self.proc.pid)
@@ -68,6 +76,11 @@ class Daemon:
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+    def kill(self):
+        """SIGKILL: the daemon gets no chance to tidy up."""
+        self.proc.kill()
         self.proc.wait(timeout=60)
 
 
