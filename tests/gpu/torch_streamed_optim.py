@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""On a GPU, under `tmsctl run`: tmsdisk.optim.StreamedAdamW against torch.optim.AdamW on the same model.
+
+Two copies of one model (fp32, PARAMS million parameters in square linear layers) take the same
+gradients for STEPS steps: one with torch.optim.AdamW (its default kernel on CUDA, foreach), one with
+StreamedAdamW whose state streams through the daemon's store in buckets of BUCKET million elements.
+Prints PASS/FAIL for bit-identical parameters, the optimizer state's peak device memory for both, and
+the streamed step's wall time beside the bytes it moved (read + written), as JSON on the last line.
+    tmsctl run -- python3 torch_streamed_optim.py [PARAMS_M [STEPS [BUCKET_M [DEPTH]]]]
+"""
+import json
+import sys
+import time
+
+import torch
+
+from tmsdisk.optim import StreamedAdamW
+
+params_m = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+bucket_m = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+depth = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+
+dev = torch.device("cuda")
+width = 4096
+layers = max(1, params_m * 1_000_000 // (width * width))
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(dev)
+
+
+ref, streamed = model(), model()
+n_params = sum(p.numel() for p in ref.parameters())
+opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
+torch.cuda.synchronize()
+base = torch.cuda.memory_allocated()
+opt = StreamedAdamW(streamed.parameters(), lr=1e-3, weight_decay=0.1, bucket_elements=bucket_m * 1_000_000,
+                    depth=depth)
+
+ref_peak = streamed_peak = 0
+times = []
+for step in range(steps):
+    torch.manual_seed(100 + step)
+    for pr, ps in zip(ref.parameters(), streamed.parameters()):
+        g = torch.randn_like(pr) * 1e-2
+        pr.grad = g
+        ps.grad = g.clone()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    opt_ref.step()
+    torch.cuda.synchronize()
+    ref_peak = max(ref_peak, torch.cuda.max_memory_allocated() - before + 8 * n_params)  # + its moments
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    opt.step()
+    opt.flush()
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - t0)
+    streamed_peak = max(streamed_peak, torch.cuda.max_memory_allocated() - before)
+
+same = all(torch.equal(a, b) for a, b in zip(ref.parameters(), streamed.parameters()))
+state_bytes = 8 * n_params
+moved = 2 * state_bytes  # each step reads and writes every bucket (the first step only writes)
+later = times[1:] or times
+result = {
+    "params": n_params,
+    "steps": steps,
+    "bucket_elements": bucket_m * 1_000_000,
+    "depth": depth,
+    "bit_identical": same,
+    "state_bytes": state_bytes,
+    "resident_adamw_state_peak_bytes": ref_peak,
+    "streamed_peak_bytes": streamed_peak,
+    "depth_x_bucket_bytes": depth * bucket_m * 1_000_000 * 8,
+    "step_s": [round(t, 3) for t in times],
+    "later_step_mean_s": round(sum(later) / len(later), 3),
+    "later_step_gb_s": round(moved / (sum(later) / len(later)) / 1e9, 2),
+}
+print("PASS: parameters bit-identical to torch.optim.AdamW" if same else "FAIL: parameters differ from torch.optim.AdamW")
+print(json.dumps(result))
+opt.close()
+sys.exit(0 if same else 1)
