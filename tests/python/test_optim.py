@@ -878,19 +878,32 @@ class RealStoreCase(OptimTestCase):
 
     def start(self, scenario, extra_env=None, user=None):
         """optim_app.py SCENARIO under the shim, its stdin and stdout pipes to talk to it."""
+        import queue
         import subprocess
+        import threading
 
         job = "optim-" + scenario
         child = subprocess.Popen([sys.executable, os.path.join(HERE, "optim_app.py"), scenario], cwd=HERE,
                                  env=self.child_env(job, extra_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, user=user, group=user,
                                  extra_groups=[] if user is not None else None)
-        child.job, child.lines = job, []
+        child.job, child.lines, child.incoming = job, [], queue.Queue()
+
+        # A thread reads the lines: select() on the pipe beside readline() would miss lines that one read
+        # brought into the file object's buffer together, and wait for more that never come.
+        def reader():
+            for line in child.stdout:
+                child.incoming.put(line)
+            child.incoming.put(None)
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
 
         def end():
             if child.poll() is None:
                 child.kill()
             child.wait()
+            thread.join(CHILD_TIMEOUT_S)
             child.stdin.close()
             child.stdout.close()
 
@@ -898,17 +911,19 @@ class RealStoreCase(OptimTestCase):
         return child
 
     def read_until(self, child, prefix):
-        """The child's next line starting with `prefix` (its other lines kept); fails if it ends first."""
-        import select
+        """The child's next line starting with `prefix` (its other lines kept); fails if it ends first or
+        says nothing for CHILD_TIMEOUT_S."""
+        import queue
 
         while True:
-            ready, _, _ = select.select([child.stdout], [], [], CHILD_TIMEOUT_S)
-            line = child.stdout.readline() if ready else ""
-            if not line:
+            try:
+                line = child.incoming.get(timeout=CHILD_TIMEOUT_S)
+            except queue.Empty:
+                line = None
+            if line is None:
                 child.kill()
-                rest = child.communicate()[0] or ""
-                self.fail("%s: no %r line within %d s; its output:\n%s%s\ndaemon log:\n%s" % (
-                    child.args[2:], prefix, CHILD_TIMEOUT_S, "".join(child.lines), rest, self.daemon.log()))
+                self.fail("%s: no %r line within %d s; its output:\n%s\ndaemon log:\n%s" % (
+                    child.args[2:], prefix, CHILD_TIMEOUT_S, "".join(child.lines), self.daemon.log()))
             child.lines.append(line)
             if line.startswith(prefix):
                 return line.rstrip("\n")
@@ -919,8 +934,13 @@ class RealStoreCase(OptimTestCase):
 
     def finish(self, child, scenario):
         self.read_until(child, "OK " + scenario)
-        rest = child.communicate(timeout=CHILD_TIMEOUT_S)[0]
-        out = "".join(child.lines) + rest
+        child.wait(timeout=CHILD_TIMEOUT_S)
+        while True:
+            line = child.incoming.get(timeout=CHILD_TIMEOUT_S)
+            if line is None:
+                break
+            child.lines.append(line)
+        out = "".join(child.lines)
         self.assertEqual(child.returncode, 0, "%s exited %d:\n%s\ndaemon log:\n%s" % (
             scenario, child.returncode, out, self.daemon.log()))
         return out
