@@ -11,11 +11,13 @@
 #include <vector>
 
 #include "io_engine.h"
+#include "tmsdisk/common/sizes.h"
 
 namespace tmsdisk::server {
 
-// The user's unit for sizes (the options' -mb names); Config holds bytes, converted in options.cpp.
-inline constexpr uint64_t kMiB = uint64_t{1} << 20;
+// The user's unit for sizes (the options' -mb names) is common/sizes.h's kMiB; Config holds bytes,
+// converted in options.cpp.
+using tmsdisk::kMiB;
 
 // Where tests step into the server: each empty in tmsdiskd. A hook that blocks must return before
 // the server is destroyed, which waits for it.

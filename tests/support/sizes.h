@@ -5,9 +5,11 @@
 
 #include <cstdint>
 
+#include "tmsdisk/common/sizes.h"
+
 namespace tmsdisk::testing {
 
-inline constexpr uint64_t MiB = 1ull << 20;
-inline constexpr uint64_t GiB = 1ull << 30;
+inline constexpr uint64_t MiB = tmsdisk::kMiB;
+inline constexpr uint64_t GiB = tmsdisk::kGiB;
 
 }  // namespace tmsdisk::testing

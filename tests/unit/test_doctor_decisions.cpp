@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "doctor.h"
+#include "tmsdisk/common/sizes.h"
 
 using namespace tmsdisk::ctl::doctor;
 
@@ -24,8 +25,6 @@ void check_problem(const Check& c, Status status, const std::string& cause, cons
   CHECK(has(c.detail, cause));
   CHECK(has(c.fix, fix));
 }
-
-constexpr uint64_t MiB = uint64_t{1} << 20;
 
 }  // namespace
 
@@ -81,7 +80,7 @@ TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for w
   MemlockFacts f{.process = "tmsdiskd (pid 42)",
                  .is_daemon = true,
                  .limit = 64 * 1024,
-                 .staging_per_rank = 256 * MiB,
+                 .staging_per_rank = 256 * tmsdisk::kMiB,
                  .ranks = 8,
                  .systemd_running = true};
   const Check low = judge_memlock(f);
@@ -93,9 +92,9 @@ TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for w
   CHECK(has(low.subject, "tmsdiskd (pid 42)"));
   CHECK(has(low.detail, "8 ranks x 256.0 MiB of staging = 2.0 GiB"));
 
-  f.limit = 2048 * MiB;  // exactly enough
+  f.limit = 2048 * tmsdisk::kMiB;  // exactly enough
   CHECK(judge_memlock(f).status == Status::Ok);
-  f.limit = 2047 * MiB;
+  f.limit = 2047 * tmsdisk::kMiB;
   CHECK(judge_memlock(f).status == Status::Warn);
   f.limit.reset();
   CHECK(judge_memlock(f).status == Status::Ok);
@@ -106,7 +105,7 @@ TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for w
   CHECK(has(capable.detail, "CAP_IPC_LOCK"));
 
   // No daemon found: this shell's limit, which a private daemon started from it inherits.
-  const Check shell = judge_memlock({.process = "this shell", .limit = 64 * 1024, .staging_per_rank = 256 * MiB});
+  const Check shell = judge_memlock({.process = "this shell", .limit = 64 * 1024, .staging_per_rank = 256 * tmsdisk::kMiB});
   check_problem(shell, Status::Warn, "1 rank x 256.0 MiB", "ulimit -l unlimited");
   CHECK_FALSE(has(shell.fix, "system service"));  // none is started without systemd
 }
