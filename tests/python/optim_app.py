@@ -132,6 +132,8 @@ def scenario_roundtrip():
     expect_error(errno.EINVAL, store.write, handle, 4096, written[: 1024])  # not at a chunk boundary
     store.remove("roundtrip.bucket")
     expect_error(errno.ENOENT, store.remove, "roundtrip.bucket")
+    say("WRITTEN")  # the test looks at the rank's files, then at their absence once this process exits
+    expect("exit")
     say("OK roundtrip")
 
 

@@ -858,7 +858,10 @@ class RealStoreCase(OptimTestCase):
         import tempfile
 
         env = dict(os.environ)
-        for name in ("LD_PRELOAD", "PYTHONPATH", "TMSDISK_LIBRARY", "TMS_DISK_BACKUP_DIR", "TMSDISK_STREAM_OPTIMIZER"):
+        # The children run on simcuda, whose device memory is host memory (the pause case relies on it):
+        # their tensors stay on the CPU whatever TEST_OPTIM_DEVICE says.
+        for name in ("LD_PRELOAD", "PYTHONPATH", "TMSDISK_LIBRARY", "TMS_DISK_BACKUP_DIR", "TMSDISK_STREAM_OPTIMIZER",
+                     "TEST_OPTIM_DEVICE"):
             env.pop(name, None)
         state = tempfile.NamedTemporaryFile(dir=self.work, prefix="simcuda.", delete=False)
         state.close()
@@ -948,6 +951,16 @@ class RealStoreCase(OptimTestCase):
     def run_scenario(self, scenario, extra_env=None):
         return self.finish(self.start(scenario, extra_env), scenario)
 
+    def assertGone(self, directory, since):
+        """The rank's directory goes within 30 s (the daemon removes it once the connection ends)."""
+        import time
+
+        deadline = time.monotonic() + 30
+        while os.path.exists(directory) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertFalse(os.path.exists(directory), "%s is still there 30 s after %s; daemon log:\n%s" % (
+            directory, since, self.daemon.log()))
+
     def rank_dir(self, child, uid=None):
         """The child's rank directory on the daemon's root: <root>/<uid>/<job>/rank<R>-<pid>."""
         import glob
@@ -963,8 +976,14 @@ class RealStore(RealStoreCase):
     def test_adamw_and_adam_bit_identical_to_torch_through_the_daemon(self):
         self.run_scenario("matches-torch")
 
-    def test_a_bucket_written_reads_back_intact(self):
-        self.run_scenario("roundtrip")
+    def test_a_bucket_written_reads_back_intact_and_goes_at_exit(self):
+        child = self.start("roundtrip")
+        self.read_until(child, "WRITTEN")
+        directory = self.rank_dir(child)
+        self.assertTrue(os.stat(os.path.join(directory, "objects")).st_blocks > 0)
+        self.tell(child, "exit")
+        self.finish(child, "roundtrip")
+        self.assertGone(directory, "its process exited")
 
     def test_daemon_killed_mid_step_then_restarted_keeps_the_committed_state(self):
         child = self.start("daemon-killed")
@@ -981,7 +1000,6 @@ class RealStore(RealStoreCase):
 
     def test_killed_rank_has_its_objects_reclaimed(self):
         import signal
-        import time
 
         child = self.start("rank-killed")
         self.read_until(child, "WRITTEN")
@@ -989,11 +1007,7 @@ class RealStore(RealStoreCase):
         self.assertTrue(os.path.getsize(os.path.join(directory, "objects")) > 0)
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-        deadline = time.monotonic() + 30
-        while os.path.exists(directory) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        self.assertFalse(os.path.exists(directory), "%s is still there 30 s after its rank was killed; daemon log:\n%s"
-                         % (directory, self.daemon.log()))
+        self.assertGone(directory, "its rank was killed")
 
     def test_a_flipped_byte_fails_the_read_with_ebadmsg(self):
         child = self.start("seal")
