@@ -65,14 +65,15 @@ _PROTOTYPES = {
 # Where the daemon went away from a running rank, what it committed stays in the rank's files and the
 # shim reconnects by itself: said with each of the errors that a lost daemon gives.
 _COMES_BACK = (
-    "if it was running, it exited: what earlier writes committed stays in the rank's files, and the next "
-    "call reconnects once it is back on the same roots and socket"
+    "what earlier writes committed stays in the rank's files, and the next call reconnects once the daemon "
+    "is back on the same roots and socket"
 )
 _NO_DAEMON = (
     "the store lives in tmsdiskd and no daemon answers: run the program under `tmsctl run -- CMD` with "
-    "the daemon running (`tmsctl doctor` says why it cannot be reached); " + _COMES_BACK
+    "the daemon running (`tmsctl doctor` says why it cannot be reached); if it was running, it exited: "
+    + _COMES_BACK
 )
-_LOST = "the connection to tmsdiskd was lost and this operation did not complete; " + _COMES_BACK
+_LOST = "the connection to tmsdiskd was lost (the daemon exited) and this operation did not complete: " + _COMES_BACK
 
 # What to do, by errno, for the errors the C API documents; any call may meet the daemon's absence.
 _HINTS = {
