@@ -105,7 +105,8 @@ TEST_CASE("memlock: the daemon's limit against budget x ranks, and the fix for w
   CHECK(has(capable.detail, "CAP_IPC_LOCK"));
 
   // No daemon found: this shell's limit, which a private daemon started from it inherits.
-  const Check shell = judge_memlock({.process = "this shell", .limit = 64 * 1024, .staging_per_rank = 256 * tmsdisk::kMiB});
+  const Check shell =
+      judge_memlock({.process = "this shell", .limit = 64 * 1024, .staging_per_rank = 256 * tmsdisk::kMiB});
   check_problem(shell, Status::Warn, "1 rank x 256.0 MiB", "ulimit -l unlimited");
   CHECK_FALSE(has(shell.fix, "system service"));  // none is started without systemd
 }
