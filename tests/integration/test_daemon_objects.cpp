@@ -102,6 +102,12 @@ TEST_CASE("objects: a range written and committed reads back verified, and an ob
   auto back = read_and_compare(c, *h, 0, size, 1);
   REQUIRE(back);
   CHECK(*back == -1);
+  // `tmsctl status` counts the object and the disk it takes, apart from the pause store's bytes.
+  const auto listed = d.sessions();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].objects == 1);
+  CHECK(listed[0].object_bytes >= size);
+  CHECK(listed[0].disk_bytes == 0);
 
   // A range of the object alone: its second chunk, rewritten.
   REQUIRE(write_chunks(c, *h, chunk, chunk, 2));
