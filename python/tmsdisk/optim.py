@@ -183,6 +183,17 @@ class _Slot:
         self.pinned = False
 
 
+_BUCKET_STREAMS = {}
+
+
+def _bucket_stream(device):
+    """The stream whose allocator pool the buckets of `device` are taken from (never run on)."""
+    stream = _BUCKET_STREAMS.get(device)
+    if stream is None:
+        stream = _BUCKET_STREAMS[device] = torch.cuda.Stream(device=device)
+    return stream
+
+
 class _Pipeline:
     """At most `depth` buckets in memory, read ahead of the one being worked on, written behind it.
 
@@ -201,7 +212,15 @@ class _Pipeline:
         self.deferred = None  # an error release() met, raised by the next run() or drain()
 
     def new_buffer(self, bucket):
-        return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
+        if bucket.device.type != "cuda":
+            return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
+        # Buckets come from segments of their own: PyTorch's caching allocator keeps a pool per stream,
+        # so a gradient never lands in a segment a bucket was cut from (which the freed bucket would
+        # then keep alive), and a pause, which moves whole segments, moves none of a dropped bucket.
+        # Every use of the buffer is on the caller's stream or ordered after it by the store, so the
+        # side stream only chooses the pool.
+        with torch.cuda.stream(_bucket_stream(bucket.device)):
+            return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
 
     @staticmethod
     def _settle(slot) -> None:
