@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <cerrno>
 
 #include "chunk_io.h"
@@ -40,9 +39,15 @@ proto::Message ObjectRequests::open(Session& s, const proto::StoreOpen& m) {
   }
   // A new object counts against the user's chunks before it is recorded: refused here, nothing of
   // it exists, and no byte of it ever moves.
-  const std::vector<storage::ObjectInfo> listed = s.objects->list();
-  const bool exists = std::any_of(listed.begin(), listed.end(), [&](const auto& o) { return o.name == m.name; });
-  const uint64_t adding = chunks_of(m.size, s.store->chunk_bytes());
+  const bool exists = s.objects->contains(m.name);
+  const uint64_t adding = chunks_of(m.size, s.store->chunk_bytes()) + storage::kObjectOverheadChunks;
+  // The daemon keeps 24 bytes for each chunk of an object: one rank's objects are bounded for root
+  // too, as one reservation is.
+  if (!exists && s.objects->chunk_count() + adding > ChunkIo::kMaxReserveChunks)
+    return refusal(s, make_error(E2BIG, fmt::format("object '{}' ({} bytes) would make the rank's objects more than "
+                                                    "{} chunks: store less, or use a larger chunk "
+                                                    "(TMS_DISK_BACKUP_CHUNK_MB)",
+                                                    m.name, m.size, ChunkIo::kMaxReserveChunks)));
   if (s.cred.uid != 0 && !exists) {
     uint64_t held = 0;
     for (auto& [sid, other] : sessions_.all()) {

@@ -219,10 +219,15 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
   s.store = std::move(store.value());
   if (from_disk) {
     // Objects an earlier session of the rank stored come back with it.
+    // A store that cannot be opened never keeps the rank from its session (its paused memory must
+    // stay resumable): STORE_OPEN then says why.
     auto objects = storage::ObjectStore::open_existing(roots_, s.store->dir_fds(), o.chunk_bytes,
                                                        [](const std::string& what) { spdlog::warn("{}", what); });
-    if (!objects) return std::move(objects).error();
-    s.objects = std::move(*objects);
+    if (objects)
+      s.objects = std::move(*objects);
+    else
+      spdlog::error("session {} (pid {}): its objects cannot be opened: {}", s.id, s.cred.pid,
+                    objects.error().describe());
   }
   if (!adopted) s.from_earlier_daemon = from_disk;
   if (!s.store->record_problem().empty())

@@ -277,12 +277,19 @@ Result<uint64_t> ObjectStore::open_object(std::string_view name, uint64_t size) 
       return make_error(
           EEXIST, fmt::format("{} exists with {} bytes, not {}: remove it first", Impl::describe(o), o.size, size));
     }
+    // Each object costs the daemon memory for its records whatever its size: a rank holds a bounded
+    // number of them.
+    if (impl_->objects.size() >= kMaxObjects)
+      return make_error(E2BIG, fmt::format("the rank holds {} objects already, the most a rank may: remove some, or "
+                                           "store fewer, larger ones",
+                                           kMaxObjects));
     // Made whole before the record: once the log names the object, only inserting it is left.
     Object o = impl_->make_object(impl_->next_handle, name, size);
     std::string key(name);
     if (auto st = impl_->append(created_record(o)); !st) return std::move(st).error();
     const uint64_t handle = o.handle;
     impl_->next_handle = handle + 1;
+    impl_->chunk_total += o.chunks;
     impl_->objects.emplace(handle, std::move(o));
     impl_->names.emplace(std::move(key), handle);
     impl_->maybe_compact();
@@ -305,6 +312,7 @@ Status ObjectStore::remove_object(std::string_view name) {
       if (o.committed[ci].offset != kNoExtent) extents.push_back(impl_->extent_of(o, ci, o.committed[ci].offset));
     if (auto st = impl_->append(log_record(LogKind::Removed, o.handle)); !st) return st;
     // Recorded: from here on, nothing of it is read again, and its extents may be handed out anew.
+    impl_->chunk_total -= o.chunks;
     impl_->objects.erase(it->second);
     impl_->names.erase(it);
     impl_->free_extents(extents);
@@ -337,9 +345,11 @@ std::size_t ObjectStore::object_count() const noexcept {
 }
 
 uint64_t ObjectStore::chunk_count() const noexcept {
-  uint64_t total = 0;
-  for (const auto& [handle, o] : impl_->objects) total += o.chunks;
-  return total;
+  return impl_->chunk_total + impl_->objects.size() * kObjectOverheadChunks;
+}
+
+bool ObjectStore::contains(std::string_view name) const noexcept {
+  return impl_->names.find(name) != impl_->names.end();
 }
 
 uint64_t ObjectStore::disk_bytes() const noexcept {
@@ -355,6 +365,12 @@ Result<RankStore::WriteTicket> ObjectStore::open_write(uint64_t handle, uint64_t
     if (!found) return std::move(found).error();
     Object& o = **found;
     auto it = o.pending.find(ci);
+    // Two WRITEs of one chunk in flight at once (a retry while a timed-out one still runs) would share
+    // an extent, and the seal of whichever ended last could vouch for the other's bytes.
+    if (it != o.pending.end() && !it->second.sealed && it->second.opened > 0)
+      return make_error(EBUSY, fmt::format("{}: a WRITE of the chunk at offset {} is still in flight; drop the "
+                                           "range (STORE_COMMIT with discard) once it ended, and write it again",
+                                           Impl::describe(o), offset));
     if (it == o.pending.end()) {
       // Copy on write: the committed version stays where it is, readable, until a commit.
       auto extent = impl_->new_extent(impl_->root_of(ci), impl_->io_length_of(o, ci));

@@ -49,6 +49,10 @@ namespace tmsdisk::storage {
 // Object names follow tmsdisk/common/object_name.h (valid_object_name): a rank's optimizer names its
 // buckets ("g0.b3.exp_avg"); the name never reaches the filesystem.
 inline constexpr std::size_t kMaxObjectName = kMaxObjectNameLength;
+// The most objects one rank holds: each costs the daemon memory for its records (its name, its maps,
+// its log record) whatever its size, so chunk_count() also charges each this many chunks.
+inline constexpr std::size_t kMaxObjects = 65536;
+inline constexpr uint64_t kObjectOverheadChunks = 16;
 
 struct ObjectInfo {
   uint64_t handle = 0;  // what WRITE/READ/COMMIT name it by, kept across daemon restarts
@@ -85,7 +89,7 @@ class ObjectStore {
 
   // The handle of object `name`, created with `size` bytes when it does not exist (recorded in the
   // log before this returns). An existing object of another size is EEXIST (remove it first);
-  // a bad name EINVAL; size 0 EINVAL.
+  // a bad name EINVAL; size 0 EINVAL; a new object beyond kMaxObjects E2BIG.
   Result<uint64_t> open_object(std::string_view name, uint64_t size);
   // Removes object `name` (ENOENT if none): recorded in the log, then its extents (committed and
   // written) are freed and the objects files' free space given back (punched, the tail truncated); its
@@ -93,9 +97,10 @@ class ObjectStore {
   Status remove_object(std::string_view name);
   std::vector<ObjectInfo> list() const;
   std::size_t object_count() const noexcept;
-  // Chunks the objects take at their size (what max-chunks-per-uid counts: the store keeps 24 bytes
-  // for each), and bytes of the extents held in the objects files now (committed versions and written,
-  // uncommitted ones, each rounded up to kIoAlignment).
+  bool contains(std::string_view name) const noexcept;
+  // Chunks the objects take at their size, kObjectOverheadChunks more for each object (what
+  // max-chunks-per-uid counts: the store keeps 24 bytes for each; kept as a total, no walk), and bytes of the extents
+  // held in the objects files now (committed versions and written, uncommitted ones, each rounded up to kIoAlignment).
   uint64_t chunk_count() const noexcept;
   uint64_t disk_bytes() const noexcept;
 

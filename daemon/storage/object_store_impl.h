@@ -76,6 +76,7 @@ struct ObjectStore::Impl {
   detail::ObjectLog log;
   std::map<uint64_t, Object> objects;  // by handle
   std::map<std::string, uint64_t, std::less<>> names;
+  uint64_t chunk_total = 0;  // of every object's chunks (chunk_count() without a walk over them)
   uint64_t next_handle = 1;
   std::function<void(const std::string&)> warn;
 

@@ -254,12 +254,14 @@ Status ObjectLog::append(std::string_view records) {
     size_ += records.size();
     return {};
   }
-  // The record is not acknowledged: cut it off, so that the next one never follows its torn bytes.
+  // The record is not acknowledged: cut it off, so that the next one never follows its torn bytes,
+  // and flush the cut, so that a crash cannot bring back a refused commit whose extents are reused.
   while (::ftruncate(fd_.get(), static_cast<off_t>(size_)) != 0) {
     if (errno == EINTR) continue;
     problem_ = fmt::format("cannot cut a failed append off {}: {}", path_, std::strerror(errno));
-    break;
+    return st;
   }
+  (void)::fdatasync(fd_.get());
   return st;
 }
 

@@ -130,12 +130,13 @@ bool ObjectStore::Impl::apply(const LogRecord& r, std::string& why) {
   switch (r.kind) {
     case LogKind::Header: why = "a second header"; return false;
     case LogKind::Created:
-      if (r.handle == 0 || objects.count(r.handle) || !valid_object_name(r.name) || names.count(r.name) ||
-          r.size == 0 || r.size > kMaxObjectSize) {
+      if (r.handle == 0 || r.handle == UINT64_MAX || objects.count(r.handle) || !valid_object_name(r.name) ||
+          names.count(r.name) || r.size == 0 || r.size > kMaxObjectSize || objects.size() >= kMaxObjects) {
         why = fmt::format("an invalid creation of object handle {}", r.handle);
         return false;
       }
       objects.emplace(r.handle, make_object(r.handle, r.name, r.size));
+      chunk_total += objects.at(r.handle).chunks;
       names.emplace(r.name, r.handle);
       next_handle = std::max(next_handle, r.handle + 1);
       return true;
@@ -146,6 +147,7 @@ bool ObjectStore::Impl::apply(const LogRecord& r, std::string& why) {
         return false;
       }
       names.erase(it->second.name);
+      chunk_total -= it->second.chunks;
       objects.erase(it);
       return true;
     }

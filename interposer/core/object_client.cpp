@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <variant>
 
 #include "driver.h"
@@ -19,20 +20,23 @@ Error cuda_error(const char* what, CUresult r) {
   return make_error(EIO, fmt::format("{} failed: {} ({})", what, cu_error_name(r), static_cast<int>(r)));
 }
 
-// Whether `p` is device memory, and its context: the shim's own allocations (which the driver knows
-// only as mappings), else what the driver says. Anything else is the caller's host memory, pageable
-// or pinned: copied with memcpy, which needs no context.
-bool device_memory(const DriverApi& api, CUdeviceptr p, CUcontext* ctx) {
+// Where `p` lies: the shim's own allocations (which the driver knows only as mappings) and memory the
+// driver calls device memory are copied by the pipeline in their context; the caller's host memory,
+// pageable or pinned, with memcpy, which needs no context. Device memory whose context cannot be
+// found is refused: memcpy of it would fault.
+enum class Memory { Host, Device, Unknown };
+Memory memory_kind(const DriverApi& api, CUdeviceptr p, CUcontext* ctx) {
   if (auto a = registry().find(p)) {
     *ctx = a->ctx;
-    return true;
+    return Memory::Device;
   }
-  if (!api.cuPointerGetAttribute) return false;
   unsigned int type = 0;
-  if (api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != CUDA_SUCCESS) return false;
-  if (type != CU_MEMORYTYPE_DEVICE) return false;
-  if (api.cuPointerGetAttribute(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS && *ctx) return true;
-  return api.cuCtxGetCurrent(ctx) == CUDA_SUCCESS && *ctx;
+  if (!api.cuPointerGetAttribute ||
+      api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != CUDA_SUCCESS)
+    return Memory::Host;  // the driver does not know it: the process's own memory
+  if (type != CU_MEMORYTYPE_DEVICE) return Memory::Host;
+  if (api.cuPointerGetAttribute(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS && *ctx) return Memory::Device;
+  return api.cuCtxGetCurrent(ctx) == CUDA_SUCCESS && *ctx ? Memory::Device : Memory::Unknown;
 }
 
 // The daemon's answer to a request that only says yes or no.
@@ -143,9 +147,10 @@ Status ObjectClient::checked(const Range& r) const {
   if (r.length == 0 || r.offset > o.size || r.length > o.size - r.offset)
     return make_error(EINVAL, fmt::format("bytes [{}, {}) lie outside object '{}' ({} bytes)", r.offset,
                                           r.offset + r.length, o.name, o.size));
-  if (r.offset % chunk != 0)
-    return make_error(EINVAL,
-                      fmt::format("a range of an object starts at a multiple of {} bytes, not at {}", chunk, r.offset));
+  if (r.offset % chunk != 0 || ((r.offset + r.length) % chunk != 0 && r.offset + r.length != o.size))
+    return make_error(EINVAL, fmt::format("a range of an object starts at a multiple of {} bytes and ends at one or "
+                                          "at the object's end, not [{}, {})",
+                                          chunk, r.offset, r.offset + r.length));
   if (!r.memory) return make_error(EINVAL, "no memory to copy from or to");
   return {};
 }
@@ -154,12 +159,24 @@ Result<uint64_t> ObjectClient::queue(Range r) noexcept {
   try {
     if (Status st = checked(r); !st) return std::move(st).error();
     const DriverApi& api = driver().api;
-    r.host = !device_memory(api, r.memory, &r.ctx);
+    const Memory kind = memory_kind(api, r.memory, &r.ctx);
+    if (kind == Memory::Unknown)
+      return make_error(EINVAL,
+                        "the range is device memory of no context this thread can reach: make its context "
+                        "current first");
+    r.host = kind == Memory::Host;
     // The range moves after the work its caller queued so far on `stream` (host memory too: a copy
-    // out of the device may still be filling it). Without a context no such work can exist.
+    // out of the device may still be filling it, on the legacy stream as on another). Without a
+    // context no such work can exist.
     CUcontext ctx = r.ctx;
-    if (r.host && (!r.stream || api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)) ctx = nullptr;
+    if (r.host && api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
     if (ctx) {
+      // An event recorded during a capture is a node of the graph, not a point in time: waiting for it
+      // would copy the bytes before the captured work that makes them ever ran.
+      CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (api.cuStreamIsCapturing && api.cuStreamIsCapturing(r.stream, &capture) == CUDA_SUCCESS &&
+          capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        return make_error(EBUSY, "the stream is being captured into a CUDA graph: move objects outside the capture");
       CtxScope scope(api, ctx);
       if (CUresult e = api.cuEventCreate(&r.after, CU_EVENT_DISABLE_TIMING); e != CUDA_SUCCESS)
         return cuda_error("cuEventCreate", e);
@@ -168,17 +185,38 @@ Result<uint64_t> ObjectClient::queue(Range r) noexcept {
         return cuda_error("cuEventRecord on the caller's stream", e);
       }
     }
+    // From here the task owns the event, and the ticket gets an outcome whatever happens: a waiter
+    // never hangs. Everything that can throw comes before the ticket is registered.
+    struct EventGuard {
+      CUevent e;
+      ~EventGuard() {
+        if (e) driver().api.cuEventDestroy_v2(e);
+      }
+    } guard{r.after};
     uint64_t ticket = 0;
     {
       std::lock_guard lock(mu_);
       ticket = next_ticket_++;
+    }
+    std::function<void()> task = [this, r, ticket] {
+      Status st;
+      try {
+        st = transfer(r);
+      } catch (...) {
+        st = make_error(ENOMEM, "out of memory moving an object's range");
+      }
+      if (r.after) driver().api.cuEventDestroy_v2(r.after);
+      finish(ticket, r.dir, std::move(st));
+    };
+    {
+      std::lock_guard lock(mu_);
       tickets_.emplace(ticket, Ticket{.outcome = std::nullopt, .write = r.dir == Direction::ToStorage});
       if (r.dir == Direction::ToStorage) ++writes_in_flight_;
     }
-    const int posted = control_.post([this, r, ticket] { finish(ticket, r.dir, transfer(r)); }, false);
-    if (posted < 0) {
-      finish(ticket, r.dir, make_error(-posted, "cannot queue the transfer on the shim's control thread"));
+    guard.e = nullptr;
+    if (const int posted = control_.post(std::move(task), false); posted < 0) {
       if (r.after) api.cuEventDestroy_v2(r.after);
+      finish(ticket, r.dir, make_error(-posted, "cannot queue the transfer on the shim's control thread"));
     }
     return ticket;
   } catch (...) {
@@ -225,11 +263,9 @@ Status ObjectClient::transfer(const Range& r) {
   j.host_memory = r.host;
   const uint32_t chunk = slots_.chunk_bytes();
   j.chunks = (r.length + chunk - 1) / chunk;
-  if (r.after) {
-    const CUresult waited = api.cuEventSynchronize(r.after);
-    api.cuEventDestroy_v2(r.after);
-    if (waited != CUDA_SUCCESS) return cuda_error("waiting for the caller's stream", waited);
-  }
+  if (r.after)  // destroyed by the task once this returns
+    if (const CUresult waited = api.cuEventSynchronize(r.after); waited != CUDA_SUCCESS)
+      return cuda_error("waiting for the caller's stream", waited);
   if (!r.host) {
     Result<int> ctx = pipeline_.context(r.ctx);
     if (!ctx) return std::move(ctx).error();

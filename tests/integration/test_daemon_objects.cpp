@@ -242,19 +242,20 @@ TEST_CASE("objects: a pause neither moves nor drops the rank's objects, and they
 TEST_CASE("objects: a user's objects count against max-chunks-per-uid, refused before any byte moves") {
   if (::geteuid() != 0) skip("needs root to act as another user (root itself is exempt from per-user limits)");
   Daemon d;
-  d.start({"--max-chunks-per-uid", "8"});
+  // Each object counts its chunks and storage::kObjectOverheadChunks (16) for its records.
+  d.start({"--max-chunks-per-uid", "40"});
   CHECK(as_other_user([&] {
           auto c = ShimClient::connect(d.socket, {.job = "objects", .rank = 4});
           if (!c) return c.error().errnum() == EACCES ? kUnreachable : 11;
           const uint64_t chunk = c->welcome().chunk_bytes;
-          if (!open_object(*c, "a", 6 * chunk)) return 12;
-          auto refused = open_object(*c, "b", 3 * chunk);
+          if (!open_object(*c, "a", 6 * chunk)) return 12;  // 22 of 40
+          auto refused = open_object(*c, "b", 3 * chunk);   // 19 more
           if (refused || refused.error().errnum() != EDQUOT) return 13;
           if (refused.error().message.find("max-chunks-per-uid") == std::string::npos) return 14;
           // ... and the objects count against a pause's reservation too.
-          auto reserve = c->reserve({{1, 3 * chunk}});
+          auto reserve = c->reserve({{1, 19 * chunk}});
           if (reserve || reserve.error().errnum() != EDQUOT) return 15;
-          if (!open_object(*c, "b", 2 * chunk)) return 16;
+          if (!open_object(*c, "b", 2 * chunk)) return 16;  // 18 more: 40 of 40
           return 0;
         }) == 0);
 }
