@@ -250,8 +250,9 @@ Status ObjectClient::transfer(const Range& r) {
     if (Status c = session_.connect(); !c) return c;
   // The memory may have been paused since the range was queued (a pause queued after it ran first:
   // a command the daemon sent while this thread was busy): it has no pages to copy now.
-  if (auto a = registry().find(r.memory); a && a->state.load() != AllocState::Resident)
-    return make_error(EAGAIN, "the range's device memory is paused: resume the process, then write or read it again");
+  for (const auto& a : registry().overlapping(r.memory, r.length))
+    if (a->state.load() != AllocState::Resident)
+      return make_error(EAGAIN, "the range's device memory is paused: resume the process, then write or read it again");
   Result<uint64_t> handle = daemon_handle(r.handle);
   if (!handle) return std::move(handle).error();
   TransferJob j;

@@ -3,6 +3,7 @@
 #include "registry.h"
 
 #include <algorithm>
+#include <iterator>
 #include <new>
 #include <tuple>
 
@@ -35,6 +36,18 @@ std::shared_ptr<Allocation> Registry::remove(CUdeviceptr base) {
   managed_.erase(it);
   version_.fetch_add(1, std::memory_order_relaxed);
   return a;
+}
+
+std::vector<std::shared_ptr<Allocation>> Registry::overlapping(CUdeviceptr ptr, std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<Allocation>> out;
+  if (bytes == 0) return out;
+  // The allocation that contains `ptr`, if any, then every one that starts inside the range.
+  auto it = managed_.upper_bound(ptr);
+  if (it != managed_.begin() && ptr - std::prev(it)->second->base < std::prev(it)->second->mapped)
+    out.push_back(std::prev(it)->second);
+  for (; it != managed_.end() && it->first - ptr < bytes; ++it) out.push_back(it->second);
+  return out;
 }
 
 std::vector<std::shared_ptr<Allocation>> Registry::snapshot() const {

@@ -97,6 +97,8 @@ class Registry {
   std::shared_ptr<Allocation> add(std::unique_ptr<Allocation> a);
   // The managed allocation that contains `ptr`, or null.
   std::shared_ptr<Allocation> find(CUdeviceptr ptr) const;
+  // The managed allocations that overlap [ptr, ptr + bytes), in address order.
+  std::vector<std::shared_ptr<Allocation>> overlapping(CUdeviceptr ptr, std::size_t bytes) const;
   // Removes and returns the managed allocation starting exactly at `base`, or null.
   std::shared_ptr<Allocation> remove(CUdeviceptr base);
   // Every managed allocation, in address order.

@@ -170,6 +170,12 @@ TEST_CASE("registry: managed ranges by containing address, native bytes by reaso
   CHECK(r.find(0x300000) == nullptr);
   CHECK(r.snapshot().size() == 2);
   CHECK(r.snapshot()[0] == a);
+  // A range of memory names every allocation it touches (an object's range must be resident whole).
+  CHECK(r.overlapping(0x100000 + 100, 10) == std::vector<std::shared_ptr<Allocation>>{a});
+  CHECK(r.overlapping(0x100000 + 4000, 0x200000 - 0x100000) == std::vector<std::shared_ptr<Allocation>>{a, b});
+  CHECK(r.overlapping(0x101000, 0x200000 - 0x101000).empty());  // ends where b starts
+  CHECK(r.overlapping(0x1ff000, 0x1001) == std::vector<std::shared_ptr<Allocation>>{b});
+  CHECK(r.overlapping(0x100000, 0).empty());
 
   b->state.store(AllocState::Paused);
   r.add_unmanaged(0x5000, 100, tmsdisk::proto::Unmanaged::Small);
