@@ -171,7 +171,9 @@ int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) TMSDIS
 uint64_t tmsdisk_store_chunk_bytes(void) TMSDISK_NOEXCEPT;
 /* The handle of object `name` (1-127 of A-Z a-z 0-9 _ . -), created with `size` bytes when missing.
  * Returns 0, -EINVAL (bad name or size), -EEXIST (it exists with another size: remove it first),
- * -EDQUOT (over the user's max-chunks-per-uid), -ECONNREFUSED/-ENOENT (no daemon)... */
+ * -EDQUOT (over the user's max-chunks-per-uid, each object counting 16 chunks more for its records),
+ * -E2BIG (more than 65536 objects, or 2^26 of their chunks, in one rank), -ECONNREFUSED/-ENOENT (no
+ * daemon)... */
 int tmsdisk_store_open(const char* name, uint64_t size, uint64_t* handle) TMSDISK_NOEXCEPT;
 /* Deletes object `name` and its files' space. Returns 0 or -ENOENT. */
 int tmsdisk_store_remove(const char* name) TMSDISK_NOEXCEPT;
@@ -179,7 +181,11 @@ int tmsdisk_store_remove(const char* name) TMSDISK_NOEXCEPT;
  * after the work queued on `stream` (a CUstream; NULL: the legacy default stream) until now. All or
  * nothing: a reader sees the old bytes of the range or the new ones, never a mix, also after a
  * daemon killed mid-write. `src` must not change until the write is done. offset is a multiple of
- * tmsdisk_store_chunk_bytes(), the range inside the object. *ticket gets what to wait for. */
+ * tmsdisk_store_chunk_bytes(), the range inside the object, ending at a multiple of it or at the
+ * object's end. *ticket gets what to wait for. Refused at once: -EINVAL (a bad range, or device
+ * memory of no context this thread can reach), -EBUSY (`stream` is being captured into a CUDA graph:
+ * the bytes would be read before the captured work ran). A range whose memory is paused when its turn
+ * comes ends with -EAGAIN (resume, then queue it again). */
 int tmsdisk_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t length, void* stream,
                         uint64_t* ticket) TMSDISK_NOEXCEPT;
 /* Queues a read of the object's current bytes [offset, offset + length) into dst, after the work
@@ -190,8 +196,10 @@ int tmsdisk_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t len
 /* A hint that the range will be read soon. Returns 0. */
 int tmsdisk_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) TMSDISK_NOEXCEPT;
 /* Blocks until the operation `ticket` names is done; its outcome: 0, -ENODATA (read of bytes never
- * written), -EBADMSG (a chunk failed verification), -EIO, -EINVAL (no such ticket, or waited for
- * already). Each ticket is waited for once (or, a write's, left to tmsdisk_store_flush). */
+ * written), -EBADMSG (a chunk failed verification), -EAGAIN (its memory was paused), -EIO,
+ * -ECONNRESET/-ECONNREFUSED (the daemon went: what was committed stays, the next call reconnects),
+ * -EINVAL (no such ticket, or waited for already). Each ticket is waited for once (or, a write's,
+ * left to tmsdisk_store_flush). */
 int tmsdisk_store_wait(uint64_t ticket) TMSDISK_NOEXCEPT;
 /* Blocks until every write queued so far is done: the first error among the writes since the last
  * flush, 0 if none. */
