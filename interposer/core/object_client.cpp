@@ -171,13 +171,13 @@ Result<uint64_t> ObjectClient::queue(Range r) noexcept {
     CUcontext ctx = r.ctx;
     if (r.host && api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
     if (ctx) {
+      CtxScope scope(api, ctx);
       // An event recorded during a capture is a node of the graph, not a point in time: waiting for it
       // would copy the bytes before the captured work that makes them ever ran.
       CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
       if (api.cuStreamIsCapturing && api.cuStreamIsCapturing(r.stream, &capture) == CUDA_SUCCESS &&
           capture != CU_STREAM_CAPTURE_STATUS_NONE)
         return make_error(EBUSY, "the stream is being captured into a CUDA graph: move objects outside the capture");
-      CtxScope scope(api, ctx);
       if (CUresult e = api.cuEventCreate(&r.after, CU_EVENT_DISABLE_TIMING); e != CUDA_SUCCESS)
         return cuda_error("cuEventCreate", e);
       if (CUresult e = api.cuEventRecord(r.after, r.stream); e != CUDA_SUCCESS) {
