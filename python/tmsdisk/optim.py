@@ -20,6 +20,13 @@ flush() (synchronize()) and the interpreter's exit wait for them. prefetch() sta
 buckets early, for use during backward (prefetch_on_backward=True does it from the first gradient
 hook of each backward).
 
+save(directory) and load(directory) checkpoint the state without materializing it: bucket by bucket,
+one host buffer at a time, each bucket's bytes read from the store to a file of its own, beside a
+manifest.json (format, class, moment dtype, hyperparameters, bucket layout, step counts, each file's
+SHA-256). Files are written under temporary names, fsynced and renamed, the manifest last; load()
+refuses (ValueError) another layout or moment dtype, a missing file or a wrong hash before it writes
+anything to the store. state_dict() and load_state_dict() are torch's, materialized.
+
 A step opens every object it will write before it updates anything: a store that refuses one (over
 the user's quota, EDQUOT) fails the step with the parameters untouched.
 
@@ -33,8 +40,10 @@ while the pause begins keeps its buckets, which the pause then moves.
 
 import atexit
 import errno
+import hashlib
 import inspect
 import itertools
+import json
 import os
 import re
 import sys
@@ -659,8 +668,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         and `exp_avg_sq` as full tensors on the parameter's device, and for a bf16 or fp16 parameter its
         fp32 master as `tmsdisk_master`; the moments' dtype under the key `tmsdisk_moment_dtype`.
 
-        It holds all the state in memory at once, which streaming is there to avoid: save(dir) and
-        load(dir), which stream bucket by bucket, are to come. torch's own load_state_dict takes it
+        It holds all the state in memory at once, which streaming is there to avoid: save(directory) and
+        load(directory) stream it bucket by bucket instead. torch's own load_state_dict takes it
         (casting the moments to each parameter's dtype, as it always does).
         """
         with self._lock:
@@ -804,6 +813,261 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             self.state = defaultdict(dict)
             for p, (step, _, _) in loaded.items():
                 self.state[p]["step"] = step
+
+
+    # -- streaming checkpoints ------------------------------------------------------------------------
+
+    def _layout(self) -> dict:
+        """What a checkpoint's files must fit: the parameters' shapes and dtypes and every bucket's
+        segments and sections."""
+        groups = []
+        for group, buckets in zip(self.param_groups, self._buckets):
+            groups.append({
+                "params": [[list(p.shape), str(p.dtype)] for p in group["params"]],
+                "buckets": [{
+                    "numel": b.numel, "master_numel": b.master_numel, "nbytes": b.nbytes,
+                    "exp_avg_at": b.exp_avg_at, "exp_avg_sq_at": b.exp_avg_sq_at,
+                    "segments": [[s.param, s.start, s.stop, s.offset, s.master] for s in b.segments],
+                } for b in buckets],
+            })
+        return {"bucket_elements": self._bucket_elements, "groups": groups}
+
+    def save(self, directory) -> None:
+        """Writes the state to `directory` (made if absent) bucket by bucket: each bucket's bytes are read
+        from the store into one host buffer and written to a file of its own, so no more than one bucket
+        is in host memory at once; then a manifest, CHECKPOINT_MANIFEST, with the layout, the moments'
+        dtype, each group's hyperparameters, the step counts and each file's SHA-256.
+
+        Waits for the write-backs in flight first. The files are written under temporary names, fsynced
+        and renamed, the manifest last: a crash leaves the previous checkpoint in `directory` whole. The
+        files of the previous checkpoint go once the new manifest is in place. Parameters are not saved.
+        """
+        cls = type(self).__name__
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        with self._lock:
+            self._check_usable()
+            self._pipeline.drain()
+            generation = "%d-%d-%s" % (os.getpid(), next(_serial), os.urandom(4).hex())
+            written = []
+            files = []
+            try:
+                for g, buckets in enumerate(self._buckets):
+                    group_files = []
+                    for k, bucket in enumerate(buckets):
+                        if not bucket.written:
+                            group_files.append(None)  # no state yet: the next step starts it from zero
+                            continue
+                        host = torch.empty(bucket.nbytes, dtype=torch.uint8)
+                        self._store.read(self._handle(bucket), 0, host).wait()
+                        name = "%s.%d.%d.bucket" % (generation, g, k)
+                        digest = _write_file(directory, name, host.numpy())
+                        written.append(name)
+                        del host
+                        group_files.append({"file": name, "sha256": digest})
+                    files.append(group_files)
+                steps = []
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        step = self.state[p].get("step") if p in self.state else None
+                        steps.append(None if step is None else float(step))
+                manifest = {
+                    "format": CHECKPOINT_FORMAT,
+                    "class": cls,
+                    "moment_dtype": str(self._moment_dtype),
+                    "layout": self._layout(),
+                    "param_groups": [{k: (list(v) if isinstance(v, tuple) else v)
+                                      for k, v in group.items() if k != "params"} for group in self.param_groups],
+                    "steps": steps,
+                    "files": files,
+                }
+                text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+                _fsync_directory(directory)  # the bucket files' names before the manifest naming them
+                _write_file(directory, CHECKPOINT_MANIFEST, memoryview(text))
+            except BaseException:
+                for name in written:
+                    try:
+                        os.unlink(os.path.join(directory, name))
+                    except OSError:
+                        pass
+                raise
+            keep = set(written) | {CHECKPOINT_MANIFEST}
+            for name in os.listdir(directory):  # the previous checkpoint's files, and a crashed save's
+                if name not in keep and (name.endswith(".bucket") or name.endswith(".tmp")):
+                    try:
+                        os.unlink(os.path.join(directory, name))
+                    except OSError:
+                        pass
+            _fsync_directory(directory)
+
+    def load(self, directory) -> None:
+        """Restores a checkpoint save() wrote into this optimizer, built over the same parameters (shapes,
+        dtypes, groups) with the same bucket_elements and moment_dtype: each file is read into one host
+        buffer and written to the store, bucket by bucket. Refuses with ValueError, before anything is
+        written to the store, a manifest of another format, class, layout or moment dtype, a missing
+        file, or a file whose SHA-256 is not the manifest's (each file is hashed once before and again as
+        it is loaded). The hyperparameters and step counts are the checkpoint's; parameters are not in it.
+        """
+        cls = type(self).__name__
+        directory = os.fspath(directory)
+        path = os.path.join(directory, CHECKPOINT_MANIFEST)
+        try:
+            with open(path, "rb") as f:
+                manifest = json.loads(f.read().decode())
+        except FileNotFoundError:
+            raise ValueError("%s.load: %s has no checkpoint: %s is missing" % (cls, directory, CHECKPOINT_MANIFEST))
+        except ValueError as e:
+            raise ValueError("%s.load: %s is not a checkpoint manifest: %s" % (cls, path, e))
+        if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError("%s.load: %s: format %r, this version reads format %d" % (
+                cls, path, manifest.get("format") if isinstance(manifest, dict) else None, CHECKPOINT_FORMAT))
+        if manifest.get("class") != cls:
+            raise ValueError("%s.load: the checkpoint is of %s, not %s" % (cls, manifest.get("class"), cls))
+        if manifest.get("moment_dtype") != str(self._moment_dtype):
+            raise ValueError("%s.load: the checkpoint keeps %s moments and this optimizer %s: no conversion is "
+                             "done; construct it with moment_dtype=%s" % (
+                                 cls, manifest.get("moment_dtype"), self._moment_dtype, manifest.get("moment_dtype")))
+        mine, theirs = self._layout(), manifest.get("layout")
+        if theirs != mine:
+            raise ValueError("%s.load: the checkpoint's layout differs: %s" % (cls, _layout_difference(theirs, mine)))
+        files = manifest["files"]
+        nparams = sum(len(g["params"]) for g in self.param_groups)
+        if (len(files) != len(self._buckets) or any(len(f) != len(b) for f, b in zip(files, self._buckets))
+                or len(manifest["steps"]) != nparams or len(manifest["param_groups"]) != len(self.param_groups)):
+            raise ValueError("%s.load: the manifest's files, steps or groups do not match its layout" % cls)
+        for g, buckets in enumerate(self._buckets):  # everything checked before the store is touched
+            for k, bucket in enumerate(buckets):
+                entry = files[g][k]
+                if entry is not None:
+                    _check_file(cls, directory, entry, bucket.nbytes, "bucket %d of group %d" % (k, g))
+        new_groups = []
+        for group, saved in zip(self.param_groups, manifest["param_groups"]):
+            new = dict(group)
+            for key, value in saved.items():
+                new[key] = tuple(value) if isinstance(value, list) else value
+            for flag, _ in _UNSUPPORTED:
+                self._refuse(flag, new.get(flag))
+            new_groups.append(new)
+        with self._lock, torch.no_grad():
+            self._check_usable()
+            self._pipeline.drain()  # what is in memory is of the state being replaced
+            for g, buckets in enumerate(self._buckets):
+                for bucket in buckets:
+                    self._handle(bucket)  # every object opened (EDQUOT) before one is written
+            for g, buckets in enumerate(self._buckets):
+                for k, bucket in enumerate(buckets):
+                    entry = files[g][k]
+                    if entry is None:
+                        bucket.written = False
+                        continue
+                    host = torch.empty(bucket.nbytes, dtype=torch.uint8)
+                    _read_file(cls, directory, entry, host.numpy(), "bucket %d of group %d" % (k, g))
+                    bucket.written = False
+                    self._store.write(self._handle(bucket), 0, host).wait()
+                    bucket.written = True
+                    del host
+            self.param_groups = new_groups
+            self.state = defaultdict(dict)
+            params = list(chain.from_iterable(g["params"] for g in self.param_groups))
+            for p, step in zip(params, manifest["steps"]):
+                if step is not None:
+                    t = self._new_step()
+                    t.fill_(step)
+                    self.state[p]["step"] = t
+
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_MANIFEST = "manifest.json"
+
+
+def _fsync_directory(directory) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(directory, name, data) -> str:
+    """`data` (a buffer) to directory/name through a temporary name, fsynced, renamed; its SHA-256."""
+    final = os.path.join(directory, name)
+    tmp = final + ".%d.tmp" % os.getpid()
+    view = memoryview(data).cast("B")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            step = 64 << 20
+            for at in range(0, len(view), step):
+                piece = view[at : at + step]
+                f.write(piece)
+                digest.update(piece)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return digest.hexdigest()
+
+
+def _open_checkpoint_file(cls, directory, entry, nbytes, what):
+    path = os.path.join(directory, os.path.basename(str(entry.get("file"))))
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise ValueError("%s.load: %s's file %s is missing" % (cls, what, path))
+    size = os.fstat(f.fileno()).st_size
+    if size != nbytes:
+        f.close()
+        raise ValueError("%s.load: %s's file %s has %d bytes, the bucket %d" % (cls, what, path, size, nbytes))
+    return f, path
+
+
+def _check_file(cls, directory, entry, nbytes, what) -> None:
+    """The file of a bucket is there, of its size, with the manifest's SHA-256 (read in pieces)."""
+    f, path = _open_checkpoint_file(cls, directory, entry, nbytes, what)
+    digest = hashlib.sha256()
+    with f:
+        for piece in iter(lambda: f.read(16 << 20), b""):
+            digest.update(piece)
+    if digest.hexdigest() != entry.get("sha256"):
+        raise ValueError("%s.load: %s's file %s fails its check: SHA-256 %s, the manifest says %s" % (
+            cls, what, path, digest.hexdigest(), entry.get("sha256")))
+
+
+def _read_file(cls, directory, entry, array, what) -> None:
+    """The file of a bucket into `array` (its bytes), its SHA-256 checked again."""
+    f, path = _open_checkpoint_file(cls, directory, entry, array.nbytes, what)
+    view = memoryview(array).cast("B")
+    with f:
+        at = 0
+        while at < len(view):
+            n = f.readinto(view[at:])
+            if not n:
+                raise ValueError("%s.load: %s's file %s ended early" % (cls, what, path))
+            at += n
+    if hashlib.sha256(view).hexdigest() != entry.get("sha256"):
+        raise ValueError("%s.load: %s's file %s fails its check: its SHA-256 is not the manifest's" % (
+            cls, what, path))
+
+
+def _layout_difference(theirs, mine) -> str:
+    if not isinstance(theirs, dict):
+        return "the manifest has none"
+    if theirs.get("bucket_elements") != mine["bucket_elements"]:
+        return "bucket_elements %r, this optimizer's %r" % (theirs.get("bucket_elements"), mine["bucket_elements"])
+    tg, mg = theirs.get("groups") or [], mine["groups"]
+    if len(tg) != len(mg):
+        return "%d parameter groups, this optimizer has %d" % (len(tg), len(mg))
+    for g, (t, m) in enumerate(zip(tg, mg)):
+        if t.get("params") != m["params"]:
+            return "the parameters of group %d are %s, this optimizer's %s" % (g, t.get("params"), m["params"])
+        if t.get("buckets") != m["buckets"]:
+            return "the buckets of group %d are cut otherwise" % g
+    return "it is not this optimizer's"
 
 
 class StreamedAdamW(_StreamedAdamBase):

@@ -14,7 +14,9 @@ TEST_OPTIM_DEVICE=cuda puts the parameters on the GPU (default: cpu).
 
 import errno
 import os
+import shutil
 import sys
+import tempfile
 import unittest
 import weakref
 
@@ -440,6 +442,98 @@ class StateDicts(OptimTestCase):
         for index, entry in saved["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
                 self.assertBitEqual(got["state"][index][key], entry[key].to(torch.bfloat16), key)
+
+
+class Checkpoints(OptimTestCase):
+    """save(directory) and load(directory): bucket by bucket through the store, checked on load."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="optim-ckpt-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def trained(self, bucket_elements=40, steps=STEPS // 2, dtype=torch.float32, **options):
+        params, reference = make_params(dtype=dtype), make_params(dtype=dtype)
+        ours = StreamedAdamW(groups_of(params), lr=1e-2, bucket_elements=bucket_elements, store=make_store(),
+                             **options)
+        theirs = torch.optim.AdamW(groups_of(reference), lr=1e-2)
+        trainer = Trainer()
+        for _ in range(steps):
+            trainer.step([(ours, params), (theirs, reference)] if dtype == torch.float32 else [(ours, params)],
+                         grad_dtype=None if dtype == torch.float32 else dtype)
+        return ours, params, theirs, reference, trainer
+
+    def test_save_load_continue_bit_identical(self):
+        for bucket_elements, depth in ((40, 3), (10, 1), (10**6, 2)):
+            with self.subTest(bucket_elements=bucket_elements, depth=depth):
+                ours, params, theirs, reference, trainer = self.trained(bucket_elements)
+                ours.save(self.dir)
+                copy = clones(params)
+                other = StreamedAdamW(groups_of(copy), lr=5.0, bucket_elements=bucket_elements, depth=depth,
+                                      store=make_store())
+                other.load(self.dir)
+                for _ in range(STEPS // 2):
+                    trainer.step([(ours, params), (other, copy), (theirs, reference)])
+                for i, (a, b, r) in enumerate(zip(params, copy, reference)):
+                    self.assertBitEqual(b.detach(), a.detach(), "param %d against the uninterrupted" % i)
+                    self.assertBitEqual(b.detach(), r.detach(), "param %d against torch" % i)
+                self.assertSameState(other.state_dict(), ours.state_dict())
+                self.assertSameState(other.state_dict(), theirs.state_dict())
+
+    def test_bf16_params_with_masters_and_resave(self):
+        ours, params, _, _, trainer = self.trained(dtype=torch.bfloat16, moment_dtype=torch.bfloat16)
+        ours.save(self.dir)
+        ours.save(self.dir)  # again over the first: the first's files go
+        names = sorted(os.listdir(self.dir))
+        self.assertEqual(len([n for n in names if n.endswith(".bucket")]),
+                         sum(len(b) for b in ours._buckets), names)
+        self.assertFalse([n for n in names if n.endswith(".tmp")], names)
+        copy = clones(params)
+        other = StreamedAdamW(groups_of(copy), lr=1e-2, bucket_elements=40, moment_dtype=torch.bfloat16,
+                              store=make_store())
+        other.load(self.dir)
+        for _ in range(STEPS // 2):
+            trainer.step([(ours, params), (other, copy)], grad_dtype=torch.bfloat16)
+        for i, (a, b) in enumerate(zip(params, copy)):
+            self.assertBitEqual(b.detach(), a.detach(), "param %d" % i)
+        mine, theirs = other.state_dict(), ours.state_dict()
+        self.assertSameState(mine, theirs)
+        for index, entry in mine["state"].items():
+            self.assertBitEqual(entry[optim.MASTER_KEY], theirs["state"][index][optim.MASTER_KEY], "master")
+
+    def test_refusals(self):
+        ours, params, _, _, _ = self.trained()
+        ours.save(self.dir)
+
+        def fresh(**options):
+            kw = dict(lr=1e-2, bucket_elements=40, store=make_store())
+            kw.update(options)
+            return StreamedAdamW(groups_of(clones(params)), **kw)
+
+        with self.assertRaisesRegex(ValueError, "bucket_elements 40, this optimizer's 50"):
+            fresh(bucket_elements=50).load(self.dir)
+        with self.assertRaisesRegex(ValueError, "bfloat16 moments|float32 moments"):
+            fresh(moment_dtype=torch.bfloat16).load(self.dir)
+        with self.assertRaisesRegex(ValueError, "parameters of group 1"):
+            StreamedAdamW(groups_of(make_params(shapes=SHAPES[:-1] + [(15, 16)])), bucket_elements=40,
+                          store=make_store()).load(self.dir)
+        with self.assertRaisesRegex(ValueError, "is of StreamedAdamW"):
+            StreamedAdam(groups_of(clones(params)), bucket_elements=40, store=make_store()).load(self.dir)
+        files = sorted(n for n in os.listdir(self.dir) if n.endswith(".bucket"))
+        victim = os.path.join(self.dir, files[1])
+        with open(victim, "r+b") as f:
+            byte = f.read(1)
+            f.seek(0)
+            f.write(bytes([byte[0] ^ 1]))
+        untouched = fresh()
+        with self.assertRaisesRegex(ValueError, "fails its check: SHA-256"):
+            untouched.load(self.dir)
+        self.assertEqual(len(untouched.state), 0, "nothing restored")
+        os.unlink(victim)
+        with self.assertRaisesRegex(ValueError, "is missing"):
+            fresh().load(self.dir)
+        os.unlink(os.path.join(self.dir, optim.CHECKPOINT_MANIFEST))
+        with self.assertRaisesRegex(ValueError, "manifest.json is missing"):
+            fresh().load(self.dir)
 
 
 class Options(OptimTestCase):
@@ -975,6 +1069,9 @@ class RealStoreCase(OptimTestCase):
 class RealStore(RealStoreCase):
     def test_adamw_and_adam_bit_identical_to_torch_through_the_daemon(self):
         self.run_scenario("matches-torch")
+
+    def test_checkpoint_saved_and_loaded_through_the_daemon(self):
+        self.run_scenario("checkpoint")
 
     def test_a_bucket_written_reads_back_intact_and_goes_at_exit(self):
         child = self.start("roundtrip")
