@@ -21,7 +21,8 @@ Failures raise tmsdisk.Error with the C API's errno and what to do about it.
 import ctypes
 import errno as _errno
 
-from . import Error, _load
+from . import Error
+from . import _function as _package_function
 
 __all__ = [
     "STORE_API_VERSION",
@@ -94,17 +95,9 @@ _HINTS = {
 
 
 def _function(call: str, name: str):
-    """The C function `name` of the loaded libtmsdisk.so with its prototype set."""
-    lib = _load(call)
-    fn = getattr(lib, name, None)
-    if fn is None:
-        raise Error(
-            _errno.ENOSYS,
-            call,
-            "the loaded libtmsdisk.so (%s) has no %s: it predates API version %d; use the tmsctl and "
-            "libtmsdisk.so of the same tmsdisk as this package"
-            % (lib.tmsdisk_version().decode("utf-8", "replace"), name, STORE_API_VERSION),
-        )
+    """The C function `name` of the loaded libtmsdisk.so (the package's lookup, which says which API
+    version a library without it predates) with this module's prototype set."""
+    fn = _package_function(call, name)
     restype, argtypes = _PROTOTYPES[name]
     if fn.restype is not restype or fn.argtypes != argtypes:
         fn.restype, fn.argtypes = restype, argtypes

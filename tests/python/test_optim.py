@@ -846,14 +846,16 @@ class StoreBindings(OptimTestCase):
     """tmsdisk.store's calls into the C API (through ctypes, over FakeCLibrary) and its errors."""
 
     def setUp(self):
+        import tmsdisk
         from tmsdisk import store
 
-        self.store, self.lib = store, FakeCLibrary()
-        self.saved = store._load
-        store._load = lambda call: self.lib
+        # The store's functions come through the package's lookup, which loads the library.
+        self.package, self.store, self.lib = tmsdisk, store, FakeCLibrary()
+        self.saved = tmsdisk._load
+        tmsdisk._load = lambda call: self.lib
 
     def tearDown(self):
-        self.store._load = self.saved
+        self.package._load = self.saved
 
     def test_calls_pass_through(self):
         store, lib = self.store, self.lib
