@@ -24,7 +24,7 @@ ChunkIo::SetCounts ChunkIo::sets_of_uid(uid_t uid, uint64_t except) {
     n.pending_blobs += other.pending_reserve.size();
     n.reserved_blobs += other.store->blob_count();
     n.pending_chunks += other.pending_chunks;
-    n.reserved_chunks += other.store->chunk_count() + (other.objects ? other.objects->chunk_count() : 0);
+    n.reserved_chunks += other.store->chunk_count() + object_chunks(other);
   }
   return n;
 }
@@ -133,7 +133,7 @@ proto::Message ChunkIo::reserve(Session& s, const proto::Reserve& m) {
   if (limited && add_saturated(others.pending_chunks, chunks_in_set) > max_chunks_per_uid_)
     return over_chunk_quota(add_saturated(others.pending_chunks, chunks_in_set), "in reservations being sent");
   // The rank's own objects count with what others reserved: a reservation replaces the rank's set, not them.
-  const uint64_t kept = add_saturated(others.reserved_chunks, s.objects ? s.objects->chunk_count() : 0);
+  const uint64_t kept = add_saturated(others.reserved_chunks, object_chunks(s));
   if (limited && last && add_saturated(kept, chunks_in_set) > max_chunks_per_uid_)
     return over_chunk_quota(add_saturated(kept, chunks_in_set), "reserved");
   // The wire's words become the store's here (storage.h).

@@ -27,10 +27,6 @@ void warn(const std::string& what) {
 
 }  // namespace
 
-uint64_t object_chunks(const Session& s) noexcept {
-  return s.objects ? s.objects->chunk_count() : 0;
-}
-
 proto::Message ObjectRequests::open(Session& s, const proto::StoreOpen& m) {
   if (!s.objects) {
     auto opened = storage::ObjectStore::open(roots_, s.store->dir_fds(), s.store->chunk_bytes(), warn);

@@ -15,9 +15,6 @@
 
 namespace tmsdisk::server {
 
-// Chunks the objects of `s` take at their full size (0 without objects).
-uint64_t object_chunks(const Session& s) noexcept;
-
 class ObjectRequests {
  public:
   ObjectRequests(storage::Roots& roots, SessionTable& sessions, uint32_t max_chunks_per_uid)

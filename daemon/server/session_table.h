@@ -79,6 +79,11 @@ struct Session {
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };
 
+// Chunks the objects of `s` count against max-chunks-per-uid (0 without objects).
+inline uint64_t object_chunks(const Session& s) noexcept {
+  return s.objects ? s.objects->chunk_count() : 0;
+}
+
 // A client may act on sessions of its own uid; root on all.
 inline bool may_act_on(uid_t client, const Session& s) {
   return client == 0 || client == s.cred.uid;

@@ -263,8 +263,8 @@ Status ObjectClient::transfer(const Range& r) {
   j.object = true;
   j.host_memory = r.host;
   const uint32_t chunk = slots_.chunk_bytes();
-  j.chunks = (r.length + chunk - 1) / chunk;
-  if (r.after)  // destroyed by the task once this returns
+  count_disk_chunks(j, chunk);  // every chunk: nothing of a range is placed elsewhere
+  if (r.after)                  // destroyed by the task once this returns
     if (const CUresult waited = api.cuEventSynchronize(r.after); waited != CUDA_SUCCESS)
       return cuda_error("waiting for the caller's stream", waited);
   if (!r.host) {
