@@ -57,6 +57,7 @@ void ControlRouter::list_sessions(uint64_t conn_id, uid_t uid, uint64_t request_
       info.objects = static_cast<uint32_t>(std::min<std::size_t>(s.objects->object_count(), UINT32_MAX));
       info.object_bytes = s.objects->disk_bytes();
     }
+    info.object_host_bytes = object_host_bytes(s);
     const std::size_t size = proto::encoded_size(info);
     if (!out.sessions.empty() && bytes + size > proto::kMaxPayload) break;
     bytes += size;

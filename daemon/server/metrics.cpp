@@ -155,6 +155,7 @@ MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& root
     if (s.orphan) ++now.sessions_orphaned;
     if (s.staging) now.staging_bytes += s.staging->bytes();
     if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier.bytes;
+    now.host_tier_object_bytes += object_host_bytes(s);
     if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
     if (s.objects) {
@@ -305,11 +306,12 @@ std::string Metrics::format(const MetricsSnapshot& now) const {
   out.sample("tmsdisk_object_bytes", {}, now.object_bytes);
 
   out.family("tmsdisk_host_tier_bytes", "gauge",
-             "The node's host-memory tier: its budget (host-tier-mb), what ranks hold of it now, and the part of "
-             "that ranks kept after resuming, for their next pause.");
+             "The node's host-memory tier: its budget (host-tier-mb), what ranks hold of it now, the part of "
+             "that ranks kept after resuming, for their next pause, and the part their objects live in.");
   out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "budget"}}, now.host_tier_budget_bytes);
   out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "used"}}, now.host_tier_used_bytes);
   out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "kept"}}, now.host_tier_kept_bytes);
+  out.sample("tmsdisk_host_tier_bytes", std::vector<Label>{{"kind", "objects"}}, now.host_tier_object_bytes);
   return out.text();
 }
 

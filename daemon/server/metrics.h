@@ -113,6 +113,7 @@ struct MetricsSnapshot {
   uint64_t host_tier_budget_bytes = 0;
   uint64_t host_tier_used_bytes = 0;
   uint64_t host_tier_kept_bytes = 0;  // of the used: kept by running ranks for their next pause
+  uint64_t host_tier_object_bytes = 0;  // of the used: what ranks' objects live in
 };
 
 // Takes the snapshot from the session table: every session's staging and host tier, and its store's

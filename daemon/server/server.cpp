@@ -452,6 +452,9 @@ struct Server::Impl {
           if constexpr (requires { on_shim(c, rid, m); }) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
+          } else if constexpr (std::is_same_v<T, proto::StoreOpen>) {
+            if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
+            on_store_open(c, rid, m, passed);
           } else if constexpr (std::is_same_v<T, proto::TierAdopt>) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_tier_adopt(c, rid, passed);
@@ -623,9 +626,27 @@ struct Server::Impl {
   }
 
   // The rank's objects (object_requests.h); their chunks go through ChunkIo as a pause's do.
-  void on_shim(Connection& c, uint64_t rid, proto::StoreOpen& m) { send(c, rid, objects->open(session_of(c), m)); }
   void on_shim(Connection& c, uint64_t rid, proto::StoreCommit& m) { send(c, rid, objects->commit(session_of(c), m)); }
-  void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) { send(c, rid, objects->remove(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) {
+    Session& s = session_of(c);
+    proto::Message reply = objects->remove(s, m);
+    if (std::holds_alternative<proto::OkReply>(reply)) tier->remove_object(s, m.name);
+    send(c, rid, reply);
+  }
+  // STORE_OPEN, then the object's host-tier memory: placed (kStoreOpenHost; answered once made, or now
+  // on disk), or handed back after a restart (kStoreOpenHeld, its memfd in `fd`).
+  void on_store_open(Connection& c, uint64_t rid, const proto::StoreOpen& m, UniqueFd& fd) {
+    Session& s = session_of(c);
+    proto::Message reply = objects->open(s, m);
+    auto* opened = std::get_if<proto::StoreOpened>(&reply);
+    if (!opened || m.flags == 0) return send(c, rid, reply);
+    if (m.flags == proto::kStoreOpenHost) return tier->place_object(s, rid, m.name, m.size, *opened);
+    if (!fd) return send_error(c, rid, EINVAL, "STORE_OPEN with kStoreOpenHeld without the object's memory");
+    auto counted = tier->adopt_object(s, m.name, m.size, fd);
+    if (!counted) return send_error(c, rid, counted.error().errnum(), counted.error().describe());
+    opened->host_bytes = *counted;
+    send(c, rid, reply);
+  }
   void on_shim(Connection& c, uint64_t rid, proto::StoreWrite& m) {
     if (auto reply = chunks->write(session_of(c), rid, m)) send(c, rid, *reply);
   }

@@ -25,7 +25,7 @@ constexpr uint32_t kMaxChunkBytes = 64 * kMiB;
 
 uint64_t SessionTable::host_tier_used() const noexcept {
   uint64_t used = 0;
-  for (const auto& [id, s] : sessions_) used += s.host_tier.bytes + s.host_tier_pending;
+  for (const auto& [id, s] : sessions_) used += s.host_tier.bytes + s.host_tier_pending + object_host_bytes(s);
   return used;
 }
 
@@ -203,6 +203,8 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
     s.host_tier_kept = other.host_tier_kept;
     s.from_earlier_daemon = other.from_earlier_daemon;
     s.host_tier_adopted = other.host_tier_adopted;
+    s.object_memory = std::move(other.object_memory);
+    s.objects_held_before = std::move(other.objects_held_before);
     forget_orphan(sid);
     break;
   }
@@ -223,9 +225,13 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
     // stay resumable): STORE_OPEN then says why.
     auto objects = storage::ObjectStore::open_existing(roots_, s.store->dir_fds(), o.chunk_bytes,
                                                        [](const std::string& what) { spdlog::warn("{}", what); });
-    if (objects)
+    if (objects) {
       s.objects = std::move(*objects);
-    else
+      // Objects that lived in host-tier memory live there still, in the rank: it hands that memory
+      // back (kStoreOpenHeld) to have it counted again. Only objects of the earlier daemon qualify.
+      if (!adopted && s.objects)
+        for (const auto& info : s.objects->list()) s.objects_held_before.insert(info.name);
+    } else
       spdlog::error("session {} (pid {}): its objects cannot be opened: {}", s.id, s.cred.pid,
                     objects.error().describe());
   }
@@ -286,6 +292,7 @@ void SessionTable::maybe_destroy(uint64_t sid) {
   // No paused chunk of it lives in its host-tier memory now (or nobody is left to resume them): the
   // memory stops counting, so it is taken back from whoever still holds it.
   if (s.host_tier.bytes) workers_.take_back_tier(std::move(s.host_tier));
+  for (auto& [name, memory] : s.object_memory) workers_.take_back_tier(std::move(memory));
   if (auto st = s.store->remove(); !st)
     spdlog::error("session {}: cannot remove its files: {}", sid, st.error().describe());
   spdlog::info("session {} (pid {}) closed; its files are removed", sid, s.cred.pid);

@@ -75,6 +75,15 @@ struct Session {
   bool host_tier_reclaimed = false;
   bool host_tier_pending_ahead = false;  // the grant being made was asked for ahead of a pause: kept once made
   bool host_tier_releasing = false;      // told to release first (kTierReleaseFirst); its TIER_RELEASE is due
+  // Host-tier memory the rank's objects live in (STORE_OPEN with kStoreOpenHost), by object name (a
+  // handle is one store's, a name the rank's), and a grant being made for one: counted against the
+  // node's budget and the rank's fair share before its pause memory, never reclaimed (the only copy
+  // of the object), taken back when the object is removed or the session ends (tier_broker.h).
+  std::map<std::string, TierMemory> object_memory;
+  uint64_t object_memory_pending = 0;
+  // Objects the earlier daemon's records held when this session continued them: the only ones whose
+  // host-tier memory the rank may hand back (kStoreOpenHeld), each once.
+  std::set<std::string> objects_held_before;
   proto::RankStats stats;
   std::map<uint64_t, uint64_t> commands;  // our Command request id -> control op id
 };
@@ -82,6 +91,13 @@ struct Session {
 // Chunks the objects of `s` count against max-chunks-per-uid (0 without objects).
 inline uint64_t object_chunks(const Session& s) noexcept {
   return s.objects ? s.objects->chunk_count() : 0;
+}
+
+// Host-tier memory the objects of `s` live in, and that being made for one.
+inline uint64_t object_host_bytes(const Session& s) noexcept {
+  uint64_t bytes = s.object_memory_pending;
+  for (const auto& [name, memory] : s.object_memory) bytes += memory.bytes;
+  return bytes;
 }
 
 // A client may act on sessions of its own uid; root on all.

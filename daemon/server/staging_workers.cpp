@@ -77,7 +77,7 @@ void StagingWorkers::build(uint64_t conn_id, const std::string& job, uint32_t ch
 }
 
 void StagingWorkers::build_tier(uint64_t session_id, uint64_t conn_id, uint64_t request_id, uint64_t bytes,
-                                std::string note) {
+                                std::string note, std::string object) {
   {
     std::lock_guard lock(mu_);
     TierBuilt t;
@@ -86,6 +86,7 @@ void StagingWorkers::build_tier(uint64_t session_id, uint64_t conn_id, uint64_t 
     t.request_id = request_id;
     t.bytes = bytes;
     t.note = std::move(note);
+    t.object = std::move(object);
     tier_builds_.push_back(std::move(t));
   }
   cv_.notify_one();

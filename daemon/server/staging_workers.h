@@ -44,6 +44,7 @@ class StagingWorkers : public WorkerPool {
     uint64_t request_id = 0;  // of the TIER_ASK to answer
     uint64_t bytes = 0;
     std::string note;    // why less than asked (TierGrant.note)
+    std::string object;  // not empty: the memory object `object` lives in (STORE_OPEN), not a pause's
     UniqueFd memory;     // invalid when it could not be made:
     Error error;         // ... why
     double seconds = 0;  // making it took (the kernel zeroes every page)
@@ -68,9 +69,10 @@ class StagingWorkers : public WorkerPool {
   // Builds a buffer of `slot_count` slots of `chunk_bytes` for the HELLO on `conn_id`, registered at
   // `claimed_index` (-1: not registered). The result comes back through finished().
   void build(uint64_t conn_id, const std::string& job, uint32_t chunk_bytes, uint32_t slot_count, int claimed_index);
-  // Makes `bytes` of host-tier memory for the TIER_ASK `request_id` of session `session_id` on
-  // `conn_id`. The result comes back through finished().
-  void build_tier(uint64_t session_id, uint64_t conn_id, uint64_t request_id, uint64_t bytes, std::string note);
+  // Makes `bytes` of host-tier memory for the TIER_ASK (or, for `object`, the STORE_OPEN) `request_id`
+  // of session `session_id` on `conn_id`. The result comes back through finished().
+  void build_tier(uint64_t session_id, uint64_t conn_id, uint64_t request_id, uint64_t bytes, std::string note,
+                  std::string object = {});
   // Tears `buffer` down on a worker; its fixed-buffer slot comes back through finished(). What
   // StagingPtr's deleter calls; after the workers stopped it tears down on the calling thread.
   void retire(StagingBuffer* buffer) noexcept;

@@ -23,6 +23,21 @@ uint64_t whole_chunks(uint64_t bytes, uint32_t chunk) {
   return chunk ? (bytes + chunk - 1) / chunk * chunk : 0;
 }
 
+uint64_t sub_floor(uint64_t a, uint64_t b) {
+  return a > b ? a - b : 0;
+}
+
+// Whether some session counts the memory file (st_dev, st_ino) already, for its pauses or an object.
+bool counted_anywhere(const std::map<uint64_t, Session>& sessions, dev_t dev, ino_t ino) {
+  const auto same = [&](const TierMemory& m) { return m.bytes && m.dev == dev && m.ino == ino; };
+  for (const auto& [id, s] : sessions) {
+    if (same(s.host_tier)) return true;
+    for (const auto& [name, memory] : s.object_memory)
+      if (same(memory)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 FairShare TierBroker::share_of(uid_t uid) const {
@@ -35,16 +50,22 @@ FairShare TierBroker::share_of(uid_t uid) const {
   return fair_share(budget(), users.size(), ranks);
 }
 
+FairShare TierBroker::pause_share_of(const Session& s) const {
+  FairShare share = share_of(s.cred.uid);
+  share.bytes = sub_floor(share.bytes, object_host_bytes(s));
+  return share;
+}
+
 TierPlan TierBroker::plan_for(const Session& s, uint64_t bytes) const {
   const SpareMemory spare = budget() ? spare_memory() : SpareMemory{};
   // What `s` holds itself is not another rank's: it is what the rank would give up for this grant.
   return plan_grant(bytes, s.staging->chunk_bytes(), budget(), sessions_.host_tier_used() - s.host_tier.bytes,
-                    share_of(s.cred.uid), spare);
+                    pause_share_of(s), spare);
 }
 
 uint64_t TierBroker::fair_ask(const Session& s, uint64_t bytes) const {
   const uint32_t chunk = s.staging->chunk_bytes();
-  const uint64_t fair = share_of(s.cred.uid).bytes / chunk * chunk;
+  const uint64_t fair = pause_share_of(s).bytes / chunk * chunk;
   return std::min(whole_chunks(bytes, chunk), fair);
 }
 
@@ -66,7 +87,7 @@ void TierBroker::ask(Session& s, uint64_t request_id, uint64_t bytes, uint8_t fl
   if (const uint64_t held = s.host_tier.bytes) {
     // Reused while it is no less than the rank could get now and no more than its fair share: making
     // and pinning it again is what keeping it saves.
-    if (held >= plan.bytes && held <= share_of(s.cred.uid).bytes) {
+    if (held >= plan.bytes && held <= pause_share_of(s).bytes) {
       spdlog::debug("session {}: reuses the {} of host-tier memory it kept", s.id, human_bytes(held));
       return send_(s.conn_id, request_id,
                    proto::TierGrant{.bytes = held,
@@ -180,6 +201,7 @@ void TierBroker::grant(Session& s, uint64_t request_id, TierPlan plan, uint64_t 
 }
 
 void TierBroker::built(StagingWorkers::TierBuilt& t) {
+  if (!t.object.empty()) return object_built(t);
   Session* s = sessions_.find(t.session_id);
   bool ahead = false;
   if (s) {
@@ -252,9 +274,8 @@ Status TierBroker::adopt(Session& s, UniqueFd& fd) {
                                           human_bytes(*pages), human_bytes(recorded)));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_error("cannot stat the memory handed back");
-  for (const auto& [id, other] : sessions_.all())
-    if (other.host_tier.bytes && other.host_tier.dev == st.st_dev && other.host_tier.ino == st.st_ino)
-      return make_error(EEXIST, fmt::format("this host-tier memory is counted for session {} already", id));
+  if (counted_anywhere(sessions_.all(), st.st_dev, st.st_ino))
+    return make_error(EEXIST, "this host-tier memory is counted already");
   auto held = hold_tier_memory(std::move(fd), recorded);
   if (!held) return std::move(held).error();
   s.host_tier = std::move(held.value());
@@ -263,6 +284,99 @@ Status TierBroker::adopt(Session& s, UniqueFd& fd) {
   spdlog::info("session {}: pid {} holds {} of host-tier memory from before; counted against the budget", s.id,
                s.cred.pid, human_bytes(recorded));
   return {};
+}
+
+void TierBroker::place_object(Session& s, uint64_t request_id, const std::string& name, uint64_t bytes,
+                              const proto::StoreOpened& opened) {
+  const auto on_disk = [&](const std::string& why) {
+    if (budget()) spdlog::info("session {}: object '{}' ({}) lives on disk: {}", s.id, name, human_bytes(bytes), why);
+    send_(s.conn_id, request_id, opened, -1);
+  };
+  // An object that existed may hold committed bytes on disk: it stays where its bytes are.
+  if (!opened.created) return on_disk("it existed already");
+  const uint32_t chunk = s.staging->chunk_bytes();
+  const uint64_t want = whole_chunks(bytes, chunk);
+  // The object's share: the rank's, less what its objects and its pause memory hold already.
+  FairShare share = share_of(s.cred.uid);
+  const uint64_t held = object_host_bytes(s) + s.host_tier.bytes + s.host_tier_pending;
+  if (budget() && share.bytes < held + want)
+    return on_disk(fmt::format("the rank's share of the node's host tier is {}, and its objects and pause hold {}",
+                               human_bytes(share.bytes), human_bytes(held)));
+  share.bytes -= held;
+  const SpareMemory spare = budget() ? spare_memory() : SpareMemory{};
+  TierPlan plan = plan_grant(want, chunk, budget(), sessions_.host_tier_used(), share, spare);
+  if (plan.bytes < want) return on_disk(plan.note.empty() ? "no room in the host tier" : plan.note);
+  try {
+    proto::StoreOpened placed = opened;
+    placed.host_bytes = want;
+    placing_[{s.id, request_id}] = placed;
+    workers_.build_tier(s.id, s.conn_id, request_id, want, {}, name);
+    s.object_memory_pending += want;
+  } catch (const std::bad_alloc&) {
+    placing_.erase({s.id, request_id});
+    on_disk("tmsdiskd is out of memory");
+  }
+}
+
+void TierBroker::object_built(StagingWorkers::TierBuilt& t) {
+  auto placing = placing_.extract({t.session_id, t.request_id});
+  Session* s = sessions_.find(t.session_id);
+  if (s) s->object_memory_pending = sub_floor(s->object_memory_pending, t.bytes);
+  // The rank went meanwhile: the memory is freed with `t`.
+  if (!s || s->conn_id != t.conn_id || !t.conn_id || placing.empty()) return;
+  proto::StoreOpened opened = placing.mapped();
+  const auto on_disk = [&](const std::string& why) {
+    spdlog::warn("session {}: object '{}' lives on disk: {}", s->id, t.object, why);
+    opened.host_bytes = 0;
+    send_(s->conn_id, t.request_id, opened, -1);
+  };
+  if (!t.memory) return on_disk("cannot get " + human_bytes(t.bytes) + " of host-tier memory: " + t.error.describe());
+  auto held = hold_tier_memory(std::move(t.memory), t.bytes);
+  if (!held) return on_disk(held.error().describe());
+  if (auto old = s->object_memory.find(t.object); old != s->object_memory.end())
+    workers_.take_back_tier(std::move(old->second));
+  TierMemory& memory = s->object_memory[t.object] = std::move(held.value());
+  spdlog::info("session {}: object '{}' lives in {} of host-tier memory, made in {:.2f} s ({} of {} in use)", s->id,
+               t.object, human_bytes(t.bytes), t.seconds, human_bytes(sessions_.host_tier_used()),
+               human_bytes(budget()));
+  send_(s->conn_id, t.request_id, opened, memory.fd.get());
+}
+
+Result<uint64_t> TierBroker::adopt_object(Session& s, const std::string& name, uint64_t bytes, UniqueFd& fd) {
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return errno_error("cannot stat the object's memory handed back");
+  if (auto it = s.object_memory.find(name); it != s.object_memory.end()) {
+    // Counted already: the session continues an orphan of this daemon, and the count came with it.
+    if (it->second.dev == st.st_dev && it->second.ino == st.st_ino) return it->second.bytes;
+    return make_error(EEXIST, fmt::format("object '{}' lives in other host-tier memory already", name));
+  }
+  if (!s.objects_held_before.contains(name))
+    return make_error(EPERM, fmt::format("object '{}' was not in this rank's records when tmsdiskd started: only "
+                                         "memory an earlier daemon granted is handed back",
+                                         name));
+  const uint64_t want = whole_chunks(bytes, s.staging->chunk_bytes());
+  auto pages = tier_memory_bytes(fd.get());
+  if (!pages) return std::move(pages).error();
+  if (*pages < want)
+    return make_error(EINVAL, fmt::format("the memory handed back holds {} of the {} object '{}' needs",
+                                          human_bytes(*pages), human_bytes(want), name));
+  if (counted_anywhere(sessions_.all(), st.st_dev, st.st_ino))
+    return make_error(EEXIST, "this host-tier memory is counted already");
+  auto held = hold_tier_memory(std::move(fd), want);
+  if (!held) return std::move(held).error();
+  s.objects_held_before.erase(name);
+  s.object_memory[name] = std::move(held.value());
+  spdlog::info("session {}: pid {} holds object '{}' in {} of host-tier memory from before; counted against the budget",
+               s.id, s.cred.pid, name, human_bytes(want));
+  return want;
+}
+
+void TierBroker::remove_object(Session& s, const std::string& name) {
+  s.objects_held_before.erase(name);
+  auto it = s.object_memory.find(name);
+  if (it == s.object_memory.end()) return;
+  workers_.take_back_tier(std::move(it->second));
+  s.object_memory.erase(it);
 }
 
 int TierBroker::expire() {

@@ -15,6 +15,13 @@
 // Memory that holds paused chunks is never reclaimed: it is the only copy until the rank resumes. When the node runs
 // short of memory (the sweep timer's check), kept memory is taken back too.
 //
+// Objects (kStoreOpenHost, object_requests.h): a new object of the rank's store lives in host-tier
+// memory of its own, all of it or none, when the rank's fair share less what it holds already and the
+// node have room; else on disk. Its memory counts against the rank's share before a pause's (a
+// pause's grant is what is left), is never reclaimed nor kept for another use (it is the object's
+// only copy), and goes back with the object or the session. A daemon that restarts counts it again
+// when the rank hands it back (kStoreOpenHeld), as for paused chunks.
+//
 // Asked ahead (kTierAskAhead): with keep on, the memory is the rank's from its first pause on; a rank
 // whose memory stopped growing asks for it before that pause, so that even the first one only copies.
 // Such an ask takes only what is free (it never reclaims nor waits) and its memory is kept at once.
@@ -23,6 +30,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "host_tier.h"
@@ -51,6 +61,16 @@ class TierBroker {
   // Counted once per memfd, for a session continued from an earlier daemon's records, as much as those
   // records keep in host memory (host_tier.h). Takes `fd` only when it counts it.
   Status adopt(Session& s, UniqueFd& fd);
+  // STORE_OPEN with kStoreOpenHost of the new object `name` (`bytes` long), whose answer so far is
+  // `opened`: answered once its memory is made (built()), or now with host_bytes 0 (it lives on disk).
+  void place_object(Session& s, uint64_t request_id, const std::string& name, uint64_t bytes,
+                    const proto::StoreOpened& opened);
+  // kStoreOpenHeld: `fd` is the memory object `name` (`bytes` long) lives in, handed back to a daemon
+  // that did not count it; counted as the object's size, for an object the earlier daemon's records
+  // held (once). Returns the bytes counted; takes `fd` only when it counts it.
+  Result<uint64_t> adopt_object(Session& s, const std::string& name, uint64_t bytes, UniqueFd& fd);
+  // The object was removed: its memory (if any) goes back.
+  void remove_object(Session& s, const std::string& name);
   // Answers the asks waiting for kept memory once it is back or their wait is over. Returns ms until
   // the next such deadline, or -1 when none waits.
   int expire();
@@ -68,6 +88,9 @@ class TierBroker {
 
   // The fair share of a rank of user `uid` (host_tier.h).
   FairShare share_of(uid_t uid) const;
+  // ... of rank `s` for a pause: what its objects hold of it already is not its pause's.
+  FairShare pause_share_of(const Session& s) const;
+  void object_built(StagingWorkers::TierBuilt& t);
   TierPlan plan_for(const Session& s, uint64_t bytes) const;
   // The grant a fully free budget would give `s` now.
   uint64_t fair_ask(const Session& s, uint64_t bytes) const;
@@ -86,6 +109,8 @@ class TierBroker {
   const bool ahead_;  // host-tier-ahead (only with keep)
   Send send_;
   std::vector<Waiting> waiting_;
+  // STORE_OPENED answers waiting for their object's memory, by session and request id.
+  std::map<std::pair<uint64_t, uint64_t>, proto::StoreOpened> placing_;
 };
 
 }  // namespace tmsdisk::server

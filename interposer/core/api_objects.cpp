@@ -70,8 +70,8 @@ int api_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length,
 }
 
 int api_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexcept {
-  // A hint. The daemon's host tier holds no objects yet, so there is nothing to bring closer: the
-  // read does all the work.
+  // A hint. An object lives in the host tier (already close: a read is one DMA copy) or on disk,
+  // whole; an object on disk is not staged in memory ahead of its read, which does all the work.
   (void)handle, (void)offset, (void)length;
   return 0;
 }

@@ -63,6 +63,11 @@ Config* load() {
     if (std::string_view(tier) != "0" && std::string_view(tier) != "1")
       TMS_WARN("TMSDISK_HOST_TIER=%s is not 0 or 1; using the node's host tier", tier);
   }
+  if (const char* tier = env("TMSDISK_STORE_HOST_TIER")) {
+    c->store_host_tier = std::string_view(tier) != "0";
+    if (std::string_view(tier) != "0" && std::string_view(tier) != "1")
+      TMS_WARN("TMSDISK_STORE_HOST_TIER=%s is not 0 or 1; objects use the node's host tier", tier);
+  }
   if (const char* text = env("TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS")) {
     const std::optional<uint64_t> ms = parse_plain_integer(text);
     if (ms && *ms <= static_cast<uint64_t>(std::numeric_limits<int>::max()))

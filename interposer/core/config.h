@@ -29,6 +29,7 @@ struct Config {
   OnTouch on_touch = OnTouch::Wait;       // TMSDISK_ON_TOUCH: wait | resume | fail
   bool zero_scan = true;                  // TMSDISK_ZERO_SCAN=0: every chunk is data (no device scan)
   bool host_tier = true;                  // TMSDISK_HOST_TIER=0: never ask for host-tier memory
+  bool store_host_tier = true;            // TMSDISK_STORE_HOST_TIER=0: the store's objects stay on disk
   int pause_callback_timeout_ms = kDefaultPauseCallbackTimeoutMs;  // TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS
 };
 

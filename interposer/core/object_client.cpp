@@ -3,12 +3,15 @@
 #include "object_client.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
 #include <variant>
 
+#include "config.h"
 #include "driver.h"
 #include "log.h"
 #include "registry.h"
@@ -65,31 +68,37 @@ Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexce
       return make_error(
           EINVAL, fmt::format("'{}' is no object name: use {}", std::string(name).substr(0, 200), kObjectNameRule));
     if (size == 0) return make_error(EINVAL, "an object holds at least one byte");
+    std::optional<std::size_t> removed;  // the slot of a removed object of that name: its handle again
     {
       std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < objects_.size(); ++i)
-        if (objects_[i].name == name) {
-          if (objects_[i].size != size)
-            return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first",
-                                                  objects_[i].name, objects_[i].size, size));
+      for (std::size_t i = 0; i < objects_.size() && !removed; ++i) {
+        if (objects_[i].name != name) continue;
+        if (objects_[i].daemon_handle == 0) {
+          removed = i;
+        } else if (objects_[i].size != size) {
+          return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first",
+                                                objects_[i].name, objects_[i].size, size));
+        } else {
           return i + 1;
         }
+      }
     }
     Object o{.name = std::string(name), .size = size};
+    // The host-tier memory is pinned in the caller's context (portable: every context copies by DMA).
+    CUcontext ctx = nullptr;
+    if (driver().api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+    const bool host = config().host_tier && config().store_host_tier;
     Status st = control_.call([&]() -> Status {
       if (!session_.connected())
         if (Status c = session_.connect(); !c) return c;
-      proto::Envelope reply;
-      if (Status x = session_.exchange(proto::StoreOpen{.name = o.name, .size = size}, -1, reply, nullptr); !x)
-        return x;
-      const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
-      if (!opened) return make_error(EPROTO, "unexpected answer to STORE_OPEN");
-      o.daemon_handle = opened->handle;
-      o.connection = session_.connection();
-      return {};
+      return open_on_daemon(o, host, ctx);
     });
     if (!st) return std::move(st).error();
     std::lock_guard lock(mu_);
+    if (removed) {
+      objects_[*removed] = std::move(o);
+      return *removed + 1;
+    }
     objects_.push_back(std::move(o));
     return objects_.size();
   } catch (...) {
@@ -97,9 +106,59 @@ Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexce
   }
 }
 
+Status ObjectClient::open_on_daemon(Object& o, bool host, CUcontext ctx) {
+  const uint8_t flags = host ? proto::kStoreOpenHost : 0;
+  proto::Envelope reply;
+  UniqueFd memory;
+  if (Status x = session_.exchange(proto::StoreOpen{.name = o.name, .size = o.size, .flags = flags}, -1, reply,
+                                   &memory);
+      !x)
+    return x;
+  const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
+  if (!opened) return make_error(EPROTO, "unexpected answer to STORE_OPEN");
+  o.daemon_handle = opened->handle;
+  o.connection = session_.connection();
+  if (!opened->host_bytes) return {};
+  auto mapped = map_host(o, opened->host_bytes, std::move(memory), ctx);
+  if (mapped) {
+    o.host = std::move(*mapped);
+    return {};
+  }
+  // The object is new and empty: removed (its memory with it) and made again on disk.
+  TMS_WARN("object '%s': %s; it lives on disk instead", o.name.c_str(), mapped.error().describe().c_str());
+  if (Status x = session_.exchange(proto::StoreRemove{.name = o.name}, -1, reply, nullptr); !x) return x;
+  return open_on_daemon(o, false, ctx);
+}
+
+Result<std::shared_ptr<ObjectClient::HostCopy>> ObjectClient::map_host(const Object& o, uint64_t bytes,
+                                                                       UniqueFd memory, CUcontext ctx) {
+  const uint64_t chunk = slots_.chunk_bytes();
+  if (!memory || chunk == 0 || bytes < o.size || bytes - o.size >= chunk ||
+      !RegisteredMapping::holds(memory.get(), bytes))
+    return make_error(EPROTO, "tmsdiskd's STORE_OPENED names host-tier memory it did not send, or not the object's size");
+  auto host = std::make_shared<HostCopy>();
+  if (Status st = host->mapping.map(memory.get(), bytes, "object's host-tier memory"); !st) return std::move(st).error();
+  host->fd = std::move(memory);
+  (void)::madvise(host->mapping.data(), host->mapping.bytes(), MADV_HUGEPAGE);  // as the daemon made it
+  if (ctx && RegisteredMapping::can_pin())
+    if (const CUresult r = host->mapping.pin(ctx); r != CUDA_SUCCESS)
+      TMS_WARN("object '%s': cannot pin its host-tier memory (cuMemHostRegister failed: %s (%d)); its copies will be "
+               "slower",
+               o.name.c_str(), cu_error_name(r), static_cast<int>(r));
+  host->written.assign(bytes / chunk, 0);
+  TMS_INFO("object '%s': %llu bytes in the host tier", o.name.c_str(), static_cast<unsigned long long>(o.size));
+  return host;
+}
+
 Status ObjectClient::remove(std::string_view name) noexcept {
   try {
     const std::string n(name);
+    // Its memory is unmapped before the daemon takes it back (it punches the file).
+    {
+      std::lock_guard lock(mu_);
+      for (Object& o : objects_)
+        if (o.name == n) o.host.reset();
+    }
     Status st = control_.call([&]() -> Status {
       if (!session_.connected())
         if (Status c = session_.connect(); !c) return c;
@@ -243,7 +302,90 @@ Result<uint64_t> ObjectClient::daemon_handle(uint64_t handle) {
   return opened->handle;
 }
 
-// On the control thread: one range through the pipeline, then (a write) its commit or its discard.
+Status ObjectClient::keep_counted(uint64_t handle) {
+  Object o;
+  {
+    std::lock_guard lock(mu_);
+    o = objects_[handle - 1];
+  }
+  if (!o.host || (o.daemon_handle && o.connection == session_.connection())) return {};
+  proto::Envelope reply;
+  Status held = session_.exchange(proto::StoreOpen{.name = o.name, .size = o.size, .flags = proto::kStoreOpenHeld},
+                                  o.host->fd.get(), reply, nullptr);
+  if (held) {
+    const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
+    if (!opened) return make_error(EPROTO, "unexpected answer to STORE_OPEN");
+    std::lock_guard lock(mu_);
+    objects_[handle - 1].daemon_handle = opened->handle;
+    objects_[handle - 1].connection = session_.connection();
+    return {};
+  }
+  if (!session_.connected()) return held;  // the daemon went again: asked again at the next range
+  // Not counted here: the bytes written so far go to disk, in runs of written chunks, and the object
+  // lives there from now on.
+  TMS_WARN("object '%s': tmsdiskd does not count its host-tier memory (%s); writing it to disk", o.name.c_str(),
+           held.error().describe().c_str());
+  {
+    std::lock_guard lock(mu_);
+    objects_[handle - 1].daemon_handle = 0;
+  }
+  Result<uint64_t> on_disk = daemon_handle(handle);
+  if (!on_disk) return std::move(on_disk).error();
+  const uint64_t chunk = slots_.chunk_bytes();
+  const std::vector<uint8_t>& written = o.host->written;
+  for (std::size_t first = 0; first < written.size();) {
+    if (!written[first]) {
+      ++first;
+      continue;
+    }
+    std::size_t end = first;
+    while (end < written.size() && written[end]) ++end;
+    const uint64_t offset = first * chunk;
+    const Range run{.dir = Direction::ToStorage,
+                    .handle = handle,
+                    .offset = offset,
+                    .length = std::min<uint64_t>(end * chunk, o.size) - offset,
+                    .memory = reinterpret_cast<CUdeviceptr>(o.host->mapping.data() + offset),
+                    .host = true};
+    if (Status st = through_daemon(run, *on_disk); !st) return st;
+    first = end;
+  }
+  std::lock_guard lock(mu_);
+  objects_[handle - 1].host.reset();
+  return {};
+}
+
+Status ObjectClient::copy_host(const Range& r, const std::string& name, HostCopy& host) {
+  const uint64_t chunk = slots_.chunk_bytes();
+  const std::size_t first = r.offset / chunk, end = (r.offset + r.length + chunk - 1) / chunk;
+  if (r.dir == Direction::FromStorage)
+    for (std::size_t c = first; c < end; ++c)
+      if (!host.written[c])
+        return make_error(ENODATA, fmt::format("object '{}' holds no version of bytes [{}, {}): never written", name,
+                                               c * chunk, std::min(r.offset + r.length, (c + 1) * chunk)));
+  uint8_t* at = host.mapping.data() + r.offset;
+  if (r.host) {
+    auto* memory = reinterpret_cast<uint8_t*>(r.memory);
+    r.dir == Direction::ToStorage ? std::memcpy(at, memory, r.length) : std::memcpy(memory, at, r.length);
+  } else {
+    // On the shim's own stream of the context: the caller's streams (the legacy one too) never wait for it.
+    Result<int> ctx = pipeline_.context(r.ctx);
+    if (!ctx) return std::move(ctx).error();
+    const DriverApi& api = driver().api;
+    CtxScope scope(api, r.ctx);
+    const CUstream stream = pipeline_.stream(*ctx);
+    const CUresult copied = r.dir == Direction::ToStorage
+                                ? api.cuMemcpyDtoHAsync_v2(at, r.memory, r.length, stream)
+                                : api.cuMemcpyHtoDAsync_v2(r.memory, at, r.length, stream);
+    if (copied != CUDA_SUCCESS) return cuda_error("copying an object's range to or from its host-tier memory", copied);
+    if (Status st = pipeline_.drain(*ctx); !st) return st;
+  }
+  if (r.dir == Direction::ToStorage) std::fill(host.written.begin() + first, host.written.begin() + end, 1);
+  return {};
+}
+
+// On the control thread: a range of a host-tier object copied in or out of its memory, or of an object
+// on disk through the pipeline.
 Status ObjectClient::transfer(const Range& r) {
   const DriverApi& api = driver().api;
   if (!session_.connected())
@@ -253,20 +395,31 @@ Status ObjectClient::transfer(const Range& r) {
   for (const auto& a : registry().overlapping(r.memory, r.length))
     if (a->state.load() != AllocState::Resident)
       return make_error(EAGAIN, "the range's device memory is paused: resume the process, then write or read it again");
+  if (Status st = keep_counted(r.handle); !st) return st;
+  if (r.after)  // destroyed by the task once this returns
+    if (const CUresult waited = api.cuEventSynchronize(r.after); waited != CUDA_SUCCESS)
+      return cuda_error("waiting for the caller's stream", waited);
+  Object o;
+  {
+    std::lock_guard lock(mu_);
+    o = objects_[r.handle - 1];
+  }
+  if (o.host) return copy_host(r, o.name, *o.host);
   Result<uint64_t> handle = daemon_handle(r.handle);
   if (!handle) return std::move(handle).error();
+  return through_daemon(r, *handle);
+}
+
+Status ObjectClient::through_daemon(const Range& r, uint64_t daemon_handle) {
   TransferJob j;
   j.base = r.memory;
   j.size = r.length;
-  j.blob = *handle;
+  j.blob = daemon_handle;
   j.blob_offset = r.offset;
   j.object = true;
   j.host_memory = r.host;
   const uint32_t chunk = slots_.chunk_bytes();
   count_disk_chunks(j, chunk);  // every chunk: nothing of a range is placed elsewhere
-  if (r.after)                  // destroyed by the task once this returns
-    if (const CUresult waited = api.cuEventSynchronize(r.after); waited != CUDA_SUCCESS)
-      return cuda_error("waiting for the caller's stream", waited);
   if (!r.host) {
     Result<int> ctx = pipeline_.context(r.ctx);
     if (!ctx) return std::move(ctx).error();
@@ -284,7 +437,7 @@ Status ObjectClient::transfer(const Range& r) {
   // A write: the range becomes the object's current version, or what was written of it is dropped.
   if (failed && !session_.connected()) return std::move(*failed);  // the daemon drops it with the session
   proto::Envelope reply;
-  const proto::StoreCommit commit{.handle = *handle,
+  const proto::StoreCommit commit{.handle = daemon_handle,
                                   .offset = r.offset,
                                   .length = r.length,
                                   .flags = static_cast<uint8_t>(failed ? proto::kStoreDiscard : 0)};

@@ -6,6 +6,15 @@
 // ends with STORE_COMMIT: the daemon makes the range the object's current version at once, so a
 // reader never sees half of an old and half of a new range; a failed write is dropped there.
 //
+// Objects in the host tier: a new object asks to live in host-tier memory (kStoreOpenHost). When the
+// daemon has room in the rank's share of the node's budget for all of it, it sends a memfd of its own
+// making; the rank maps and pins it, and the object's ranges are copied in and out of it by DMA on the
+// shim's copy stream (memcpy for host memory), without the daemon: no disk space, no seal, and a read
+// of the state costs a PCIe copy. An object that does not fit lives on disk, all of it. After a daemon
+// restart the memory is handed back to be counted again (kStoreOpenHeld); a daemon that refuses it
+// gets the object written to disk, and the memory is given up. TMSDISK_STORE_HOST_TIER=0 (or
+// TMSDISK_HOST_TIER=0) keeps every object on disk.
+//
 // Operations run one after another in the order they were queued, on the one thread that also
 // pauses and resumes: a pause queued after writes waits for them, and a read queued after a write
 // of the same range reads what it wrote. The caller waits for a ticket (or for every write: flush).
@@ -14,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,8 +33,10 @@
 #include "control_thread.h"
 #include "cuda_api.h"
 #include "daemon_session.h"
+#include "registered_mapping.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
+#include "tmsdisk/common/unique_fd.h"
 #include "transfer.h"
 
 namespace tmsdisk::shim {
@@ -55,11 +67,20 @@ class ObjectClient {
   Status flush() noexcept;
 
  private:
+  // An object's host-tier memory, mapped (and pinned where the driver allows) here.
+  struct HostCopy {
+    UniqueFd fd;  // kept: handed back to a daemon that restarts
+    RegisteredMapping mapping;
+    // Per chunk: a write landed there. A read of another is ENODATA, as the daemon answers for a
+    // chunk of an object on disk that holds no version. Used on the control thread only.
+    std::vector<uint8_t> written;
+  };
   struct Object {
     std::string name;
     uint64_t size = 0;
-    uint64_t daemon_handle = 0;  // the daemon's, for the connection `connection`
+    uint64_t daemon_handle = 0;  // the daemon's, for the connection `connection`; 0: removed
     uint64_t connection = 0;
+    std::shared_ptr<HostCopy> host{};  // null: the object lives on disk
   };
   struct Range {
     Direction dir = Direction::ToStorage;
@@ -80,6 +101,18 @@ class ObjectClient {
   Result<uint64_t> queue(Range r) noexcept;
   // On the control thread.
   Status transfer(const Range& r);
+  // STORE_OPEN of `o` on the current session, in host-tier memory when `host` asks for it and the
+  // daemon has room; falls back to disk when the memory cannot be mapped. Fills in `o`.
+  Status open_on_daemon(Object& o, bool host, CUcontext ctx);
+  // Maps and pins the host-tier memory `memory` (`bytes`, as STORE_OPENED said) of `o`.
+  Result<std::shared_ptr<HostCopy>> map_host(const Object& o, uint64_t bytes, UniqueFd memory, CUcontext ctx);
+  // After a reconnection: the daemon counts the host-tier memory of object `handle` again, or the
+  // object is written to disk and the memory given up.
+  Status keep_counted(uint64_t handle);
+  // A range of a host-tier object, copied in or out of its memory.
+  Status copy_host(const Range& r, const std::string& name, HostCopy& host);
+  // A range of an object on disk, through the pipeline, then (a write) its commit or its discard.
+  Status through_daemon(const Range& r, uint64_t daemon_handle);
   Result<uint64_t> daemon_handle(uint64_t handle);
   Status checked(const Range& r) const;
   void finish(uint64_t ticket, Direction dir, Status st);

@@ -133,6 +133,8 @@ class TransferPipeline {
   void warm(CUcontext ctx);
   // The stream of a context index: work queued on it runs before the pipeline's copies queued after.
   CUstream stream(int ctx) const { return ctxs_[static_cast<std::size_t>(ctx)].stream; }
+  // Waits for everything queued on `ctx`'s stream.
+  Status drain(int ctx);
 
   // Moves `jobs` (each with its ctx set); returns the first error that stopped the whole transfer,
   // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks (zero
@@ -159,8 +161,6 @@ class TransferPipeline {
   // Queues on j's stream what moves without the daemon: the host-tier copies of its host chunks
   // (out of the device or back), and from storage the memsets of its zero chunks.
   Status queue_local(Direction dir, TransferJob& j);
-  // Waits for everything queued on `ctx`'s stream.
-  Status drain(int ctx);
   // The daemon's next message, or, while copies run and nothing has arrived, the completion of the
   // copy in the lowest-numbered slot still copying (then 0, so the caller harvests it instead of
   // spinning).

@@ -166,7 +166,9 @@ int tmsdisk_tags(struct tmsdisk_tag_info* out, size_t count, size_t size) TMSDIS
  * process runs, written and read in ranges; what streams an optimizer's state through the step
  * (python: tmsdisk.optim). Objects belong to the rank: kept across a daemon restart, removed when the
  * process exits, never moved by a pause (a pause queued after writes waits for them). Bytes travel
- * as a pause's do: staging slots, O_DIRECT, an XXH3-128 seal per chunk, verified on every read. */
+ * as a pause's do: staging slots, O_DIRECT, an XXH3-128 seal per chunk, verified on every read. A new
+ * object that fits the rank's share of the node's host tier lives there instead, all of it: its
+ * ranges are DMA copies into and out of memory mapped in the process (TMSDISK_STORE_HOST_TIER=0: never). */
 /* The chunk size of this rank's session: ranges start at multiples of it. 0 without a session. */
 uint64_t tmsdisk_store_chunk_bytes(void) TMSDISK_NOEXCEPT;
 /* The handle of object `name` (1-127 of A-Z a-z 0-9 _ . -), created with `size` bytes when missing.

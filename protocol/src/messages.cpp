@@ -747,6 +747,10 @@ bool StoreOpen::check(std::string& why) const {
     why = "an object of 0 bytes";
     return false;
   }
+  if (flags != 0 && flags != kStoreOpenHost && flags != kStoreOpenHeld) {
+    why = "STORE_OPEN.flags must be 0, kStoreOpenHost or kStoreOpenHeld";
+    return false;
+  }
   return valid_object_name(name, why);
 }
 bool StoreOpened::check(std::string& why) const {

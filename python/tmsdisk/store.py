@@ -248,7 +248,8 @@ def read(handle: int, offset: int, dst, nbytes=None, *, stream=None) -> Ticket:
 
 
 def prefetch(handle: int, offset: int, nbytes: int) -> None:
-    """A hint that [offset, offset + nbytes) of the object will be read soon (brought to the host tier)."""
+    """A hint that [offset, offset + nbytes) of the object will be read soon (an object in the host tier
+    is close already; one on disk is read by the read itself)."""
     call = "tmsdisk.store.prefetch(%d, %d, %d)" % (handle, offset, nbytes)
     rc = _function(call, "tmsdisk_store_prefetch")(handle, offset, nbytes)
     if rc < 0:

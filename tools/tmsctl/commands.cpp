@@ -299,6 +299,7 @@ int cmd_status(const Common& common) {
            {"host_tier_kept", s.host_tier_kept != 0},
            {"objects", s.objects},
            {"object_bytes", s.object_bytes},
+           {"object_host_bytes", s.object_host_bytes},
            {"tags", tags_json(s.stats)},
            {"last_pause", last_json(s.stats.last_pause_bytes, s.stats.last_pause_ns, s.stats.last_pause_skipped)},
            {"last_resume", last_json(s.stats.last_resume_bytes, s.stats.last_resume_ns, s.stats.last_resume_skipped)},
@@ -349,10 +350,11 @@ int cmd_status(const Common& common) {
     if (s.host_tier_bytes)
       std::printf("%-16s %5s %8s   host tier: holds %s%s\n", "", "", "", human_bytes(s.host_tier_bytes).c_str(),
                   s.host_tier_kept ? " (empty, kept for its next pause)" : "");
-    // The rank's stored objects (a streamed optimizer's state): on disk beside its pauses, never moved by them.
+    // The rank's stored objects (a streamed optimizer's state): in the host tier or on disk beside its
+    // pauses, never moved by them.
     if (s.objects)
-      std::printf("%-16s %5s %8s   objects: %u, %s on disk\n", "", "", "", s.objects,
-                  human_bytes(s.object_bytes).c_str());
+      std::printf("%-16s %5s %8s   objects: %u, %s in the host tier, %s on disk\n", "", "", "", s.objects,
+                  human_bytes(s.object_host_bytes).c_str(), human_bytes(s.object_bytes).c_str());
     // What the last pause and resume did not have to move (zero and unchanged chunks).
     const std::string skipped_pause = skipped_text(s.stats.last_pause_bytes, s.stats.last_pause_skipped, true);
     const std::string skipped_resume = skipped_text(s.stats.last_resume_bytes, s.stats.last_resume_skipped, false);

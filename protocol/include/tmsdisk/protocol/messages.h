@@ -63,7 +63,12 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    chunks through the staging slots as WRITE and READ do a pause's (sealed, verified); STORE_COMMIT
 //    makes a written range the object's current version at once (or drops it), STORE_REMOVE deletes
 //    an object. A pause never touches the store.
-inline constexpr uint16_t kVersion = 9;
+// 10: objects in the host tier. STORE_OPEN may ask for the object to live in host-tier memory
+//    (kStoreOpenHost): when the rank's share of the node's budget has room for all of it, STORE_OPENED
+//    says so (host_bytes) and the object's memfd rides along; the rank copies its ranges in and out by
+//    DMA and the object takes no disk space. After a daemon restart the rank hands that memfd back with
+//    kStoreOpenHeld. Sessions say how much of their objects' bytes live in host memory.
+inline constexpr uint16_t kVersion = 10;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
 // bit set: the shim numbers its own requests from 1, and a command that arrives while the shim awaits
@@ -331,10 +336,11 @@ struct SessionInfo {
   uint8_t host_tier_kept = 0;     // 1: that memory holds nothing now, kept for the rank's next pause
   uint32_t objects = 0;           // objects in the rank's store (STORE_OPEN), apart from its pauses
   uint64_t object_bytes = 0;      // ... the bytes they hold on disk
+  uint64_t object_host_bytes = 0;  // ... the host-tier memory objects live in (not in host_tier_bytes)
   template <class F>
   void fields(F&& f) {
     f(session_id), f(pid), f(uid), f(rank), f(job, kMaxNameLength), f(disk_bytes), f(stats), f(orphaned),
-        f(orphaned_unix_ms), f(host_tier_bytes), f(host_tier_kept), f(objects), f(object_bytes);
+        f(orphaned_unix_ms), f(host_tier_bytes), f(host_tier_kept), f(objects), f(object_bytes), f(object_host_bytes);
   }
   bool check(std::string& why) const;
 };
@@ -834,13 +840,26 @@ struct IpcUsers {
 // Object names follow tmsdisk/common/object_name.h.
 using tmsdisk::kMaxObjectNameLength;
 
+// StoreOpen.flags. Host-tier memory of an object is all of it or none: the whole object lives in the
+// rank's memory (no disk space, no seal: DMA copies) or the whole object on disk. The rank's objects
+// take their part of the rank's fair share first (a pause's grant gets what is left of it), are
+// never reclaimed for another rank's pause (they are the only copy), and go back when the object is
+// removed or the rank exits.
+inline constexpr uint8_t kStoreOpenHost = 1;  // place it in host-tier memory if the rank's share has room
+// The rank holds the object's host-tier memory since before this daemon started (it restarted): the
+// memfd rides along, to be counted again. Only on a session continued from an earlier daemon's
+// records, for an object those records hold, counted as the object's size; anything else is refused
+// and the rank writes the object to disk instead.
+inline constexpr uint8_t kStoreOpenHeld = 2;
+
 struct StoreOpen {
   static constexpr MsgType kType = MsgType::StoreOpen;
   std::string name;
   uint64_t size = 0;  // bytes: an existing object of another size is refused (EEXIST)
+  uint8_t flags = 0;  // kStoreOpen*: at most one
   template <class F>
   void fields(F&& f) {
-    f(name, kMaxObjectNameLength), f(size);
+    f(name, kMaxObjectNameLength), f(size), f(flags);
   }
   bool check(std::string& why) const;
 };
@@ -849,9 +868,12 @@ struct StoreOpened {
   static constexpr MsgType kType = MsgType::StoreOpened;
   uint64_t handle = 0;  // STORE_WRITE/STORE_READ name the object by it (ChunkRef::blob)
   uint8_t created = 0;  // 1: the object did not exist
+  // Host-tier memory the object lives in: 0, on disk; else a whole number of chunks covering it (its
+  // memfd rides along with this answer to kStoreOpenHost; counted again for kStoreOpenHeld).
+  uint64_t host_bytes = 0;
   template <class F>
   void fields(F&& f) {
-    f(handle), f(created);
+    f(handle), f(created), f(host_bytes);
   }
   bool check(std::string& why) const;
 };
