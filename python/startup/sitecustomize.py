@@ -21,11 +21,12 @@ program, and moving them to disk and back is pure waste.
   emptying the cache once TMSDISK_PAUSE_CALLBACK_TIMEOUT_MS has passed.
 - Nothing raised in the callback reaches the shim: it is caught, and told with TMSDISK_LOG=debug.
 
-With TMSDISK_STREAM_OPTIMIZER set (`tmsctl run --stream-optimizer[=fp32|bf16]`), torch.optim.AdamW and
-torch.optim.Adam become tmsdisk.optim's StreamedAdamW and StreamedAdam, keeping their moments in the
-dtype named (fp32 by default; the value fp8 is refused: not implemented yet). torch is not imported
-for it: the classes are replaced once the program's own `import torch` has run, before the program
-sees torch.optim. A value that cannot be honoured stops the process at start, before any work.
+With TMSDISK_STREAM_OPTIMIZER set (`tmsctl run --stream-optimizer[=fp32|bf16|fp8]`), torch.optim.AdamW
+and torch.optim.Adam become tmsdisk.optim's StreamedAdamW and StreamedAdam, keeping their moments in the
+dtype named (fp32 by default; fp8 is float8_e4m3fn with per-block scales). torch is not imported for
+it: the classes are replaced once the program's own `import torch` has run, before the program sees
+torch.optim. A value that cannot be honoured stops the process at start, before any work; fp8 with a
+torch that has no float8 (before 2.1) fails the program's `import torch`, saying so.
 
 Python imports only the first `sitecustomize` on its path, so this one then runs the one it hides (a
 site's or a virtual environment's own), which stays importable as `sitecustomize`.
@@ -85,10 +86,9 @@ def _register():
     return callback
 
 
-# TMSDISK_STREAM_OPTIMIZER's values: the moments' torch dtype by name. fp8 is a value tmsctl takes
-# already, refused here until it is implemented.
-_STREAM_MOMENTS = {"fp32": "float32", "bf16": "bfloat16"}
-_STREAM_NOT_YET = {"fp8": "fp8 moments are not implemented yet"}
+# TMSDISK_STREAM_OPTIMIZER's values: the moments' torch dtype by name (tmsdisk.optim keeps fp8 ones in
+# blocks with a scale each).
+_STREAM_MOMENTS = {"fp32": "float32", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
 
 
 def _stream_optimizer_setting():
@@ -99,9 +99,9 @@ def _stream_optimizer_setting():
         return None
     if value in _STREAM_MOMENTS:
         return value
-    why = _STREAM_NOT_YET.get(value, "not one of fp32, bf16")
     os.write(2, ("[tmsdisk %d] error: python: TMSDISK_STREAM_OPTIMIZER=%s (what `tmsctl run --stream-optimizer=%s` "
-                 "sets): %s; use fp32 or bf16, or leave it unset\n" % (os.getpid(), value, value, why)).encode())
+                 "sets): not one of fp32, bf16, fp8; use one of them, or leave it unset\n" % (
+                     os.getpid(), value, value)).encode())
     # site.py would turn SystemExit into a fatal "Failed to import the site module" with a traceback.
     os._exit(2)
 
@@ -116,7 +116,10 @@ def _stream_torch_optimizers(torch, setting):
 
     from tmsdisk import optim  # imports torch, which has finished its own import by now
 
-    moment_dtype = getattr(torch, _STREAM_MOMENTS[setting])
+    moment_dtype = getattr(torch, _STREAM_MOMENTS[setting], None)
+    if moment_dtype is None:  # fp8 before torch 2.1; raised into the program's `import torch`
+        raise RuntimeError("this torch (%s) has no torch.%s; %s moments need PyTorch 2.1 or later" % (
+            getattr(torch, "__version__", "?"), _STREAM_MOMENTS[setting], setting))
     for original, streamed in ((torch.optim.AdamW, optim.StreamedAdamW), (torch.optim.Adam, optim.StreamedAdam)):
         if moment_dtype != torch.float32:
             # The class as the program's code names it, with the moments' dtype as its default; an explicit

@@ -20,6 +20,10 @@ flush() (synchronize()) and the interpreter's exit wait for them. prefetch() sta
 buckets early, for use during backward (prefetch_on_backward=True does it from the first gradient
 hook of each backward).
 
+moment_dtype=torch.bfloat16 keeps the moments in half the bytes; torch.float8_e4m3fn in a quarter, with an
+fp32 scale per MOMENT_BLOCK elements (tmsdisk._moments: the dtype, the square root kept for exp_avg_sq,
+the stochastic rounding). Either way they are updated in fp32 by the same kernel.
+
 save(directory) and load(directory) checkpoint the state without materializing it: bucket by bucket,
 one host buffer at a time, each bucket's bytes read from the store to a file of its own, beside a
 manifest.json (format, class, moment dtype, hyperparameters, bucket layout, step counts, each file's
@@ -56,8 +60,9 @@ import torch
 
 from . import Error, _log, loaded, on_pause
 from . import store as _store_module
+from ._moments import MOMENT_BLOCK, BlockScaledMoments, PlainMoments, Sections
 
-__all__ = ["StreamedAdam", "StreamedAdamW"]
+__all__ = ["MOMENT_BLOCK", "StreamedAdam", "StreamedAdamW"]
 
 # --- the kernels -----------------------------------------------------------------------------------
 # The function each torch class's step() calls, found once. torch 1.13 and 2.x keep it beside the class
@@ -78,14 +83,46 @@ _UNSUPPORTED = (
 )
 
 _SUPPORTED_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_MOMENT_DTYPES = (torch.float32, torch.bfloat16)
+# The moments' dtypes: kept as they are, or (fp8) in blocks of MOMENT_BLOCK with a scale each (_moments
+# says why e4m3 for both, exp_avg_sq as its root). Torch before 2.1 has no fp8: only the name is known.
+_PLAIN_MOMENTS = (torch.float32, torch.bfloat16)
+_FP8_NAME = "float8_e4m3fn"
+_SCALED_MOMENTS = {}  # dtype -> its BlockScaledMoments; the tests add float16 to drive the codec
+if hasattr(torch, _FP8_NAME):
+    _SCALED_MOMENTS[getattr(torch, _FP8_NAME)] = BlockScaledMoments(getattr(torch, _FP8_NAME))
+# moment_dtype= may be given by name too (what TMSDISK_STREAM_OPTIMIZER says).
+_MOMENT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp8": _FP8_NAME}
 _ALIGN = 64  # bytes: where each section of a bucket starts, so that vectorized kernels load aligned
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
 _MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 MASTER_KEY = "tmsdisk_master"  # state_dict: the fp32 master of a bf16 or fp16 parameter
 MOMENT_DTYPE_KEY = "tmsdisk_moment_dtype"  # state_dict: the dtype of exp_avg and exp_avg_sq, as str()
 
+MOMENT_STORAGE_KEY = "tmsdisk_moment_storage"  # state_dict: how block-scaled moments were kept (a dict)
+
 _DTYPES_BY_NAME = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
+
+
+def _moments_of(cls, moment_dtype):
+    """How `moment_dtype` (a torch.dtype, or a name: fp32, bf16, fp8, float8_e4m3fn, torch.bfloat16...)
+    is kept; ValueError naming what is accepted, or that this torch lacks fp8."""
+    if isinstance(moment_dtype, str):
+        name = moment_dtype.strip()
+        name = _MOMENT_NAMES.get(name.lower(), name[len("torch."):] if name.startswith("torch.") else name)
+        found = getattr(torch, name, None)
+        if not isinstance(found, torch.dtype):
+            if name.startswith("float8"):
+                raise ValueError("%s: moment_dtype %r: this torch (%s) has no torch.%s; fp8 moments need "
+                                 "PyTorch 2.1 or later" % (cls, moment_dtype, torch.__version__, name))
+            found = None
+        moment_dtype = found if found is not None else moment_dtype
+    if moment_dtype in _PLAIN_MOMENTS:
+        return PlainMoments(moment_dtype)
+    if moment_dtype in _SCALED_MOMENTS:
+        return _SCALED_MOMENTS[moment_dtype]
+    fp8 = "torch.%s" % _FP8_NAME if hasattr(torch, _FP8_NAME) else "(with PyTorch 2.1 or later) torch.%s" % _FP8_NAME
+    raise ValueError("%s: moment_dtype must be torch.float32, torch.bfloat16 or %s, not %r" % (
+        cls, fp8, moment_dtype))
 
 
 def _round_up(n: int, to: int) -> int:
@@ -96,14 +133,17 @@ def _moment_conversion(source, target):
     """How moments of dtype `source` become `target`: None when they may not (ValueError upstream).
 
     The same dtype is taken as is; widening to fp32 is exact; fp32 to bf16 rounds (what a bf16-moment
-    optimizer would have kept had it run from the start). Anything else would lose range or precision
-    behind the caller's back.
+    optimizer would have kept had it run from the start). Block-scaled targets (fp8) take fp32, bf16
+    and fp16 and round them to nearest in their blocks: their scales give them any range. Anything else
+    would lose range or precision behind the caller's back.
     """
     if source == target:
         return "same"
     if target == torch.float32 and source in (torch.bfloat16, torch.float16):
         return "widened"
     if source == torch.float32 and target == torch.bfloat16:
+        return "rounded"
+    if target in _SCALED_MOMENTS and source in (torch.float32, torch.bfloat16, torch.float16):
         return "rounded"
     return None
 
@@ -123,19 +163,23 @@ class _Segment:
 
 
 class _Bucket:
-    """One store object: [fp32 masters of the non-fp32 slices] [exp_avg] [exp_avg_sq], each section at
-    an offset aligned to _ALIGN bytes, read and written whole (one range from offset 0)."""
+    """One store object, read and written whole (one range from offset 0), its sections each at an offset
+    aligned to _ALIGN bytes: [fp32 masters of the non-fp32 slices] [exp_avg] [exp_avg_sq], and for
+    block-scaled moments [exp_avg's fp32 scales] [exp_avg_sq's], one per block of the bucket's elements
+    (a block may hold the end of one slice and the start of the next)."""
 
-    def __init__(self, name: str, group: int, device: torch.device):
+    def __init__(self, name: str, group: int, index: int, device: torch.device):
         self.name = name
         self.group = group
+        self.index = index  # its rank among the optimizer's buckets
         self.device = device
         self.segments = []
         self.numel = 0
         self.master_numel = 0
         self.handle = None  # the store's handle, once opened
         self.written = False  # the store holds this bucket's bytes (a write of it was waited for)
-        self.exp_avg_at = self.exp_avg_sq_at = self.nbytes = 0
+        self.exp_avg_at = self.exp_avg_sq_at = self.scales_at = self.exp_avg_sq_scales_at = self.nbytes = 0
+        self.blocks = 0
 
     def add(self, param: int, start: int, stop: int, needs_master: bool) -> None:
         master = None
@@ -145,19 +189,28 @@ class _Bucket:
         self.segments.append(_Segment(param, start, stop, self.numel, master))
         self.numel += stop - start
 
-    def seal(self, moment_dtype) -> None:
-        moment_bytes = self.numel * torch.empty((), dtype=moment_dtype).element_size()
+    def seal(self, moments) -> None:
+        moment_bytes = self.numel * moments.element_size
         self.exp_avg_at = _round_up(self.master_numel * 4, _ALIGN)
         self.exp_avg_sq_at = self.exp_avg_at + _round_up(moment_bytes, _ALIGN)
         self.nbytes = self.exp_avg_sq_at + moment_bytes
+        if moments.block is not None:
+            self.blocks = moments.blocks(self.numel)
+            self.scales_at = _round_up(self.nbytes, _ALIGN)
+            self.exp_avg_sq_scales_at = self.scales_at + _round_up(self.blocks * 4, _ALIGN)
+            self.nbytes = self.exp_avg_sq_scales_at + self.blocks * 4
 
-    def views(self, buffer, moment_dtype):
-        """(master fp32, exp_avg, exp_avg_sq): 1-D views into the bucket's bytes."""
+    def views(self, buffer, moments) -> Sections:
+        """The sections: 1-D views into the bucket's bytes (scales None for moments kept as they are)."""
         master = buffer[: self.master_numel * 4].view(torch.float32)
-        moment_bytes = self.nbytes - self.exp_avg_sq_at
-        exp_avg = buffer[self.exp_avg_at : self.exp_avg_at + moment_bytes].view(moment_dtype)
-        exp_avg_sq = buffer[self.exp_avg_sq_at :].view(moment_dtype)
-        return master, exp_avg, exp_avg_sq
+        moment_bytes = self.numel * moments.element_size
+        exp_avg = buffer[self.exp_avg_at : self.exp_avg_at + moment_bytes].view(moments.dtype)
+        exp_avg_sq = buffer[self.exp_avg_sq_at : self.exp_avg_sq_at + moment_bytes].view(moments.dtype)
+        scales = sq_scales = None
+        if moments.block is not None:
+            scales = buffer[self.scales_at : self.scales_at + self.blocks * 4].view(torch.float32)
+            sq_scales = buffer[self.exp_avg_sq_scales_at : self.nbytes].view(torch.float32)
+        return Sections(master, exp_avg, exp_avg_sq, scales, sq_scales)
 
 
 def _cut(params, cap: int, make_bucket):
@@ -411,8 +464,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             raise ValueError("%s: bucket_elements must be a positive int, not %r" % (cls, bucket_elements))
         if not isinstance(depth, int) or depth < 1:
             raise ValueError("%s: depth must be a positive int (buckets in memory at once), not %r" % (cls, depth))
-        if moment_dtype not in _MOMENT_DTYPES:
-            raise ValueError("%s: moment_dtype must be torch.float32 or torch.bfloat16, not %r" % (cls, moment_dtype))
+        moments = _moments_of(cls, moment_dtype)
         if name is None:
             name = "%s.%d.%d" % (cls, os.getpid(), next(_serial))
         if not isinstance(name, str) or not _NAME_CHARS.fullmatch(name):
@@ -426,7 +478,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             # up to the first step (chunk_bytes() opens the session, or raises saying how to get one).
             store.chunk_bytes()
         self._store = store
-        self._moment_dtype = moment_dtype
+        self._moments = moments
+        self._moment_dtype = moments.dtype
+        self._generators = {}  # device -> the generator of its buckets' stochastic rounding
         self._bucket_elements = bucket_elements
         self._buckets = []  # per param group, its buckets in order
         self._pipeline = _Pipeline(self._store, depth, self._handle)
@@ -469,13 +523,14 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     raise ValueError("%s: a parameter of dtype %s%s: only dense float32, bfloat16 and float16 "
                                      "parameters are supported" % (type(self).__name__, p.dtype,
                                                                    " (sparse)" if p.is_sparse else ""))
+            before = sum(len(b) for b in self._buckets)
             buckets = _cut(params, self._bucket_elements,
-                           lambda i, device: _Bucket("%s.%d.%d" % (self._name, index, i), index, device))
+                           lambda i, device: _Bucket("%s.%d.%d" % (self._name, index, i), index, before + i, device))
             for bucket in buckets:
                 if len(bucket.name) > _store_module.NAME_MAX:
                     raise ValueError("%s: object name %r is too long: %s; give a shorter name=" % (
                         type(self).__name__, bucket.name, _store_module.NAME_RULE))
-                bucket.seal(self._moment_dtype)
+                bucket.seal(self._moments)
         except BaseException:
             self.param_groups.pop()
             raise
@@ -580,10 +635,11 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         slice, and a parameter spanning buckets must end one step further, not several.
         """
         group = self.param_groups[bucket.group]
-        master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
-        narrow = self._moment_dtype != torch.float32
-        # bf16 moments are updated in fp32, as the kernel needs one dtype for a parameter and its state.
-        exp_avg32, exp_avg_sq32 = (exp_avg.float(), exp_avg_sq.float()) if narrow else (exp_avg, exp_avg_sq)
+        sections = bucket.views(buffer, self._moments)
+        master = sections.master
+        # Narrow moments are updated in fp32, as the kernel needs one dtype for a parameter and its state:
+        # bf16 widened, fp8 scaled back (fp32 ones are updated in place).
+        exp_avg32, exp_avg_sq32 = self._moments.working(sections)
         params, grads, exp_avgs, exp_avg_sqs, steps, copy_back = [], [], [], [], [], []
         for seg in bucket.segments:
             p = group["params"][seg.param]
@@ -614,9 +670,22 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         type(self)._kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, **self._kernel_options(group))
         for param_slice, master_slice in copy_back:
             param_slice.copy_(master_slice)
-        if narrow:
-            exp_avg.copy_(exp_avg32)
-            exp_avg_sq.copy_(exp_avg_sq32)
+        # A block holding slices without gradients is rounded again as well; rounding values that are on
+        # the grid already changes them only where the block's scale moved, by less than a step.
+        self._moments.store(sections, exp_avg32, exp_avg_sq32,
+                            self._rounding(bucket, max(float(s) for s in steps), buffer.device))
+
+    def _rounding(self, bucket, step, device):
+        """The generator of the bucket's stochastic rounding at `step`, seeded for it (None: no rounding
+        drawn for these moments)."""
+        seed = self._moments.seed(bucket.index, step)
+        if seed is None:
+            return None
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        return generator
 
     # -- prefetch and flush --------------------------------------------------------------------------
 
@@ -667,6 +736,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         """torch.optim.AdamW's (Adam's) state_dict, materialized: per parameter index, `step`, `exp_avg`
         and `exp_avg_sq` as full tensors on the parameter's device, and for a bf16 or fp16 parameter its
         fp32 master as `tmsdisk_master`; the moments' dtype under the key `tmsdisk_moment_dtype`.
+        Block-scaled (fp8) moments are given as the values they stand for, in fp32 (exp_avg_sq squared
+        back), so `tmsdisk_moment_dtype` is torch.float32 and `tmsdisk_moment_storage` says how they were
+        kept: {"dtype": "torch.float8_e4m3fn", "moment_block": 128, "exp_avg_sq_stored_as": "sqrt"}.
 
         It holds all the state in memory at once, which streaming is there to avoid: save(directory) and
         load(directory) stream it bucket by bucket instead. torch's own load_state_dict takes it
@@ -683,13 +755,15 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                         continue
                     entry = {"step": step.clone()}
                     for key in _MOMENT_KEYS:
-                        entry[key] = torch.zeros(p.shape, dtype=self._moment_dtype, device=p.device)
+                        entry[key] = torch.zeros(p.shape, dtype=self._moments.state_dtype, device=p.device)
                     if p.dtype != torch.float32:
                         entry[MASTER_KEY] = torch.empty(p.shape, dtype=torch.float32, device=p.device)
                     out[p] = entry
 
             def copy_out(bucket, buffer):
-                master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
+                sections = bucket.views(buffer, self._moments)
+                master = sections.master
+                exp_avg, exp_avg_sq = self._moments.stored(sections)
                 params = self.param_groups[bucket.group]["params"]
                 for seg in bucket.segments:
                     entry = out.get(params[seg.param])
@@ -713,7 +787,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                 for p, i in zip(group["params"], saved["params"]):
                     indexes.setdefault(p, i)
             packed["state"] = {indexes[p]: entry for p, entry in out.items()}
-            packed[MOMENT_DTYPE_KEY] = str(self._moment_dtype)
+            packed[MOMENT_DTYPE_KEY] = str(self._moments.state_dtype)
+            if self._moments.block is not None:
+                packed[MOMENT_STORAGE_KEY] = dict(self._moments.describe(), dtype=str(self._moment_dtype))
             return packed
 
     def load_state_dict(self, state_dict) -> None:
@@ -721,8 +797,10 @@ class _StreamedAdamBase(torch.optim.Optimizer):
 
         Moments are converted explicitly, never reinterpreted: the same dtype as is; bf16 or fp16
         moments (torch's, for bf16 or fp16 parameters) widened to fp32 exactly; fp32 moments rounded to
-        bf16 when this optimizer keeps bf16 moments. Any other pair raises ValueError naming both
-        dtypes, as does a state_dict whose `tmsdisk_moment_dtype` disagrees with its tensors. Without a
+        bf16 when this optimizer keeps bf16 moments; fp32, bf16 or fp16 moments rounded to nearest in
+        their blocks when it keeps fp8 ones (an fp8 optimizer's state_dict, fp32, comes back as it was
+        stored, and goes into an fp32 or bf16 optimizer as fp32 moments would). Any other pair raises
+        ValueError naming both dtypes, as does a state_dict whose `tmsdisk_moment_dtype` disagrees with its tensors. Without a
         `tmsdisk_master` (torch's state_dicts) a non-fp32 parameter's master is its current value.
         """
         cls = type(self).__name__
@@ -757,7 +835,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     raise ValueError("%s.load_state_dict: %s of parameter %r is %s and this optimizer keeps %s "
                                      "moments: no conversion between them is done; construct it with "
                                      "moment_dtype=%s" % (cls, key, index, t.dtype, self._moment_dtype,
-                                                          t.dtype if t.dtype in _MOMENT_DTYPES else "torch.float32"))
+                                                          t.dtype if t.dtype in _PLAIN_MOMENTS else "torch.float32"))
                 if t.numel() != p.numel():
                     raise ValueError("%s.load_state_dict: %s of parameter %r has %d elements, the parameter %d" % (
                         cls, key, index, t.numel(), p.numel()))
@@ -783,20 +861,23 @@ class _StreamedAdamBase(torch.optim.Optimizer):
 
         def fill(bucket, buffer):
             buffer.zero_()
-            master, exp_avg, exp_avg_sq = bucket.views(buffer, self._moment_dtype)
+            sections = bucket.views(buffer, self._moments)
+            master = sections.master
+            exp_avg, exp_avg_sq = self._moments.blank(sections)
             params = self.param_groups[bucket.group]["params"]
             for seg in bucket.segments:
                 p = params[seg.param]
                 entry = loaded.get(p)
                 if entry is None:
                     continue
-                _, moments, saved_master = entry
+                _, saved_moments, saved_master = entry
                 at, n = seg.offset, seg.stop - seg.start
-                exp_avg[at : at + n].copy_(moments["exp_avg"].reshape(-1)[seg.start : seg.stop])
-                exp_avg_sq[at : at + n].copy_(moments["exp_avg_sq"].reshape(-1)[seg.start : seg.stop])
+                exp_avg[at : at + n].copy_(saved_moments["exp_avg"].reshape(-1)[seg.start : seg.stop])
+                exp_avg_sq[at : at + n].copy_(saved_moments["exp_avg_sq"].reshape(-1)[seg.start : seg.stop])
                 if seg.master is not None:
                     source = p.detach() if saved_master is None else saved_master
                     master[seg.master : seg.master + n].copy_(source.reshape(-1)[seg.start : seg.stop])
+            self._moments.store(sections, exp_avg, exp_avg_sq)  # to nearest: no update, nothing to follow
 
         with self._lock, torch.no_grad():
             self._check_usable()
@@ -822,14 +903,17 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         segments and sections."""
         groups = []
         for group, buckets in zip(self.param_groups, self._buckets):
-            groups.append({
-                "params": [[list(p.shape), str(p.dtype)] for p in group["params"]],
-                "buckets": [{
+            layouts = []
+            for b in buckets:
+                layout = {
                     "numel": b.numel, "master_numel": b.master_numel, "nbytes": b.nbytes,
                     "exp_avg_at": b.exp_avg_at, "exp_avg_sq_at": b.exp_avg_sq_at,
                     "segments": [[s.param, s.start, s.stop, s.offset, s.master] for s in b.segments],
-                } for b in buckets],
-            })
+                }
+                if self._moments.block is not None:  # only then: fp32 and bf16 layouts read as before
+                    layout.update(blocks=b.blocks, scales_at=b.scales_at, exp_avg_sq_scales_at=b.exp_avg_sq_scales_at)
+                layouts.append(layout)
+            groups.append({"params": [[list(p.shape), str(p.dtype)] for p in group["params"]], "buckets": layouts})
         return {"bucket_elements": self._bucket_elements, "groups": groups}
 
     def save(self, directory) -> None:
@@ -875,6 +959,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     "format": CHECKPOINT_FORMAT,
                     "class": cls,
                     "moment_dtype": str(self._moment_dtype),
+                    **self._moments.describe(),  # fp8: the block size, and exp_avg_sq kept as its root
                     "layout": self._layout(),
                     "param_groups": [{k: (list(v) if isinstance(v, tuple) else v)
                                       for k, v in group.items() if k != "params"} for group in self.param_groups],
@@ -924,9 +1009,17 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         if manifest.get("class") != cls:
             raise ValueError("%s.load: the checkpoint is of %s, not %s" % (cls, manifest.get("class"), cls))
         if manifest.get("moment_dtype") != str(self._moment_dtype):
+            theirs = manifest.get("moment_dtype")
+            missing = isinstance(theirs, str) and not hasattr(torch, theirs[len("torch."):])
             raise ValueError("%s.load: the checkpoint keeps %s moments and this optimizer %s: no conversion is "
-                             "done; construct it with moment_dtype=%s" % (
-                                 cls, manifest.get("moment_dtype"), self._moment_dtype, manifest.get("moment_dtype")))
+                             "done; %s, or load that optimizer's state_dict(), which converts" % (
+                                 cls, theirs, self._moment_dtype,
+                                 "this torch (%s) has no %s" % (torch.__version__, theirs) if missing
+                                 else "construct it with moment_dtype=%s" % theirs))
+        for key, mine in self._moments.describe().items():
+            if manifest.get(key) != mine:
+                raise ValueError("%s.load: the checkpoint's %s is %r, this optimizer's %r" % (
+                    cls, key, manifest.get(key), mine))
         mine, theirs = self._layout(), manifest.get("layout")
         if theirs != mine:
             raise ValueError("%s.load: the checkpoint's layout differs: %s" % (cls, _layout_difference(theirs, mine)))
@@ -1077,13 +1170,17 @@ class StreamedAdamW(_StreamedAdamBase):
     set. Beyond them:
       bucket_elements: the most elements of one bucket (one store object, one read, one write)
       depth: the most buckets in memory at once (>= 3 overlaps a read, an update and a write)
-      moment_dtype: torch.float32, or torch.bfloat16 to store the moments in half the bytes (updated in
-          fp32 all the same; the masters of bf16 and fp16 parameters stay fp32)
+      moment_dtype: torch.float32, or torch.bfloat16 to store the moments in half the bytes, or
+          torch.float8_e4m3fn (PyTorch 2.1 or later) in a quarter: one byte per element and one fp32 scale per
+          MOMENT_BLOCK elements, exp_avg_sq kept as its square root, rounded stochastically (tmsdisk._moments
+          says why). Updated in fp32 all the same; the masters of bf16 and fp16 parameters stay fp32. Also
+          by name: "fp32", "bf16", "fp8".
       store: the store (default tmsdisk.store: this process must run under `tmsctl run`)
       name: the prefix of the store objects' names, NAME.GROUP.BUCKET (default: unique in the process)
       prefetch_on_backward: the first gradient hook of each backward calls prefetch()
     Memory beyond the parameters: depth buckets, plus an fp32 copy of a bucket's moments while it is
-    updated when they are bf16, and of a slice's gradient when its parameter is not fp32.
+    updated when they are not fp32 (with fp8, a few 64 MiB temporaries besides), and of a slice's
+    gradient when its parameter is not fp32.
     """
 
     _torch_class = torch.optim.AdamW

@@ -40,7 +40,7 @@ struct LaunchOptions {
   // --tms-compat: the directory of tmsdisk's torch_memory_saver compatibility module first on PYTHONPATH,
   // so that `import torch_memory_saver` in the launch pauses and resumes through tmsdisk.
   bool tms_compat = false;
-  // --stream-optimizer[=fp32|bf16]: TMSDISK_STREAM_OPTIMIZER for the start-up module, which makes
+  // --stream-optimizer[=fp32|bf16|fp8]: TMSDISK_STREAM_OPTIMIZER for the start-up module, which makes
   // torch.optim.AdamW and Adam tmsdisk.optim's streamed classes with moments of that dtype (empty: off).
   std::string stream_optimizer;
 };

@@ -240,10 +240,11 @@ void add_launch_options(CLI::App& sub, LaunchOptions& launch) {
   sub.add_flag("--stream-optimizer{fp32}", launch.stream_optimizer,
                "keep the optimizer state of torch.optim.AdamW and Adam in tmsdiskd's store and stream it through "
                "each step (tmsdisk.optim; the start-up module makes them the streamed classes, "
-               "TMSDISK_STREAM_OPTIMIZER): fp32 moments (the default), or bf16 moments, half the bytes; masters "
-               "stay fp32")
+               "TMSDISK_STREAM_OPTIMIZER): fp32 moments (the default), bf16 moments (half the bytes), or fp8 "
+               "moments (float8_e4m3fn with an fp32 scale per 128 elements, about a quarter; PyTorch 2.1 or "
+               "later); masters stay fp32")
       ->type_name("DTYPE")
-      ->check(one_of({"fp32", "bf16"}));
+      ->check(one_of({"fp32", "bf16", "fp8"}));
   sub.add_flag("--tms-compat", launch.tms_compat,
                "make `import torch_memory_saver` load tmsdisk's compatibility module (its directory first on "
                "PYTHONPATH): programs written for torch_memory_saver pause and resume through tmsdisk, its TMS_* "
