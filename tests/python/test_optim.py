@@ -1235,6 +1235,7 @@ class RealStoreCase(OptimTestCase):
     """A tmsdiskd per test (some kill or restart it), with a 4 MiB chunk; a fresh simcuda device per child."""
 
     daemon_args = ()
+    app = "optim_app.py"  # the program whose scenarios start() runs (other test files bring their own)
 
     def setUp(self):
         lacking = [n for n in STORE_NEEDED if not os.environ.get(n) or not os.path.exists(os.environ[n])]
@@ -1285,7 +1286,7 @@ class RealStoreCase(OptimTestCase):
         import threading
 
         job = "optim-" + scenario
-        child = subprocess.Popen([sys.executable, os.path.join(HERE, "optim_app.py"), scenario], cwd=HERE,
+        child = subprocess.Popen([sys.executable, os.path.join(HERE, self.app), scenario], cwd=HERE,
                                  env=self.child_env(job, extra_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, user=user, group=user,
                                  extra_groups=[] if user is not None else None)
