@@ -85,3 +85,9 @@ TMSDISK_EXPORT int tmsdisk_store_wait(uint64_t ticket) noexcept {
 TMSDISK_EXPORT int tmsdisk_store_flush(void) noexcept {
   return tmsdisk::shim::api_store_flush();
 }
+TMSDISK_EXPORT int tmsdisk_read_paused(const void* ptr, uint64_t length, void* dst) noexcept {
+  return tmsdisk::shim::api_read_paused(ptr, length, dst);
+}
+TMSDISK_EXPORT int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) noexcept {
+  return tmsdisk::shim::api_paused_view(ptr, length, view);
+}

@@ -112,7 +112,7 @@ struct MetricsSnapshot {
   // The node's host tier: its budget, and what sessions hold or are being granted of it.
   uint64_t host_tier_budget_bytes = 0;
   uint64_t host_tier_used_bytes = 0;
-  uint64_t host_tier_kept_bytes = 0;  // of the used: kept by running ranks for their next pause
+  uint64_t host_tier_kept_bytes = 0;    // of the used: kept by running ranks for their next pause
   uint64_t host_tier_object_bytes = 0;  // of the used: what ranks' objects live in
 };
 

@@ -31,6 +31,7 @@
 #include "object_client.h"
 #include "op_result.h"
 #include "pause_record.h"
+#include "paused_reader.h"
 #include "rank_report.h"
 #include "registry.h"
 #include "staging_slots.h"
@@ -69,6 +70,8 @@ class Engine {
   IpcBroker& ipc() noexcept { return ipc_; }
   // The rank's store of named objects, for the C API (tmsdisk_store_*).
   ObjectClient& objects() noexcept { return objects_; }
+  // Paused memory read in place, for the C API (tmsdisk_read_paused, tmsdisk_paused_view).
+  PausedReader& paused_reader() noexcept { return paused_reader_; }
 
   // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
   std::shared_mutex& op_lock() noexcept { return op_lock_; }
@@ -136,6 +139,7 @@ class Engine {
   ControlThread control_;
   IpcBroker ipc_{session_, control_, op_lock_};
   ObjectClient objects_{session_, control_, pipeline_, staging_};
+  PausedReader paused_reader_{session_, control_, pipeline_, staging_, host_tier_, op_lock_};
   PauseRecord record_{session_};
   RankReport report_{session_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is

@@ -76,8 +76,8 @@ Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexce
         if (objects_[i].daemon_handle == 0) {
           removed = i;
         } else if (objects_[i].size != size) {
-          return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first",
-                                                objects_[i].name, objects_[i].size, size));
+          return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first", objects_[i].name,
+                                                objects_[i].size, size));
         } else {
           return i + 1;
         }
@@ -110,8 +110,8 @@ Status ObjectClient::open_on_daemon(Object& o, bool host, CUcontext ctx) {
   const uint8_t flags = host ? proto::kStoreOpenHost : 0;
   proto::Envelope reply;
   UniqueFd memory;
-  if (Status x = session_.exchange(proto::StoreOpen{.name = o.name, .size = o.size, .flags = flags}, -1, reply,
-                                   &memory);
+  if (Status x =
+          session_.exchange(proto::StoreOpen{.name = o.name, .size = o.size, .flags = flags}, -1, reply, &memory);
       !x)
     return x;
   const auto* opened = std::get_if<proto::StoreOpened>(&reply.body);
@@ -130,21 +130,24 @@ Status ObjectClient::open_on_daemon(Object& o, bool host, CUcontext ctx) {
   return open_on_daemon(o, false, ctx);
 }
 
-Result<std::shared_ptr<ObjectClient::HostCopy>> ObjectClient::map_host(const Object& o, uint64_t bytes,
-                                                                       UniqueFd memory, CUcontext ctx) {
+Result<std::shared_ptr<ObjectClient::HostCopy>> ObjectClient::map_host(const Object& o, uint64_t bytes, UniqueFd memory,
+                                                                       CUcontext ctx) {
   const uint64_t chunk = slots_.chunk_bytes();
   if (!memory || chunk == 0 || bytes < o.size || bytes - o.size >= chunk ||
       !RegisteredMapping::holds(memory.get(), bytes))
-    return make_error(EPROTO, "tmsdiskd's STORE_OPENED names host-tier memory it did not send, or not the object's size");
+    return make_error(EPROTO,
+                      "tmsdiskd's STORE_OPENED names host-tier memory it did not send, or not the object's size");
   auto host = std::make_shared<HostCopy>();
-  if (Status st = host->mapping.map(memory.get(), bytes, "object's host-tier memory"); !st) return std::move(st).error();
+  if (Status st = host->mapping.map(memory.get(), bytes, "object's host-tier memory"); !st)
+    return std::move(st).error();
   host->fd = std::move(memory);
   (void)::madvise(host->mapping.data(), host->mapping.bytes(), MADV_HUGEPAGE);  // as the daemon made it
   if (ctx && RegisteredMapping::can_pin())
     if (const CUresult r = host->mapping.pin(ctx); r != CUDA_SUCCESS)
-      TMS_WARN("object '%s': cannot pin its host-tier memory (cuMemHostRegister failed: %s (%d)); its copies will be "
-               "slower",
-               o.name.c_str(), cu_error_name(r), static_cast<int>(r));
+      TMS_WARN(
+          "object '%s': cannot pin its host-tier memory (cuMemHostRegister failed: %s (%d)); its copies will be "
+          "slower",
+          o.name.c_str(), cu_error_name(r), static_cast<int>(r));
   host->written.assign(bytes / chunk, 0);
   TMS_INFO("object '%s': %llu bytes in the host tier", o.name.c_str(), static_cast<unsigned long long>(o.size));
   return host;
@@ -374,9 +377,8 @@ Status ObjectClient::copy_host(const Range& r, const std::string& name, HostCopy
     const DriverApi& api = driver().api;
     CtxScope scope(api, r.ctx);
     const CUstream stream = pipeline_.stream(*ctx);
-    const CUresult copied = r.dir == Direction::ToStorage
-                                ? api.cuMemcpyDtoHAsync_v2(at, r.memory, r.length, stream)
-                                : api.cuMemcpyHtoDAsync_v2(r.memory, at, r.length, stream);
+    const CUresult copied = r.dir == Direction::ToStorage ? api.cuMemcpyDtoHAsync_v2(at, r.memory, r.length, stream)
+                                                          : api.cuMemcpyHtoDAsync_v2(r.memory, at, r.length, stream);
     if (copied != CUDA_SUCCESS) return cuda_error("copying an object's range to or from its host-tier memory", copied);
     if (Status st = pipeline_.drain(*ctx); !st) return st;
   }

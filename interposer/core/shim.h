@@ -36,5 +36,7 @@ int api_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length,
 int api_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexcept;
 int api_store_wait(uint64_t ticket) noexcept;
 int api_store_flush() noexcept;
+int api_read_paused(const void* ptr, uint64_t length, void* dst) noexcept;
+int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcept;
 
 }  // namespace tmsdisk::shim

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 6
+#define TMSDISK_API_VERSION 7
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -206,6 +206,22 @@ int tmsdisk_store_wait(uint64_t ticket) TMSDISK_NOEXCEPT;
 /* Blocks until every write queued so far is done: the first error among the writes since the last
  * flush, 0 if none. */
 int tmsdisk_store_flush(void) TMSDISK_NOEXCEPT;
+
+/* Paused memory read without resuming it (API version 7): what a weight sync reads from a paused
+ * trainer (torch_memory_saver's get_cpu_backup). The range stays paused; its chunks come from the host
+ * tier, the disk (verified against their seals) or nowhere (zero chunks). A read of a range being
+ * paused or resumed waits for that to finish. Not from a tmsdisk_on_pause callback (the pause waits
+ * for it). */
+/* Copies the paused bytes of [ptr, ptr + length) (inside one allocation tmsdisk manages) into host
+ * memory dst. Returns 0; -ENODATA when the range is resident (the device holds its bytes: read them
+ * there) or was paused without a backup (a discard tag); -EINVAL (not in one managed allocation),
+ * -EBADMSG (a chunk on disk failed verification), -EIO, -ECONNREFUSED (no daemon)... */
+int tmsdisk_read_paused(const void* ptr, uint64_t length, void* dst) TMSDISK_NOEXCEPT;
+/* *view = the paused bytes of [ptr, ptr + length) where all of them lie in the node's host tier:
+ * read-only memory mapped in the process, no copy. Valid until the range is resumed (the memory is
+ * then reused). Returns 0; -ENODATA when any chunk of the range lies on disk or was zero (copy it with
+ * tmsdisk_read_paused), or as tmsdisk_read_paused. */
+int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMSDISK_NOEXCEPT;
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 

@@ -50,6 +50,7 @@ __all__ = [
     "loaded",
     "on_pause",
     "pause",
+    "read_paused",
     "region",
     "resume",
     "status",
@@ -59,8 +60,8 @@ __all__ = [
 ]
 
 #: The C API version this package is written against (TMSDISK_API_VERSION; tags came with 4, a tag's
-#: resume with accept_loss with 5, the store of named objects with 6).
-API_VERSION = 6
+#: resume with accept_loss with 5, the store of named objects with 6, paused memory read in place with 7).
+API_VERSION = 7
 
 #: Policies (TMSDISK_POLICY_*): what a pause does with a tag's allocations.
 BACKUP = "backup"  # saved (host tier, disk) and restored bit for bit
@@ -161,6 +162,23 @@ _PROTOTYPES = {
     # API version 5
     "tmsdisk_resume_tag_accept_loss": (ctypes.c_int, [ctypes.c_char_p]),
     "tmsdisk_tags": (ctypes.c_int, [ctypes.POINTER(_CTagInfo), ctypes.c_size_t, ctypes.c_size_t]),
+    # API version 7
+    "tmsdisk_read_paused": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]),
+    "tmsdisk_paused_view": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]),
+}
+
+# The API version each function came with (the others were there from the first): what a library
+# without one predates.
+_SINCE = {
+    "tmsdisk_on_pause": 3,
+    "tmsdisk_tag_push": 4,
+    "tmsdisk_tag_pop": 4,
+    "tmsdisk_pause_tag": 4,
+    "tmsdisk_resume_tag": 4,
+    "tmsdisk_resume_tag_accept_loss": 5,
+    "tmsdisk_tags": 5,
+    "tmsdisk_read_paused": 7,
+    "tmsdisk_paused_view": 7,
 }
 
 _NOT_LOADED = (
@@ -243,7 +261,8 @@ def _function(call: str, name: str):
             _errno.ENOSYS,
             call,
             "the loaded libtmsdisk.so (%s) has no %s: it predates API version %d; use the tmsctl and "
-            "libtmsdisk.so of the same tmsdisk as this package" % (version(), name, API_VERSION),
+            "libtmsdisk.so of the same tmsdisk as this package"
+            % (version(), name, _SINCE.get(name, 6 if name.startswith("tmsdisk_store_") else API_VERSION)),
         )
     return fn
 
@@ -343,6 +362,48 @@ _LOG_LEVELS = ("error", "warn", "info", "debug")
 _on_pause_lock = threading.Lock()
 _on_pause_functions = []  # what on_pause() was given, in order
 _on_pause_c_callback = None  # the package's one tmsdisk_on_pause callback; the shim keeps its pointer for good
+
+
+def read_paused(tensor, zero_copy: bool = False):
+    """The bytes of a paused CUDA tensor, as a CPU tensor of its dtype and shape, without resuming it;
+    None when it is resident (the device holds its bytes) or was paused without a backup (a discard tag).
+
+    Its chunks come from the node's host tier, from disk (verified against their seals) or are zero.
+    zero_copy=True returns, where every chunk of the tensor lies in the host tier, a tensor over that
+    memory itself, valid only until the tensor is resumed (the memory is reused then); elsewhere a copy,
+    as without it. A tensor being paused or resumed is read once that is done. (torch_memory_saver's
+    get_cpu_backup.)"""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    call = "tmsdisk.read_paused()"
+    if not tensor.is_contiguous():
+        raise ValueError("%s: the tensor must be contiguous (its bytes one range of memory)" % call)
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+    if zero_copy:
+        view = ctypes.c_void_p()
+        rc = _function(call, "tmsdisk_paused_view")(tensor.data_ptr(), nbytes, ctypes.byref(view))
+        if rc == 0:
+            memory = (ctypes.c_uint8 * nbytes).from_address(view.value)
+            return torch.frombuffer(memory, dtype=torch.uint8).view(tensor.dtype).view(tensor.shape)
+        if rc != -_errno.ENODATA:
+            raise _read_paused_error(rc, call)
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    rc = _function(call, "tmsdisk_read_paused")(tensor.data_ptr(), nbytes, out.data_ptr())
+    if rc == -_errno.ENODATA:
+        return None
+    if rc < 0:
+        raise _read_paused_error(rc, call)
+    return out.view(tensor.dtype).view(tensor.shape)
+
+
+def _read_paused_error(rc: int, call: str) -> "Error":
+    hints = {
+        _errno.EINVAL: "the tensor is not in memory tmsdisk manages (such memory stays on the device: read it there)",
+        _errno.EBADMSG: "a chunk on disk failed verification against its seal: the backup is damaged",
+    }
+    return Error(-rc, call, hints.get(-rc, "the process's tmsdisk log (stderr) says why"))
 
 
 def _log(level: str, message: str) -> None:

@@ -187,8 +187,6 @@ def scenario_refusals():
     torch_memory_saver.retain_cpu_backup = False
     e = expect(NotImplementedError, setattr, torch_memory_saver, "retain_cpu_backup", True)
     assert "retain_cpu_backup" in str(e), e
-    e = expect(NotImplementedError, torch_memory_saver.get_cpu_backup, object())
-    assert "get_cpu_backup" in str(e), e
     torch_memory_saver.memory_margin_bytes = 0
     e = expect(NotImplementedError, setattr, torch_memory_saver, "memory_margin_bytes", 1 << 30)
     assert "memory_margin_bytes" in str(e), e

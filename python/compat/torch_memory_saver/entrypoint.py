@@ -14,7 +14,9 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
 - cuda_graph(...): torch.cuda.graph(...) with the tag active during capture.
 - _ensure_initialized() and _impl._binary_wrapper.cdll.tms_get_*(): TMS's view of the calling thread's
   region state (in region or not, CPU backup, tag, backend), answered from this module's own state.
-What tmsdisk cannot honour is refused with an exception naming the call: get_cpu_backup, a
+- get_cpu_backup(x, zero_copy): tmsdisk.read_paused(x, zero_copy): the paused bytes of x from the host
+  tier or the disk without resuming it; None while x is resident.
+What tmsdisk cannot honour is refused with an exception naming the call: a
 retain_cpu_backup of True (or TMS_RETAIN_CPU_BACKUP=1), a memory_margin_bytes other than 0,
 set_disk_backup_dir to another directory than TMS_DISK_BACKUP_DIR, tag names tmsdisk does not accept,
 ROCm and XPU.
@@ -184,10 +186,13 @@ class TorchMemorySaver:
             )
 
     def get_cpu_backup(self, x, zero_copy: bool = False):
-        raise _refuse(
-            "torch_memory_saver.get_cpu_backup()",
-            "paused memory is in tmsdiskd's host tier or on disk, where Python cannot read it",
-        )
+        """As TMS: a CPU tensor of paused x's bytes, None while x is resident (or was paused without a
+        backup). They come from the daemon's host tier or its disk, without a resume; with zero_copy, a
+        tensor over the host-tier memory itself where all of x lies there (valid until x is resumed)."""
+        try:
+            return tmsdisk.read_paused(x, zero_copy=zero_copy)
+        except tmsdisk.Error as e:
+            raise _renamed(e, "torch_memory_saver.get_cpu_backup()") from None
 
     def set_disk_backup_dir(self, path: str):
         """Accepted for the directory the process already uses (TMS_DISK_BACKUP_DIR); refused otherwise."""

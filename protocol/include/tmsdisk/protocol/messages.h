@@ -331,11 +331,11 @@ struct SessionInfo {
   // through legacy IPC); the daemon keeps the session and its files until the rank reconnects with its
   // session token or its process exits. It counts against max-sessions-per-uid like any session.
   uint8_t orphaned = 0;
-  uint64_t orphaned_unix_ms = 0;  // when it lost its connection; set exactly when orphaned
-  uint64_t host_tier_bytes = 0;   // host-tier memory the rank holds (granted or adopted)
-  uint8_t host_tier_kept = 0;     // 1: that memory holds nothing now, kept for the rank's next pause
-  uint32_t objects = 0;           // objects in the rank's store (STORE_OPEN), apart from its pauses
-  uint64_t object_bytes = 0;      // ... the bytes they hold on disk
+  uint64_t orphaned_unix_ms = 0;   // when it lost its connection; set exactly when orphaned
+  uint64_t host_tier_bytes = 0;    // host-tier memory the rank holds (granted or adopted)
+  uint8_t host_tier_kept = 0;      // 1: that memory holds nothing now, kept for the rank's next pause
+  uint32_t objects = 0;            // objects in the rank's store (STORE_OPEN), apart from its pauses
+  uint64_t object_bytes = 0;       // ... the bytes they hold on disk
   uint64_t object_host_bytes = 0;  // ... the host-tier memory objects live in (not in host_tier_bytes)
   template <class F>
   void fields(F&& f) {

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C API of paused memory read in place (tmsdisk.h, tmsdisk_read_paused, tmsdisk_paused_view),
+// over PausedReader.
+#include <cerrno>
+
+#include "engine.h"
+#include "log.h"
+#include "shim.h"
+
+namespace tmsdisk::shim {
+namespace {
+
+PausedReader* reader() noexcept {
+  ensure_init();
+  Engine* e = Engine::instance();
+  return e ? &e->paused_reader() : nullptr;
+}
+
+// 0, or the negative errno of `st`. ENODATA is an answer (resident memory, asked for as a matter of
+// course by a weight sync that reads every parameter), not a failure: logged at debug only.
+int outcome(const Status& st, const char* call) noexcept {
+  if (st) return 0;
+  if (st.error().errnum() == ENODATA)
+    TMS_DEBUG("%s: %s", call, st.error().message.c_str());
+  else
+    TMS_WARN("%s: %s", call, st.error().message.c_str());
+  return -st.error().errnum();
+}
+
+}  // namespace
+
+int api_read_paused(const void* ptr, uint64_t length, void* dst) noexcept {
+  PausedReader* r = reader();
+  if (!r) return -ENOMEM;
+  return outcome(r->read(reinterpret_cast<CUdeviceptr>(ptr), length, dst), "tmsdisk_read_paused");
+}
+
+int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcept {
+  if (!view) return -EINVAL;
+  *view = nullptr;
+  PausedReader* r = reader();
+  if (!r) return -ENOMEM;
+  Result<const void*> found = r->view(reinterpret_cast<CUdeviceptr>(ptr), length);
+  if (!found) return outcome(Status(std::move(found).error()), "tmsdisk_paused_view");
+  *view = *found;
+  return 0;
+}
+
+}  // namespace tmsdisk::shim

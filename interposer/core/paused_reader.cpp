@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// Paused memory read without resuming it (paused_reader.h).
+#include "paused_reader.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace tmsdisk::shim {
+namespace {
+
+ChunkPlace place_of(const Allocation& a, uint64_t chunk_index) noexcept {
+  return chunk_index < a.placement.size() ? a.placement[chunk_index] : ChunkPlace::Disk;
+}
+
+}  // namespace
+
+Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t length) const {
+  if (length == 0) return make_error(EINVAL, "a read of paused memory reads at least one byte");
+  std::shared_ptr<Allocation> a = registry().find(ptr);
+  if (!a)
+    return make_error(EINVAL, fmt::format("{:#x} is not in memory tmsdisk manages (such memory stays on the device "
+                                          "through a pause: read it there)",
+                                          ptr));
+  const uint64_t offset = ptr - a->base;
+  if (offset >= a->size || length > a->size - offset)
+    return make_error(EINVAL, fmt::format("[{:#x}, {:#x}) passes the end of its allocation ({} bytes at {:#x})", ptr,
+                                          ptr + length, a->size, a->base));
+  if (a->state.load() != AllocState::Paused)
+    return make_error(ENODATA, "the range is resident: the device holds its bytes");
+  if (a->policy == Policy::Discard)
+    return make_error(ENODATA, "the range was paused without a backup (its tag discards): there are no bytes to read");
+  const uint32_t chunk = slots_.chunk_bytes();
+  if (chunk == 0) return make_error(ENOTCONN, "no session with tmsdiskd");
+  Located at{.a = std::move(a), .offset = offset, .chunk = chunk};
+  const uint64_t first = offset / chunk;
+  for (uint64_t i = 0; i < first && i < at.a->placement.size(); ++i)
+    at.host_before += at.a->placement[i] == ChunkPlace::Host;
+  return at;
+}
+
+Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
+  const Allocation& a = *at.a;
+  const uint64_t chunk = at.chunk;
+  const uint64_t end = at.offset + length;
+  const uint8_t* tier = tier_.memory().held() ? tier_.memory().base() + a.host_offset : nullptr;
+  uint64_t host_index = at.host_before;
+  // Disk chunks the range covers whole are read straight into dst, in runs; a chunk it covers only
+  // part of (at either end) into a buffer of its own, then the part copied out.
+  std::vector<TransferJob> jobs;
+  struct Edge {
+    std::vector<uint8_t> bytes;
+    uint64_t from = 0;
+    uint8_t* to = nullptr;
+    uint64_t length = 0;
+  };
+  std::vector<Edge> edges;
+  edges.reserve(2);
+  for (uint64_t c = at.offset / chunk; c * chunk < end; ++c) {
+    const uint64_t cs = c * chunk, ce = std::min(cs + chunk, uint64_t{a.size});
+    const uint64_t lo = std::max(cs, at.offset), hi = std::min(ce, end);
+    uint8_t* out = dst + (lo - at.offset);
+    switch (place_of(a, c)) {
+      case ChunkPlace::Zero: std::memset(out, 0, hi - lo); break;
+      case ChunkPlace::Host:
+        if (!tier) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
+        std::memcpy(out, tier + host_index * chunk + (lo - cs), hi - lo);
+        ++host_index;
+        break;
+      case ChunkPlace::Disk: {
+        CUdeviceptr into = reinterpret_cast<CUdeviceptr>(out);
+        if (lo != cs || hi != ce) {
+          Edge& e = edges.emplace_back(Edge{std::vector<uint8_t>(ce - cs), lo - cs, out, hi - lo});
+          into = reinterpret_cast<CUdeviceptr>(e.bytes.data());
+        } else if (!jobs.empty() && jobs.back().blob_offset + jobs.back().size == cs &&
+                   jobs.back().base + jobs.back().size == into) {
+          jobs.back().size += ce - cs;
+          break;
+        }
+        TransferJob& j = jobs.emplace_back();
+        j.base = into;
+        j.size = ce - cs;
+        j.blob = a.id;
+        j.blob_offset = cs;
+        j.host_memory = true;
+        break;
+      }
+    }
+  }
+  if (jobs.empty()) return {};
+  if (!session_.connected())
+    if (Status c = session_.connect(); !c) return c;
+  for (TransferJob& j : jobs) count_disk_chunks(j, at.chunk);
+  TransferSteps steps;
+  steps.finished = [](TransferJob&) -> Status { return {}; };
+  ProgressReporter progress(&session_, 0);
+  uint64_t done = 0;
+  if (std::optional<Error> failed = pipeline_.run(Direction::FromStorage, jobs, steps, progress, &done))
+    return std::move(*failed);
+  for (const TransferJob& j : jobs)
+    if (j.error)
+      return make_error(j.error->errnum(), fmt::format("bytes at {:#x} of the paused allocation: {}",
+                                                       j.refused_offset.value_or(j.blob_offset), j.error->describe()));
+  for (const Edge& e : edges) std::memcpy(e.to, e.bytes.data() + e.from, e.length);
+  return {};
+}
+
+Status PausedReader::read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept {
+  if (!dst) return make_error(EINVAL, "no memory to read paused bytes into");
+  try {
+    return control_.call([&]() -> Status {
+      std::shared_lock lock(op_lock_);
+      Result<Located> at = locate(ptr, length);
+      if (!at) return std::move(at).error();
+      return copy(*at, length, static_cast<uint8_t*>(dst));
+    });
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory reading paused memory");
+  }
+}
+
+Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcept {
+  const void* view = nullptr;
+  Status st = control_.call([&]() -> Status {
+    std::shared_lock lock(op_lock_);
+    Result<Located> at = locate(ptr, length);
+    if (!at) return std::move(at).error();
+    const Allocation& a = *at->a;
+    const uint64_t first = at->offset / at->chunk;
+    for (uint64_t c = first; c * at->chunk < at->offset + length; ++c)
+      if (place_of(a, c) != ChunkPlace::Host)
+        return make_error(ENODATA,
+                          fmt::format("bytes at {:#x} are {}, not in the host tier: read them", a.base + c * at->chunk,
+                                      place_of(a, c) == ChunkPlace::Zero ? "zero" : "on disk"));
+    if (!tier_.memory().held()) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
+    // The host chunks of an allocation lie one after another: a run of them is contiguous memory.
+    view = tier_.memory().base() + a.host_offset + at->host_before * at->chunk + (at->offset - first * at->chunk);
+    return {};
+  });
+  if (!st) return std::move(st).error();
+  return view;
+}
+
+}  // namespace tmsdisk::shim

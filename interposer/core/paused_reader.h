@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Paused memory read without resuming it (tmsdisk_read_paused, tmsdisk_paused_view): what the weight
+// sync of a paused trainer does (torch_memory_saver's get_cpu_backup). Each chunk of the range comes
+// from where its pause put it: the host tier (a memcpy out of the memory mapped in the process), the
+// disk (READs through the transfer pipeline straight into the caller's memory, each verified by the
+// daemon against the chunk's seal), or nowhere (a zero chunk: memset). The allocation stays paused
+// and the daemon's record of the pause is untouched.
+//
+// Reads run on the control thread, one operation after another with pauses and resumes: a read of a
+// range that is being paused or resumed waits for that to finish, then finds it paused (read) or
+// resident (ENODATA: the device has the bytes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+
+#include "control_thread.h"
+#include "cuda_api.h"
+#include "daemon_session.h"
+#include "host_tier.h"
+#include "registry.h"
+#include "staging_slots.h"
+#include "tmsdisk/common/result.h"
+#include "transfer.h"
+
+namespace tmsdisk::shim {
+
+class PausedReader {
+ public:
+  PausedReader(DaemonSession& session, ControlThread& control, TransferPipeline& pipeline, StagingSlots& slots,
+               const HostTierClient& tier, std::shared_mutex& op_lock)
+      : session_(session), control_(control), pipeline_(pipeline), slots_(slots), tier_(tier), op_lock_(op_lock) {}
+
+  // Copies the paused bytes of [ptr, ptr + length) into host memory dst. ENODATA: the range is not
+  // paused (resident: the device holds its bytes) or was paused without a backup (a discard tag:
+  // nothing to read); EINVAL: it is not inside one allocation tmsdisk manages; EBADMSG: a chunk on
+  // disk failed its seal; EIO: the host-tier memory or the daemon is gone.
+  Status read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept;
+  // The paused bytes of [ptr, ptr + length) where all of them lie in the host tier: read-only memory
+  // mapped in the process, valid while the range stays paused (a resume empties it, and the next
+  // pause reuses it). ENODATA where any chunk of it lies elsewhere (read() copies those), and as
+  // read() says.
+  Result<const void*> view(CUdeviceptr ptr, uint64_t length) noexcept;
+
+ private:
+  struct Located {
+    std::shared_ptr<Allocation> a;
+    uint64_t offset = 0;       // of the range in the allocation
+    uint32_t chunk = 0;        // the session's chunk size
+    uint64_t host_before = 0;  // host chunks of the allocation before the range's first chunk
+  };
+  // The paused allocation [ptr, ptr + length) lies in (op lock held).
+  Result<Located> locate(CUdeviceptr ptr, uint64_t length) const;
+  // On the control thread.
+  Status copy(const Located& at, uint64_t length, uint8_t* dst);
+
+  DaemonSession& session_;
+  ControlThread& control_;
+  TransferPipeline& pipeline_;
+  StagingSlots& slots_;
+  const HostTierClient& tier_;
+  std::shared_mutex& op_lock_;
+};
+
+}  // namespace tmsdisk::shim

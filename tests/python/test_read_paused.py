@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tmsdisk.read_paused() and tmsdisk_paused_view(): paused memory read without resuming it, from disk,
+from the node's host tier, from both, and after a daemon restart.
+
+paused_app.py's scenarios under libtmsdisk.so on simcuda, against a tmsdiskd of their own (the harness
+of test_optim.py's real-store cases).
+
+    /usr/bin/python3 test_read_paused.py     (needs torch: Debian's python3-torch; exit 77 without it)
+"""
+
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_optim import RealStoreCase  # noqa: E402  (exits 77 without torch)
+
+
+class ReadPaused(RealStoreCase):
+    """Every data chunk on disk (no host tier): reads go through the daemon, verified."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-ahead=false",)
+    tier = "none"
+
+    def test_read_while_paused(self):
+        self.run_scenario("read", {"EXPECT_TIER": self.tier})
+
+    def test_read_after_a_daemon_restart(self):
+        child = self.start("restart", {"EXPECT_TIER": self.tier})
+        self.read_until(child, "PAUSED")
+        self.daemon.kill()
+        self.daemon.start()  # the same roots and socket
+        self.tell(child, "restarted")
+        self.finish(child, "restart")
+
+
+    def test_torch_memory_saver_get_cpu_backup(self):
+        # The compatibility module first on the path, as `tmsctl run --tms-compat` puts it: the build's
+        # copy, or the source tree's.
+        built = os.environ.get("PYTHON_DIR")
+        compat = os.path.join(built, "tms-compat") if built else os.path.join(HERE, "..", "..", "python", "compat")
+        path = ":".join([compat] + self.child_env("unused")["PYTHONPATH"].split(":"))
+        self.run_scenario("tms-get-cpu-backup", {"PYTHONPATH": path})
+
+
+class ReadPausedFromTheTier(ReadPaused):
+    """A tier that holds every data chunk: reads are copies out of memory, views need none."""
+
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false")
+    tier = "all"
+
+
+class ReadPausedFromBoth(ReadPaused):
+    """A tier of two chunks: the first two data chunks in memory, the rest on disk."""
+
+    daemon_args = ("--host-tier-mb", "8", "--host-tier-ahead=false")
+    tier = "part"
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
