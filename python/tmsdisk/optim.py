@@ -12,8 +12,15 @@ bucket may hold slices of several tensors); step() brings them into memory one a
     loss.backward(); opt.step(); opt.zero_grad()
 
 The update is torch's own: the functional kernel torch.optim.AdamW (Adam) itself calls in the torch
-of this process, with the same foreach choice, so fp32 parameters with fp32 moments end bit-identical
-to torch.optim.AdamW's. Step counts stay in Python memory, one per parameter, as torch keeps them.
+of this process, with the same foreach and fused choices, so fp32 parameters with fp32 moments end
+bit-identical to torch.optim.AdamW's. Step counts are kept as torch keeps them, one per parameter: on
+the host, or with fused=True on the parameter's device, where the fused kernel reads them.
+
+Parameters that are DTensors (FSDP2's fully_shard, tensor parallelism) are updated shard by shard: each
+rank streams the local shard of each parameter (to_local()) with the local shard of its gradient, and
+writes the update back into it; nothing is gathered. Its buckets hold its shards only, under names of
+its own store (which is the process's). state_dict() gives DTensors placed as the parameters, as
+torch.optim.AdamW's state for DTensor parameters is.
 
 The last write-backs of a step may finish after step() returns; the next step(), state_dict(),
 flush() (synchronize()) and the interpreter's exit wait for them. prefetch() starts reading the first
@@ -79,7 +86,6 @@ _UNSUPPORTED = (
     ("amsgrad", "the streamed state holds exp_avg and exp_avg_sq, not AMSGrad's max_exp_avg_sq"),
     ("capturable", "each step waits on the host for the store, which a CUDA graph cannot capture"),
     ("differentiable", "the state leaves autograd's graph when it is written to the store"),
-    ("fused", "the fused kernel is not wired in: the foreach kernel (torch's default on CUDA) is used"),
 )
 
 _SUPPORTED_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -123,6 +129,40 @@ def _moments_of(cls, moment_dtype):
     fp8 = "torch.%s" % _FP8_NAME if hasattr(torch, _FP8_NAME) else "(with PyTorch 2.1 or later) torch.%s" % _FP8_NAME
     raise ValueError("%s: moment_dtype must be torch.float32, torch.bfloat16 or %s, not %r" % (
         cls, fp8, moment_dtype))
+
+
+def _dtensor_class():
+    """torch's DTensor class when this process has imported it, else None. A DTensor parameter's class is
+    imported by whoever made it, so looking in sys.modules finds it without importing torch.distributed
+    (which torch 1.13 has without DTensor, and a CPU-only build may lack)."""
+    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        cls = getattr(sys.modules.get(module), "DTensor", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _is_dtensor(t) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def _local(t):
+    """The tensor whose elements this rank holds: a DTensor's local shard (to_local(): the shard, or a view
+    of it in older torch, so that in-place updates reach the parameter), any other tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _placed_like(local, p):
+    """`local`, the state of parameter `p` on this rank, as torch.optim keeps it: a DTensor on p's mesh with
+    p's placements, shape and stride when p is a DTensor (torch's state is zeros_like(p)), else itself."""
+    if not _is_dtensor(p):
+        return local
+    cls = _dtensor_class()
+    shape = {}
+    if "shape" in inspect.signature(cls.from_local).parameters:  # uneven shards need the global shape said
+        shape = dict(shape=p.shape, stride=p.stride())
+    return cls.from_local(local, p.device_mesh, p.placements, run_check=False, **shape)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -214,8 +254,8 @@ class _Bucket:
 
 
 def _cut(params, cap: int, make_bucket):
-    """The group's parameters, in order, cut into buckets of at most `cap` elements; a bucket holds one
-    device's tensors only."""
+    """The group's parameters (their local shards), in order, cut into buckets of at most `cap` elements;
+    a bucket holds one device's tensors only."""
     buckets = []
     current = None
     for index, p in enumerate(params):
@@ -228,6 +268,37 @@ def _cut(params, cap: int, make_bucket):
             current.add(index, start, stop, p.dtype != torch.float32)
             start = stop
     return buckets
+
+
+def _listed(params):
+    """The constructor's params as lists that can be walked twice (torch's Optimizer makes each group's
+    params a list too): a generator is read once, here."""
+    if torch.is_tensor(params):
+        return [params]
+    listed = []
+    for item in params:
+        if isinstance(item, dict) and not torch.is_tensor(item.get("params")):
+            item = dict(item, params=list(item["params"]))
+        listed.append(item)
+    return listed
+
+
+def _probes(params):
+    """One small tensor per device and floating dtype of the parameters (local shards for DTensors), for
+    torch's class to judge the options against; [] for no parameters, which torch then refuses as it
+    would. Other dtypes are refused by add_param_group, with a message of its own."""
+    kinds, seen = {}, False
+    for item in params:
+        members = item["params"] if isinstance(item, dict) else [item]
+        for p in [members] if torch.is_tensor(members) else members:
+            p = p[1] if isinstance(p, tuple) else p  # a (name, parameter) pair, which torch 2.6 and later take
+            if torch.is_tensor(p):
+                seen, local = True, _local(p)
+                if local.is_floating_point():
+                    kinds.setdefault((local.device, local.dtype), None)
+    if seen and not kinds:
+        kinds[(torch.device("cpu"), torch.float32)] = None
+    return [torch.zeros(1, device=device, dtype=dtype, requires_grad=True) for device, dtype in kinds]
 
 
 # --- residency -------------------------------------------------------------------------------------
@@ -460,6 +531,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         cls = type(self).__name__
         for flag, _ in _UNSUPPORTED:
             self._refuse(flag, torch_options.get(flag))
+        self._check_fused_exists(torch_options.get("fused"))
+        params = _listed(params)
         if not isinstance(bucket_elements, int) or bucket_elements < 1:
             raise ValueError("%s: bucket_elements must be a positive int, not %r" % (cls, bucket_elements))
         if not isinstance(depth, int) or depth < 1:
@@ -490,10 +563,12 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         self._hooks = []
         self._closed = False
         # torch's own class judges the numbers (its messages) and gives this torch's defaults: the keys
-        # of each param group, so that state_dicts pass both ways.
+        # of each param group, so that state_dicts pass both ways. Its probe parameters are of the devices
+        # and dtypes of ours, so that what it refuses for them (fused=True on a device without the fused
+        # kernel, which torch 2.3 and earlier check here) is refused here, with torch's exception.
         # None stands for torch's default (fused: None in torch 2, False in 1.13's Adam).
         accepted = inspect.signature(self._torch_class.__init__).parameters
-        probe = self._torch_class([torch.zeros(1, requires_grad=True)],
+        probe = self._torch_class(_probes(params),
                                   **{k: v for k, v in torch_options.items() if k in accepted and v is not None})
         defaults = dict(probe.defaults)
         self._kernel_parameters = frozenset(inspect.signature(type(self)._kernel).parameters)
@@ -510,6 +585,40 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             raise ValueError("%s: %s=%r is not implemented (%s); leave %s unset" % (
                 type(self).__name__, flag, value, why, flag))
 
+    def _check_fused_exists(self, fused) -> None:
+        """fused=True where this torch's class has no fused kernel: TypeError, as torch's own constructor
+        raises for an argument it does not take (torch 1.13's AdamW; its Adam has one, for CUDA)."""
+        if not fused:
+            return
+        torch_class = self._torch_class
+        if ("fused" not in inspect.signature(torch_class.__init__).parameters
+                or "fused" not in inspect.signature(type(self)._kernel).parameters):
+            raise TypeError("%s: fused=%r: this torch (%s) has no fused %s kernel: torch.optim.%s takes no fused "
+                            "argument (PyTorch 2.0 or later has it); leave fused unset" % (
+                                type(self).__name__, fused, torch.__version__, torch_class.__name__,
+                                torch_class.__name__))
+
+    def _check_group_options(self, group) -> None:
+        """What a param group may not ask for, whether given to the constructor, add_param_group, or a
+        loaded state: the unsupported flags, and fused=True where torch has no fused kernel for it."""
+        for flag, _ in _UNSUPPORTED:
+            self._refuse(flag, group.get(flag))
+        fused = group.get("fused")
+        self._check_fused_exists(fused)
+        if not fused:
+            return
+        # torch 2.3 and earlier check the devices in the constructor, and only for its own arguments: its
+        # class over probes of the group's parameters, with the group's fused and foreach.
+        accepted = inspect.signature(self._torch_class.__init__).parameters
+        self._torch_class(_probes(group["params"]), **{k: group[k] for k in ("fused", "foreach")
+                                                      if k in accepted and group.get(k) is not None})
+        # torch 2.4 and later check them at the first step (the CPU has the kernel there too): the same
+        # check, with its message, before any state exists.
+        check = getattr(sys.modules[torch.optim.Optimizer.__module__], "_device_dtype_check_for_fused", None)
+        if check is not None:
+            for p in group["params"]:
+                check(_local(p))
+
     def add_param_group(self, param_group) -> None:
         group = param_group if isinstance(param_group, dict) else {"params": param_group}
         for flag, _ in _UNSUPPORTED:
@@ -518,13 +627,14 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         index = len(self._buckets)
         params = self.param_groups[-1]["params"]
         try:
+            self._check_group_options(self.param_groups[-1])
             for p in params:
                 if p.dtype not in _SUPPORTED_PARAM_DTYPES or p.is_sparse:
                     raise ValueError("%s: a parameter of dtype %s%s: only dense float32, bfloat16 and float16 "
                                      "parameters are supported" % (type(self).__name__, p.dtype,
                                                                    " (sparse)" if p.is_sparse else ""))
             before = sum(len(b) for b in self._buckets)
-            buckets = _cut(params, self._bucket_elements,
+            buckets = _cut([_local(p) for p in params], self._bucket_elements,
                            lambda i, device: _Bucket("%s.%d.%d" % (self._name, index, i), index, before + i, device))
             for bucket in buckets:
                 if len(bucket.name) > _store_module.NAME_MAX:
@@ -594,11 +704,17 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                         continue
                     if p.grad.is_sparse:
                         raise RuntimeError("%s does not support sparse gradients" % cls)
-                    if not p.is_contiguous():
+                    local = _local(p)
+                    if not local.is_contiguous():
                         raise ValueError("%s: a parameter of shape %s is not contiguous: the state is kept in "
-                                         "its flat element order" % (cls, tuple(p.shape)))
+                                         "its flat element order" % (cls, tuple(local.shape)))
+                    if _local(p.grad).numel() != local.numel():
+                        raise ValueError("%s: a DTensor parameter's gradient is placed otherwise (%s, the "
+                                         "parameter %s): the step updates this rank's shard from its own "
+                                         "elements and gathers nothing" % (
+                                             cls, getattr(p.grad, "placements", None), getattr(p, "placements", None)))
                     step = self.state[p].get("step")
-                    before[p] = (self._new_step() if step is None else step, step is None)
+                    before[p] = (self._step_count(step, local.device, group.get("fused")), step is None)
                     with_grad.add(index)
                 work += [b for b in buckets if any(s.param in with_grad for s in b.segments)]
             after = {}
@@ -612,15 +728,31 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _new_step():
-        """A step count as torch's class starts it (capturable and fused, which keep it on the device,
-        are refused)."""
+    def _step_count(step, device, fused):
+        """The step count a parameter on `device` steps with: a new one (None) as torch's class starts it,
+        or the one it has, moved to the device for the fused kernel as torch's load_state_dict moves it.
+
+        torch keeps it on the host, except for capturable (refused) and fused, where the kernel reads it on
+        the device: a 0-d float32 tensor there (torch 2; 1.13's fused Adam made it of shape (1,))."""
         scalar_dtype = getattr(sys.modules[torch.optim.Optimizer.__module__], "_get_scalar_dtype", None)
+        if fused:
+            if step is None:
+                shape = (1,) if torch.__version__.split(".")[0] == "1" else ()
+                return torch.zeros(shape, dtype=torch.float32, device=device)
+            return step.to(dtype=torch.float32, device=device)
+        if step is not None:
+            return step
         return torch.tensor(0.0, dtype=scalar_dtype()) if scalar_dtype else torch.tensor(0.0)
 
     def _kernel_options(self, group) -> dict:
         options = {k: group[k] for k in self._kernel_parameters if k in group and k != "params"}
         options["beta1"], options["beta2"] = group["betas"]
+        if options.get("foreach") is None and not options.get("fused") and any(map(_is_dtensor, group["params"])):
+            # The kernel picks foreach or the loop from the tensors it is given, plain shards here; torch's
+            # class gives it the DTensors, which torch may judge otherwise: its choice, made for them.
+            default = getattr(sys.modules[torch.optim.Optimizer.__module__], "_default_to_fused_or_foreach", None)
+            if default is not None and "foreach" in options:
+                options["foreach"] = default([p for p in group["params"] if p.grad is not None], False, False)[1]
         for absent in ("grad_scale", "found_inf"):
             if absent in self._kernel_parameters:
                 options[absent] = None
@@ -648,8 +780,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                 continue
             step, first = entry
             n = seg.stop - seg.start
-            flat = p.detach().view(-1)[seg.start : seg.stop]
-            grad = p.grad.detach().reshape(-1)[seg.start : seg.stop]
+            flat = _local(p).detach().view(-1)[seg.start : seg.stop]
+            grad = _local(p.grad).detach().reshape(-1)[seg.start : seg.stop]
             m = exp_avg32[seg.offset : seg.offset + n]
             v = exp_avg_sq32[seg.offset : seg.offset + n]
             if first:  # torch starts a parameter's moments at zero on its first step
@@ -735,7 +867,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
     def state_dict(self):
         """torch.optim.AdamW's (Adam's) state_dict, materialized: per parameter index, `step`, `exp_avg`
         and `exp_avg_sq` as full tensors on the parameter's device, and for a bf16 or fp16 parameter its
-        fp32 master as `tmsdisk_master`; the moments' dtype under the key `tmsdisk_moment_dtype`.
+        fp32 master as `tmsdisk_master`; the moments' dtype under the key `tmsdisk_moment_dtype`. For a
+        DTensor parameter (FSDP2) the tensors are what torch's are: DTensors on the parameter's mesh with
+        its placements, each holding this rank's shard; `step` is a plain tensor, as torch's.
         Block-scaled (fp8) moments are given as the values they stand for, in fp32 (exp_avg_sq squared
         back), so `tmsdisk_moment_dtype` is torch.float32 and `tmsdisk_moment_storage` says how they were
         kept: {"dtype": "torch.float8_e4m3fn", "moment_block": 128, "exp_avg_sq_stored_as": "sqrt"}.
@@ -753,11 +887,12 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     step = self.state[p].get("step") if p in self.state else None
                     if step is None or p in out:
                         continue
+                    local = _local(p)
                     entry = {"step": step.clone()}
                     for key in _MOMENT_KEYS:
-                        entry[key] = torch.zeros(p.shape, dtype=self._moments.state_dtype, device=p.device)
+                        entry[key] = torch.zeros(local.shape, dtype=self._moments.state_dtype, device=local.device)
                     if p.dtype != torch.float32:
-                        entry[MASTER_KEY] = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                        entry[MASTER_KEY] = torch.empty(local.shape, dtype=torch.float32, device=local.device)
                     out[p] = entry
 
             def copy_out(bucket, buffer):
@@ -786,7 +921,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             for group, saved in zip(self.param_groups, packed["param_groups"]):
                 for p, i in zip(group["params"], saved["params"]):
                     indexes.setdefault(p, i)
-            packed["state"] = {indexes[p]: entry for p, entry in out.items()}
+            packed["state"] = {indexes[p]: {k: v if k == "step" else _placed_like(v, p) for k, v in entry.items()}
+                               for p, entry in out.items()}
             packed[MOMENT_DTYPE_KEY] = str(self._moments.state_dtype)
             if self._moments.block is not None:
                 packed[MOMENT_STORAGE_KEY] = dict(self._moments.describe(), dtype=str(self._moment_dtype))
@@ -815,18 +951,38 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             declared = _DTYPES_BY_NAME.get(str(declared), declared)
         id_map = dict(zip(chain.from_iterable(s["params"] for s in saved_groups),
                           chain.from_iterable(g["params"] for g in groups)))
+        new_groups = []
+        for group, saved in zip(groups, saved_groups):
+            new = dict(saved)
+            new["params"] = group["params"]
+            for key, value in self.defaults.items():
+                new.setdefault(key, value)
+            self._check_group_options(new)
+            new_groups.append(new)
+        fused = {p: new.get("fused") for new in new_groups for p in new["params"]}
+
+        def shard(t, p, key, index):
+            """A DTensor parameter's state is a DTensor (torch's, or this class's state_dict): its local shard
+            is this rank's, of the parameter's local shape when both are placed alike."""
+            if _is_dtensor(p) and not _is_dtensor(t):
+                raise ValueError("%s.load_state_dict: %s of parameter %r is a plain tensor and the parameter a "
+                                 "DTensor: give the state as torch.optim keeps it for DTensors, DTensors placed as the "
+                                 "parameters (a full tensor is not sharded here)" % (cls, key, index))
+            return _local(t)
+
         loaded = {}  # parameter -> (step, {key: tensor}, master or None)
         for index, saved in state_dict["state"].items():
             p = id_map.get(index)
             if p is None:
                 continue
+            local = _local(p)
             missing = [k for k in ("step",) + _MOMENT_KEYS if k not in saved]
             if missing:
                 raise ValueError("%s.load_state_dict: the state of parameter %r has no %s" % (
                     cls, index, ", ".join(missing)))
             moments = {}
             for key in _MOMENT_KEYS:
-                t = saved[key]
+                t = shard(saved[key], p, key, index)
                 if declared is not None and t.dtype != declared:
                     raise ValueError("%s.load_state_dict: the state dict declares %s moments but %s of parameter %r "
                                      "is %s: its bytes are not read as another dtype" % (
@@ -836,28 +992,22 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                                      "moments: no conversion between them is done; construct it with "
                                      "moment_dtype=%s" % (cls, key, index, t.dtype, self._moment_dtype,
                                                           t.dtype if t.dtype in _PLAIN_MOMENTS else "torch.float32"))
-                if t.numel() != p.numel():
+                if t.numel() != local.numel():
                     raise ValueError("%s.load_state_dict: %s of parameter %r has %d elements, the parameter %d" % (
-                        cls, key, index, t.numel(), p.numel()))
+                        cls, key, index, t.numel(), local.numel()))
                 moments[key] = t
             master = saved.get(MASTER_KEY)
             if p.dtype == torch.float32:
                 master = None
-            elif master is not None and (master.dtype != torch.float32 or master.numel() != p.numel()):
-                raise ValueError("%s.load_state_dict: %s of parameter %r must be float32 with %d elements, not %s "
-                                 "with %d" % (cls, MASTER_KEY, index, p.numel(), master.dtype, master.numel()))
+            elif master is not None:
+                master = shard(master, p, MASTER_KEY, index)
+                if master.dtype != torch.float32 or master.numel() != local.numel():
+                    raise ValueError("%s.load_state_dict: %s of parameter %r must be float32 with %d elements, not "
+                                     "%s with %d" % (cls, MASTER_KEY, index, local.numel(), master.dtype,
+                                                     master.numel()))
             step = saved["step"]
             step = step.clone() if torch.is_tensor(step) else torch.tensor(float(step))
-            loaded[p] = (step, moments, master)
-        new_groups = []
-        for group, saved in zip(groups, saved_groups):
-            new = dict(saved)
-            new["params"] = group["params"]
-            for key, value in self.defaults.items():
-                new.setdefault(key, value)
-            for flag, _ in _UNSUPPORTED:
-                self._refuse(flag, new.get(flag))
-            new_groups.append(new)
+            loaded[p] = (self._step_count(step, local.device, fused[p]), moments, master)
 
         def fill(bucket, buffer):
             buffer.zero_()
@@ -875,7 +1025,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                 exp_avg[at : at + n].copy_(saved_moments["exp_avg"].reshape(-1)[seg.start : seg.stop])
                 exp_avg_sq[at : at + n].copy_(saved_moments["exp_avg_sq"].reshape(-1)[seg.start : seg.stop])
                 if seg.master is not None:
-                    source = p.detach() if saved_master is None else saved_master
+                    source = _local(p).detach() if saved_master is None else saved_master
                     master[seg.master : seg.master + n].copy_(source.reshape(-1)[seg.start : seg.stop])
             self._moments.store(sections, exp_avg, exp_avg_sq)  # to nearest: no update, nothing to follow
 
@@ -913,7 +1063,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                 if self._moments.block is not None:  # only then: fp32 and bf16 layouts read as before
                     layout.update(blocks=b.blocks, scales_at=b.scales_at, exp_avg_sq_scales_at=b.exp_avg_sq_scales_at)
                 layouts.append(layout)
-            groups.append({"params": [[list(p.shape), str(p.dtype)] for p in group["params"]], "buckets": layouts})
+            # a DTensor's local shape: each rank saves and loads its own shards
+            groups.append({"params": [[list(_local(p).shape), str(p.dtype)] for p in group["params"]],
+                           "buckets": layouts})
         return {"bucket_elements": self._bucket_elements, "groups": groups}
 
     def save(self, directory) -> None:
@@ -1038,8 +1190,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             new = dict(group)
             for key, value in saved.items():
                 new[key] = tuple(value) if isinstance(value, list) else value
-            for flag, _ in _UNSUPPORTED:
-                self._refuse(flag, new.get(flag))
+            self._check_group_options(new)
             new_groups.append(new)
         with self._lock, torch.no_grad():
             self._check_usable()
@@ -1061,10 +1212,10 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     del host
             self.param_groups = new_groups
             self.state = defaultdict(dict)
-            params = list(chain.from_iterable(g["params"] for g in self.param_groups))
-            for p, step in zip(params, manifest["steps"]):
+            params = [(p, g.get("fused")) for g in self.param_groups for p in g["params"]]
+            for (p, fused), step in zip(params, manifest["steps"]):
                 if step is not None:
-                    t = self._new_step()
+                    t = self._step_count(None, _local(p).device, fused)
                     t.fill_(step)
                     self.state[p]["step"] = t
 
@@ -1166,8 +1317,10 @@ def _layout_difference(theirs, mine) -> str:
 class StreamedAdamW(_StreamedAdamBase):
     """torch.optim.AdamW with its state in tmsdiskd's store, streamed through the step (see the module).
 
-    Takes torch.optim.AdamW's arguments; amsgrad, capturable, differentiable and fused are refused when
-    set. Beyond them:
+    Takes torch.optim.AdamW's arguments; amsgrad, capturable and differentiable are refused when set.
+    fused=True takes torch's fused kernel where torch.optim.AdamW has it for the parameters' device (PyTorch
+    2.0 on CUDA, 2.4 on the CPU), and is refused where it has not, with the exception torch raises: TypeError
+    where this torch's AdamW takes no fused (1.13), else torch's own RuntimeError. Beyond them:
       bucket_elements: the most elements of one bucket (one store object, one read, one write)
       depth: the most buckets in memory at once (>= 3 overlaps a read, an update and a write)
       moment_dtype: torch.float32, or torch.bfloat16 to store the moments in half the bytes, or

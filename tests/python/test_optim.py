@@ -13,6 +13,7 @@ TEST_OPTIM_DEVICE=cuda puts the parameters on the GPU (default: cpu).
 """
 
 import errno
+import inspect
 import os
 import shutil
 import sys
@@ -263,8 +264,8 @@ class OptimTestCase(unittest.TestCase):
     def assertBitEqual(self, ours, theirs, what):
         self.assertEqual(ours.dtype, theirs.dtype, what)
         self.assertEqual(ours.shape, theirs.shape, what)
-        self.assertTrue(torch.equal(ours, theirs), "%s differs: max |diff| %g" % (
-            what, (ours.double() - theirs.double()).abs().max().item()))
+        if not torch.equal(ours, theirs):
+            self.fail("%s differs: max |diff| %g" % (what, (ours.double() - theirs.double()).abs().max().item()))
 
     def assertSameState(self, ours, theirs, master_of=None):
         """The state dicts of two optimizers hold the same numbers for the same parameters."""
@@ -278,21 +279,29 @@ class OptimTestCase(unittest.TestCase):
                          [{k: v for k, v in g.items() if k != "params"} for g in theirs["param_groups"]])
 
 
-class MatchesTorch(OptimTestCase):
     def run_pair(self, ours_class, torch_class, bucket_elements, depth=3, foreach=None, **options):
+        """Both classes over the same parameters and gradients for STEPS steps: bit-identical parameters
+        and state. Options torch's class does not take (fused=False in torch 1.13's AdamW), and None (torch's
+        default, which ours stands for by it), go to ours only."""
         params, reference = make_params(), make_params()
         store = make_store()
         ours = ours_class(groups_of(params), lr=1e-2, bucket_elements=bucket_elements, depth=depth, store=store,
                           foreach=foreach, **options)
-        theirs = torch_class(groups_of(reference), lr=1e-2, foreach=foreach, **options)
+        accepted = inspect.signature(torch_class.__init__).parameters
+        theirs = torch_class(groups_of(reference), lr=1e-2, foreach=foreach,
+                             **{k: v for k, v in options.items() if k in accepted and v is not None})
         trainer = Trainer()
         for _ in range(STEPS):
             trainer.step([(ours, params), (theirs, reference)])
-        what = "%s bucket_elements=%d depth=%d foreach=%s" % (ours_class.__name__, bucket_elements, depth, foreach)
+        what = "%s bucket_elements=%d depth=%d foreach=%s %s" % (ours_class.__name__, bucket_elements, depth, foreach,
+                                                               options)
         for i, (p, r) in enumerate(zip(params, reference)):
             self.assertBitEqual(p.detach(), r.detach(), "%s: param %d" % (what, i))
         self.assertSameState(ours.state_dict(), theirs.state_dict())
         return ours, store
+
+
+class MatchesTorch(OptimTestCase):
 
     def test_adamw_bit_identical(self):
         # 10: smaller than most tensors (they span buckets); 300: slices of several; 10**6: one bucket.
@@ -539,7 +548,7 @@ class Checkpoints(OptimTestCase):
 class Options(OptimTestCase):
     def test_unsupported_flags_refused_by_name(self):
         for cls in (StreamedAdamW, StreamedAdam):
-            for flag in ("amsgrad", "capturable", "differentiable", "fused"):
+            for flag in ("amsgrad", "capturable", "differentiable"):
                 with self.subTest(cls=cls.__name__, flag=flag):
                     with self.assertRaisesRegex(ValueError, flag + "=True"):
                         cls(make_params(), store=make_store(), **{flag: True})
@@ -597,6 +606,265 @@ class Options(OptimTestCase):
                 # bf16 keeps 8 significant bits: each step rounds by 2**-9 of the value
                 scale = entry[key].abs().max().item()
                 torch.testing.assert_close(got[key].float(), entry[key], rtol=2e-2, atol=1e-2 * scale)
+
+
+# --- fused=True ----------------------------------------------------------------------------------------
+
+
+def torch_fused_refusal(torch_class):
+    """What torch's own class says to fused=True over parameters like the tests' (on DEVICE): None when it
+    constructs and steps, else the exception it raises, at construction or at the first step (torch 2.4
+    and later check the device there)."""
+    params = make_params()
+    try:
+        opt = torch_class(params, fused=True)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+    except (TypeError, RuntimeError) as e:
+        return e
+    return None
+
+
+FUSED_PAIRS = ((StreamedAdamW, torch.optim.AdamW), (StreamedAdam, torch.optim.Adam))
+
+
+class Fused(OptimTestCase):
+    """fused=True runs the bucket update through torch's fused kernel where torch's class has one for the
+    device (AdamW and Adam from PyTorch 2.0 on CUDA, 2.4 on the CPU too); where it has none, it is refused
+    at construction with the exception torch's class raises."""
+
+    def test_refused_as_torch_refuses(self):
+        refused = 0
+        for ours_class, torch_class in FUSED_PAIRS:
+            theirs = torch_fused_refusal(torch_class)
+            if theirs is None:
+                continue
+            refused += 1
+            with self.subTest(cls=ours_class.__name__, torch_says=str(theirs)):
+                with self.assertRaises(type(theirs)) as caught:
+                    ours_class(make_params(), store=make_store(), fused=True)
+                if isinstance(theirs, TypeError):  # an argument this torch's class does not take
+                    self.assertIn("fused=True", str(caught.exception))
+                    self.assertIn("this torch (%s)" % torch.__version__, str(caught.exception))
+                else:  # torch's own check, with its message
+                    self.assertEqual(str(caught.exception), str(theirs))
+                with self.assertRaises(type(theirs)):  # a group asking for it, too
+                    ours_class([{"params": make_params()[:2]}, {"params": make_params()[2:], "fused": True}],
+                               store=make_store())
+        if not refused:
+            self.skipTest("this torch (%s) has fused AdamW and Adam on %s: test_bit_identical_to_torch_fused runs "
+                          "them" % (torch.__version__, DEVICE))
+
+    def test_bit_identical_to_torch_fused(self):
+        for ours_class, torch_class in FUSED_PAIRS:
+            with self.subTest(cls=ours_class.__name__):
+                refusal = torch_fused_refusal(torch_class)
+                if refusal is not None:
+                    self.skipTest("torch %s's %s has no fused kernel on %s: %s: %s" % (
+                        torch.__version__, torch_class.__name__, DEVICE, type(refusal).__name__, refusal))
+                for bucket_elements in (10, 10**6):
+                    ours, _ = self.run_pair(ours_class, torch_class, bucket_elements, fused=True, weight_decay=0.1)
+                    for entry in ours.state_dict()["state"].values():  # where torch's fused kernel keeps it
+                        self.assertEqual(entry["step"].device, make_params()[0].device)
+
+    def test_fused_false_and_none_take_the_default_kernel(self):
+        for ours_class, torch_class in FUSED_PAIRS:
+            for fused in (False, None):
+                with self.subTest(cls=ours_class.__name__, fused=fused):
+                    self.run_pair(ours_class, torch_class, 100, fused=fused, weight_decay=0.1)
+
+
+# --- sharded parameters (DTensor, FSDP2) -----------------------------------------------------------------
+
+
+class RowShard(torch.Tensor):
+    """Stands in for a DTensor where this torch has none: a tensor of the whole parameter's shape whose
+    to_local() is its rows [start, stop), this "rank's" shard, a plain tensor sharing its storage;
+    from_local() builds one around a shard, as DTensor's does (the rows outside it NaN, which nothing may
+    read). tmsdisk.optim finds DTensor's class in sys.modules; block_dtensor() puts this one there."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # results of torch's functions: plain tensors
+
+    @staticmethod
+    def __new__(cls, full, rows, requires_grad=False):
+        t = torch.Tensor._make_subclass(cls, full.detach(), requires_grad)
+        t.placements, t.device_mesh = ("rows",) + tuple(rows), "one rank"
+        return t
+
+    def to_local(self):
+        start, stop = self.placements[1:]
+        return self.as_subclass(torch.Tensor)[start:stop]
+
+    @classmethod
+    def from_local(cls, local, device_mesh, placements, *, run_check=False, shape=None, stride=None):
+        full = torch.full(shape, float("nan"), dtype=local.dtype, device=local.device)
+        start, stop = placements[1:]
+        full[start:stop] = local
+        t = cls(full, (start, stop))
+        t.device_mesh = device_mesh
+        return t
+
+
+def row_shards():
+    """sys.modules with RowShard as torch.distributed.tensor.DTensor (a context manager)."""
+    import types
+    from unittest import mock
+
+    module = types.ModuleType("torch.distributed.tensor")
+    module.DTensor = RowShard
+    return mock.patch.dict(sys.modules, {"torch.distributed.tensor": module})
+
+
+SHARD_SHAPES = [(9, 5), (6,), (4, 3, 2), (7, 3)]
+SHARD_ROWS = [(3, 7), (2, 5), (1, 3), (0, 7)]  # a middle slice of each, all of the last
+
+
+class ShardedParams(OptimTestCase):
+    """Parameters that are shards (to_local()) of larger tensors, as FSDP2's DTensors are: only this rank's
+    rows are streamed and updated, bit-identical to torch.optim.AdamW on plain copies of those rows; the
+    other rows are never read or written. RowShard stands in for DTensor (this torch may have none);
+    DTensorParams runs torch's own."""
+
+    def sharded(self, seed=0):
+        return [RowShard(p, rows, requires_grad=True)
+                for p, rows in zip(make_params(SHARD_SHAPES, seed=seed), SHARD_ROWS)]
+
+    def test_local_rows_only_bit_identical_to_adamw_on_the_shards(self):
+        with row_shards():
+            params = self.sharded()
+            untouched = [p.as_subclass(torch.Tensor).detach().clone() for p in params]
+            shards = [p.to_local().detach().clone().requires_grad_() for p in params]
+            store = make_store()
+            ours = StreamedAdamW(groups_of(params), lr=1e-2, weight_decay=0.1, bucket_elements=7, store=store)
+            theirs = torch.optim.AdamW(groups_of(shards), lr=1e-2, weight_decay=0.1)
+            gen = torch.Generator().manual_seed(1)
+            for _ in range(STEPS):
+                for p, s in zip(params, shards):
+                    g = torch.randn(p.shape, generator=gen)
+                    p.grad = RowShard(g, p.placements[1:])
+                    s.grad = p.grad.to_local().clone()
+                ours.step()
+                theirs.step()
+            for i, (p, s, before) in enumerate(zip(params, shards, untouched)):
+                start, stop = p.placements[1:]
+                whole = p.as_subclass(torch.Tensor).detach()
+                self.assertBitEqual(whole[start:stop], s.detach(), "the shard of parameter %d" % i)
+                self.assertBitEqual(whole[:start], before[:start], "the rows before the shard of %d" % i)
+                self.assertBitEqual(whole[stop:], before[stop:], "the rows after the shard of %d" % i)
+            ours.flush()
+            self.assertEqual(sum(b.numel for buckets in ours._buckets for b in buckets),
+                             sum(s.numel() for s in shards), "the buckets hold the shards' elements, no more")
+            mine, ref = ours.state_dict(), theirs.state_dict()
+            for index, entry in ref["state"].items():
+                got = mine["state"][index]
+                self.assertBitEqual(got["step"], entry["step"], "step of %d" % index)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    self.assertIsInstance(got[key], RowShard, "%s of %d: placed as its parameter" % (key, index))
+                    self.assertEqual(got[key].placements, params[index].placements)
+                    self.assertEqual(got[key].shape, params[index].shape)
+                    self.assertBitEqual(got[key].to_local(), entry[key], "%s of %d" % (key, index))
+
+    def test_state_dict_loads_back_and_plain_tensors_are_refused(self):
+        with row_shards():
+            params, copy = self.sharded(), self.sharded()
+            first = StreamedAdamW(params, lr=1e-2, bucket_elements=7, store=make_store())
+            gen = torch.Generator().manual_seed(2)
+
+            def step(pairs):
+                grads = [torch.randn(p.shape, generator=gen) for p in params]
+                for opt, ps in pairs:
+                    for p, g in zip(ps, grads):
+                        p.grad = RowShard(g, p.placements[1:])
+                    opt.step()
+
+            for _ in range(STEPS // 2):
+                step([(first, params)])
+            with torch.no_grad():
+                for p, c in zip(params, copy):
+                    c.copy_(p)
+            second = StreamedAdamW(copy, lr=1e-2, bucket_elements=5, depth=2, store=make_store())
+            second.load_state_dict(first.state_dict())
+            for _ in range(STEPS // 2):
+                step([(first, params), (second, copy)])
+            for i, (p, c) in enumerate(zip(params, copy)):
+                self.assertBitEqual(c.to_local().detach(), p.to_local().detach(), "shard %d after the load" % i)
+            plain = first.state_dict()
+            plain["state"][0]["exp_avg"] = plain["state"][0]["exp_avg"].to_local().clone()
+            with self.assertRaisesRegex(ValueError, "exp_avg of parameter 0 is a plain tensor and the parameter a "
+                                                    "DTensor"):
+                second.load_state_dict(plain)
+
+
+def dtensor_api():
+    """torch's DTensor, Shard, distribute_tensor and init_device_mesh, or the reason this torch lacks them."""
+    import importlib
+
+    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            found = importlib.import_module(module)
+            mesh = getattr(found, "init_device_mesh", None)
+            if mesh is None:
+                mesh = importlib.import_module("torch.distributed.device_mesh").init_device_mesh
+            return found.DTensor, found.Shard, found.distribute_tensor, mesh
+        except (ImportError, AttributeError):
+            continue
+    return "this torch (%s) has no DTensor (torch.distributed.tensor, PyTorch 2.2 or later)" % torch.__version__
+
+
+class DTensorParams(OptimTestCase):
+    """torch's own DTensors, sharded over a mesh of this one process (gloo, on the CPU or DEVICE): the
+    streamed optimizer against torch.optim.AdamW on the same DTensor parameters; its state_dict holds
+    DTensors placed as torch's. tests/gpu/torch_streamed_fsdp2.py does the same under FSDP2 on 2 GPUs."""
+
+    def setUp(self):
+        api = dtensor_api()
+        if isinstance(api, str):
+            self.skipTest(api)
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            self.skipTest("this torch (%s) has no gloo backend" % torch.__version__)
+        self.DTensor, self.Shard, self.distribute, init_mesh = api
+        directory = tempfile.mkdtemp(prefix="optim-dtensor-")
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(directory, "rendezvous"), rank=0,
+                                world_size=1)
+        self.addCleanup(dist.destroy_process_group)
+        self.mesh = init_mesh(DEVICE.type, (1,))
+
+    def dtensors(self):
+        return [torch.nn.Parameter(self.distribute(p.detach(), self.mesh, [self.Shard(0)])) for p in make_params()]
+
+    def test_bit_identical_to_adamw_on_dtensors_with_dtensor_state(self):
+        params, reference = self.dtensors(), self.dtensors()
+        ours = StreamedAdamW(groups_of(params), lr=1e-2, weight_decay=0.1, bucket_elements=50, store=make_store())
+        theirs = torch.optim.AdamW(groups_of(reference), lr=1e-2, weight_decay=0.1)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            for p, r in zip(params, reference):
+                g = self.distribute(torch.randn(p.shape, generator=gen).to(DEVICE), self.mesh, [self.Shard(0)])
+                p.grad, r.grad = g, g.clone()
+            ours.step()
+            theirs.step()
+        for i, (p, r) in enumerate(zip(params, reference)):
+            self.assertIsInstance(p, self.DTensor)
+            self.assertBitEqual(p.to_local().detach(), r.to_local().detach(), "parameter %d" % i)
+        mine, ref = ours.state_dict(), theirs.state_dict()
+        self.assertEqual(sorted(mine["state"]), sorted(ref["state"]))
+        for index, entry in ref["state"].items():
+            got = mine["state"][index]
+            self.assertBitEqual(got["step"], entry["step"], "step of %d" % index)
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.assertIs(type(got[key]), type(entry[key]), "%s of %d" % (key, index))
+                self.assertEqual(got[key].placements, entry[key].placements)
+                self.assertEqual(got[key].device_mesh, entry[key].device_mesh)
+                self.assertEqual(got[key].shape, entry[key].shape)
+                self.assertBitEqual(got[key].to_local(), entry[key].to_local(), "%s of %d" % (key, index))
+        again = StreamedAdamW(groups_of(self.dtensors()), lr=1e-2, weight_decay=0.1, store=make_store())
+        again.load_state_dict(theirs.state_dict())  # torch's DTensor state loads, shard by shard
+        for index, entry in again.state_dict()["state"].items():
+            self.assertBitEqual(entry["exp_avg"].to_local(), ref["state"][index]["exp_avg"].to_local(), "loaded")
 
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
@@ -1454,6 +1722,61 @@ class PauseBetweenSteps(RealStoreCase):
     def test_a_pause_moves_parameters_and_gradients_not_buckets(self):
         out = self.run_scenario("pause-between-steps")
         print("\n  " + "\n  ".join(line for line in out.splitlines() if line.startswith("PAUSED")), file=sys.stderr)
+
+
+class DistributedDataParallelRanks(RealStoreCase):
+    def setUp(self):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            self.skipTest("this torch (%s) has no torch.distributed with gloo" % torch.__version__)
+        super().setUp()
+
+    def tmsctl_sessions(self):
+        """`tmsctl status --json`'s sessions, where CTest names tmsctl (TMSCTL), else None."""
+        import json
+        import subprocess
+
+        tmsctl = os.environ.get("TMSCTL")
+        if not tmsctl or not os.path.exists(tmsctl):
+            return None
+        out = subprocess.run([tmsctl, "--socket", self.daemon.socket, "status", "--json"], capture_output=True,
+                             text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        return json.loads(out.stdout)
+
+    def test_two_ranks_each_stream_their_own_objects_bit_identical_to_torch(self):
+        import socket
+
+        with socket.socket() as s:  # a free port for the rendezvous, on the loopback
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", GLOO_SOCKET_IFNAME="lo")
+        children = [self.start("ddp", dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)]
+        said = [dict(field.split("=", 1) for field in self.read_until(c, "WRITTEN").split()[1:]) for c in children]
+        self.assertEqual([int(s["rank"]) for s in said], [0, 1])
+        self.assertEqual(said[0]["sha256"], said[1]["sha256"], "the ranks' parameters differ")
+        directories = [self.rank_dir(c) for c in children]
+        for rank, (child, directory) in enumerate(zip(children, directories)):
+            self.assertTrue(os.path.basename(directory).startswith("rank%d-" % rank), directory)
+            self.assertGreater(int(said[rank]["objects"]), 1)
+            self.assertGreater(os.stat(os.path.join(directory, "objects")).st_blocks, 0,
+                               "rank %d's objects are not in its own directory %s" % (rank, directory))
+        sessions = self.tmsctl_sessions()
+        if sessions is not None:
+            for rank, child in enumerate(children):
+                mine = [s for s in sessions if s["pid"] == child.pid]
+                self.assertEqual(len(mine), 1, "the session of rank %d: %s" % (rank, sessions))
+                self.assertEqual(mine[0]["objects"], int(said[rank]["objects"]), mine[0])
+        for child in children:
+            self.tell(child, "exit")
+        for child in children:
+            self.finish(child, "ddp")
+        for rank, directory in enumerate(directories):
+            self.assertGone(directory, "rank %d exited" % rank)
+        print("\n  2 ranks, gloo: parameters SHA-256 %s on both; %s objects each; tmsctl status %s" % (
+            said[0]["sha256"][:16], said[0]["objects"], "checked" if sessions is not None else "not run (no TMSCTL)"),
+            file=sys.stderr)
 
 
 class StreamOptimizerStartup(RealStoreCase):
