@@ -5,6 +5,7 @@
 
 #include "driver.h"
 #include "shim.h"
+#include "tms_entry_points.h"
 #include "tmsdisk.h"
 
 #define TMSDISK_EXPORT extern "C" __attribute__((visibility("default")))
@@ -91,3 +92,11 @@ TMSDISK_EXPORT int tmsdisk_read_paused(const void* ptr, uint64_t length, void* d
 TMSDISK_EXPORT int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) noexcept {
   return tmsdisk::shim::api_paused_view(ptr, length, view);
 }
+
+// torch_memory_saver's C entry points (tms_entry_points.h).
+#define TMSDISK_X(ret, name, params, args)  \
+  TMSDISK_EXPORT ret name params noexcept { \
+    return tmsdisk::shim::tms::name args;   \
+  }
+TMSDISK_TMS_ENTRY_POINTS(TMSDISK_X)
+#undef TMSDISK_X

@@ -3,6 +3,7 @@
 #include "tags.h"
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 
@@ -38,6 +39,11 @@ struct TagStack {
   uint8_t depth;
 };
 thread_local TagStack tls_stack;
+thread_local TmsRegion tls_tms;
+
+// Tags a torch_memory_saver region gave an allocation, by id: set on the allocation path, which
+// takes no lock.
+std::array<std::atomic<bool>, kMaxTags> tms_used{};
 
 std::optional<TagId> find_locked(TagTable& t, std::string_view name) noexcept {
   for (std::size_t i = 0; i < t.count; ++i)
@@ -47,28 +53,55 @@ std::optional<TagId> find_locked(TagTable& t, std::string_view name) noexcept {
 
 }  // namespace
 
+TmsRegion& tms_region() noexcept {
+  return tls_tms;
+}
+
+std::vector<TagId> tms_tags_used() {
+  std::vector<TagId> used;
+  for (std::size_t i = 0; i < kMaxTags; ++i)
+    if (tms_used[i].load(std::memory_order_relaxed)) used.push_back(static_cast<TagId>(i));
+  return used;
+}
+
 CurrentTag current_tag() noexcept {
   const TagStack& s = tls_stack;
-  if (s.depth == 0) return {};
-  return {s.tags[s.depth - 1], s.policies[s.depth - 1]};
+  if (s.depth > 0) return {s.tags[s.depth - 1], s.policies[s.depth - 1]};
+  const TmsRegion& r = tls_tms;
+  if (!r.interesting) return {};
+  TagId id = r.tag;
+  if (!r.tag_set) {
+    // TMS's tag until one is set; interned once (a full table leaves such memory untagged).
+    static const TagId kDefault = [] {
+      TagId d = kUntagged;
+      return intern_tag("default", &d) == 0 ? d : kUntagged;
+    }();
+    id = kDefault;
+  }
+  tms_used[id].store(true, std::memory_order_relaxed);
+  return {id, r.cpu_backup || r.disk_backup ? Policy::Backup : Policy::Discard};
+}
+
+int intern_tag(const char* name, TagId* id) noexcept {
+  if (!name || !valid_tag_name(name)) return -EINVAL;
+  TagTable& t = table();
+  std::lock_guard lock(t.mu);
+  std::optional<TagId> found = find_locked(t, name);
+  if (!found) {
+    if (t.count >= kMaxTags) return -ENOSPC;
+    std::string_view(name).copy(t.names[t.count].data(), kMaxTagLength);
+    found = static_cast<TagId>(t.count++);
+  }
+  *id = *found;
+  return 0;
 }
 
 int push_tag(const char* name, int policy) noexcept {
   if (!name || !valid_tag_name(name) || policy < 0 || policy > static_cast<int>(Policy::Resident)) return -EINVAL;
   TagStack& s = tls_stack;
   if (s.depth >= kMaxTagDepth) return -ENOSPC;
-  TagTable& t = table();
-  TagId id;
-  {
-    std::lock_guard lock(t.mu);
-    std::optional<TagId> found = find_locked(t, name);
-    if (!found) {
-      if (t.count >= kMaxTags) return -ENOSPC;
-      std::string_view(name).copy(t.names[t.count].data(), kMaxTagLength);
-      found = static_cast<TagId>(t.count++);
-    }
-    id = *found;
-  }
+  TagId id = kUntagged;
+  if (const int rc = intern_tag(name, &id); rc != 0) return rc;
   s.tags[s.depth] = id;
   s.policies[s.depth] = static_cast<Policy>(policy);
   ++s.depth;

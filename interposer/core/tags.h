@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tmsdisk/protocol/messages.h"
 
@@ -37,8 +38,27 @@ inline bool valid_tag_name(std::string_view name) noexcept {
   return !name.empty() && proto::valid_tag(name);
 }
 
+// torch_memory_saver's region state of the calling thread, as its C entry points set it
+// (tms_entry_points.h): inside an "interesting region" the thread's allocations carry its current tag
+// ("default" until one is set), backed up when its CPU or disk backup is on, else discarded, as TMS
+// does with them. A tmsdisk region of the same thread (push_tag) is innermost and wins. A plain
+// aggregate, zero at each thread's start.
+struct TmsRegion {
+  bool interesting;
+  bool cpu_backup;
+  bool disk_backup;
+  bool mmap_backend;  // cpu_backup_backend "mmap" (else "pinned"): kept for tms_get_*, no other effect
+  bool tag_set;       // `tag` was set (else "default")
+  TagId tag;
+};
+TmsRegion& tms_region() noexcept;
+// The tags torch_memory_saver regions gave allocations so far: what tms_pause(NULL) pauses.
+std::vector<TagId> tms_tags_used();
+
 // The calling thread's innermost tag, or untagged with backup.
 CurrentTag current_tag() noexcept;
+// The id of tag `name`, interned if new: 0, -EINVAL (not a tag name), -ENOSPC (too many distinct tags).
+int intern_tag(const char* name, TagId* id) noexcept;
 // 0, -EINVAL (bad name or policy), -ENOSPC (deeper than kMaxTagDepth, or too many distinct tags).
 int push_tag(const char* name, int policy) noexcept;
 // 0, or -ENOENT when the thread has none pushed.

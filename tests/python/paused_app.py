@@ -170,5 +170,79 @@ def scenario_tms_get_cpu_backup():
     say("OK tms-get-cpu-backup")
 
 
+def scenario_tms_entry_points():
+    """torch_memory_saver's C functions, looked up in the process as its tests do (ctypes.CDLL(None)),
+    with its signatures: the thread's region state tags allocations, tms_pause/tms_resume act on the
+    regions' tags (memory outside them stays), tms_get_cpu_backup_pointer shows paused bytes in the
+    host tier. Run with a tier that holds them."""
+    api = ctypes.CDLL(None)
+    c_bool, c_char_p, u8p = ctypes.c_bool, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint8)
+
+    def bind(name, argtypes, restype):
+        fn = getattr(api, name)
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
+
+    set_region = bind("tms_set_interesting_region", [c_bool], None)
+    get_region = bind("tms_get_interesting_region", [], c_bool)
+    set_tag = bind("tms_set_current_tag", [c_char_p], None)
+    get_tag = bind("tms_get_current_tag", [], c_char_p)
+    set_cpu = bind("tms_set_enable_cpu_backup", [c_bool], None)
+    get_cpu = bind("tms_get_enable_cpu_backup", [], c_bool)
+    set_backend = bind("tms_set_cpu_backup_backend", [c_char_p], None)
+    get_backend = bind("tms_get_cpu_backup_backend", [], c_char_p)
+    set_disk = bind("tms_set_enable_disk_backup", [c_bool], None)
+    get_disk = bind("tms_get_enable_disk_backup", [], c_bool)
+    set_dir = bind("tms_set_disk_backup_dir", [c_char_p], None)
+    set_margin = bind("set_memory_margin_bytes", [ctypes.c_uint64], None)
+    set_retain = bind("tms_set_retain_cpu_backup", [c_bool], None)
+    get_retain = bind("tms_get_retain_cpu_backup", [], c_bool)
+    pause = bind("tms_pause", [c_char_p], ctypes.c_int)
+    resume = bind("tms_resume", [c_char_p], ctypes.c_int)
+    backup_pointer = bind("tms_get_cpu_backup_pointer", [u8p, ctypes.c_uint64], u8p)
+
+    assert (get_region(), get_tag(), get_cpu(), get_backend(), get_disk(), get_retain()) == (
+        False, b"default", False, b"pinned", False, False), "TMS's defaults"
+    drv = Driver()
+    set_tag(b"weights")
+    set_cpu(True)
+    set_region(True)
+    weights, data = allocate(drv)
+    set_region(False)
+    outside = drv.alloc(2 * CHUNK)
+    drv.write(outside, bytes([5]) * (2 * CHUNK))
+    set_tag(b"scratch")
+    set_cpu(False)
+    set_region(True)
+    scratch = drv.alloc(2 * CHUNK)
+    set_region(False)
+    drv.write(scratch, bytes([9]) * (2 * CHUNK))
+    set_backend(b"mmap")
+    set_disk(True)
+    assert (get_tag(), get_backend(), get_disk()) == (b"scratch", b"mmap", True), "what was set"
+    set_disk(False)
+
+    assert pause(None) == 0
+    status = tmsdisk.status()
+    assert status.tag("weights").paused_bytes == SIZE, status.tag("weights")
+    assert status.tag("scratch").paused_bytes == 2 * CHUNK, status.tag("scratch")
+    assert status.tag(tmsdisk.UNTAGGED).paused_bytes == 0, "memory outside TMS regions stays resident"
+    at = backup_pointer(ctypes.cast(weights + 100, u8p), CHUNK - 100)
+    assert at and ctypes.string_at(at, CHUNK - 100) == data[100:CHUNK], "the host copy of paused weights"
+    assert not backup_pointer(ctypes.cast(outside, u8p), 4096), "resident memory has no host copy"
+    assert resume(None) == 0
+    assert drv.read(weights, SIZE) == data, "backed up: intact"
+    assert drv.read(scratch, 2 * CHUNK) == bytes(2 * CHUNK), "without a backup: zero-filled, as TMS discards it"
+    assert drv.read(outside, 2 * CHUNK) == bytes([5]) * (2 * CHUNK)
+    assert pause(b"weights") == 0 and tmsdisk.status().tag("scratch").paused_bytes == 0, "one tag"
+    assert resume(b"weights") == 0 and drv.read(weights, SIZE) == data
+    # What tmsdisk does not do is logged and ignored (TMS's own functions return nothing to say so).
+    set_dir(b"/somewhere/else")
+    set_margin(1 << 30)
+    set_retain(True)
+    assert get_retain() is False
+    say("OK tms-entry-points")
+
+
 if __name__ == "__main__":
     globals()["scenario_" + sys.argv[1].replace("-", "_")]()

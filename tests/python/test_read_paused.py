@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """tmsdisk.read_paused() and tmsdisk_paused_view(): paused memory read without resuming it, from disk,
-from the node's host tier, from both, and after a daemon restart.
+from the node's host tier, from both, and after a daemon restart; and torch_memory_saver's C entry
+points, which show paused memory the same way.
 
 paused_app.py's scenarios under libtmsdisk.so on simcuda, against a tmsdiskd of their own (the harness
 of test_optim.py's real-store cases).
@@ -58,6 +59,16 @@ class ReadPausedFromBoth(ReadPaused):
 
     daemon_args = ("--host-tier-mb", "8", "--host-tier-ahead=false")
     tier = "part"
+
+
+class TmsEntryPoints(RealStoreCase):
+    """torch_memory_saver's C functions exported by libtmsdisk.so, called as its tests call them."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false")
+
+    def test_region_state_pause_resume_and_host_copy(self):
+        self.run_scenario("tms-entry-points")
 
 
 if __name__ == "__main__":
