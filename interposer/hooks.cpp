@@ -92,6 +92,9 @@ TMSDISK_EXPORT int tmsdisk_read_paused(const void* ptr, uint64_t length, void* d
 TMSDISK_EXPORT int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) noexcept {
   return tmsdisk::shim::api_paused_view(ptr, length, view);
 }
+TMSDISK_EXPORT int tmsdisk_prefetch(const char* tag, int wait) noexcept {
+  return tmsdisk::shim::api_prefetch(tag, wait);
+}
 
 // torch_memory_saver's C entry points (tms_entry_points.h).
 #define TMSDISK_X(ret, name, params, args)  \

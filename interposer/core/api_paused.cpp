@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The C API of paused memory read in place (tmsdisk.h, tmsdisk_read_paused, tmsdisk_paused_view),
-// over PausedReader.
+// over PausedReader, and brought close ahead of its resume (tmsdisk_prefetch, prefetch.h).
 #include <cerrno>
 
 #include "engine.h"
@@ -44,6 +44,17 @@ int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcep
   if (!found) return outcome(Status(std::move(found).error()), "tmsdisk_paused_view");
   *view = *found;
   return 0;
+}
+
+int api_prefetch(const char* tag, int wait) noexcept {
+  ensure_init();
+  Engine* e = Engine::instance();
+  if (!e) return -ENOMEM;
+  try {
+    return outcome(e->prefetch(tag ? std::string(tag) : std::string(), wait != 0), "tmsdisk_prefetch");
+  } catch (...) {
+    return -ENOMEM;
+  }
 }
 
 }  // namespace tmsdisk::shim

@@ -118,7 +118,13 @@ Engine::Engine()
                        [this] {
                          if (staging_.mapped()) staging_.release();
                        },
-                   .idle = [this] { host_tier_.tick(now_ms()); },
+                   // A prefetch reads one batch per turn; a turn follows at once while more
+                   // remains (a posted no-op wakes the thread), after any request or command.
+                   .idle =
+                       [this] {
+                         host_tier_.tick(now_ms());
+                         if (prefetch_.step()) control_.post([] {}, false);
+                       },
                    .report = [this] { report_.send_if_due(); },
                }) {
   session_.on_other([this](const proto::Envelope& env) { handle_other(env); });
@@ -133,6 +139,27 @@ Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept
   return control_.run(op, flags, std::move(tag));
 }
 
+Status Engine::prefetch(const std::string& tag, bool wait) noexcept {
+  try {
+    std::optional<TagId> id;
+    if (!tag.empty()) {
+      if (!valid_tag_name(tag)) return make_error(EINVAL, "a tag is 1 to 63 of A-Z a-z 0-9 _ . -");
+      id = find_tag(tag);
+      if (!id) return {};  // nothing carries it: nothing to read
+    }
+    Status st = control_.call([&]() -> Status {
+      if (!session_.connected())
+        if (Status c = session_.connect(); !c) return c;
+      return prefetch_.start(id);
+    });
+    if (!st) return st;
+    control_.post([] {}, false);  // a turn of the control thread: its idle step reads the first batch
+    return wait ? prefetch_.wait() : Status{};
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory starting a prefetch");
+  }
+}
+
 EngineStatus Engine::status() const {
   return report_.status();
 }
@@ -141,6 +168,7 @@ EngineStatus Engine::status() const {
 // Operations
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag) {
+  prefetch_.stop();  // a pause or resume wins over a prefetch: what it read by now is used
   const uint64_t t0 = now_ns();
   const bool pausing = op == proto::CommandOp::Pause;
   bool gated = false;

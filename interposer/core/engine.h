@@ -32,6 +32,7 @@
 #include "op_result.h"
 #include "pause_record.h"
 #include "paused_reader.h"
+#include "prefetch.h"
 #include "rank_report.h"
 #include "registry.h"
 #include "staging_slots.h"
@@ -70,6 +71,9 @@ class Engine {
   IpcBroker& ipc() noexcept { return ipc_; }
   // The rank's store of named objects, for the C API (tmsdisk_store_*).
   ObjectClient& objects() noexcept { return objects_; }
+  // Starts reading the paused memory of `tag` (empty: all of it) into the host tier ahead of its
+  // resume (prefetch.h); with `wait`, returns once that is done. A tag nothing carries: nothing to do.
+  Status prefetch(const std::string& tag, bool wait) noexcept;
   // Paused memory read in place, for the C API (tmsdisk_read_paused, tmsdisk_paused_view).
   PausedReader& paused_reader() noexcept { return paused_reader_; }
 
@@ -140,6 +144,7 @@ class Engine {
   IpcBroker ipc_{session_, control_, op_lock_};
   ObjectClient objects_{session_, control_, pipeline_, staging_};
   PausedReader paused_reader_{session_, control_, pipeline_, staging_, host_tier_, op_lock_};
+  Prefetcher prefetch_{session_, pipeline_, staging_, host_tier_, op_lock_};
   PauseRecord record_{session_};
   RankReport report_{session_};
   // The last pause covered every allocation (and paused some, a failed one too): until nothing is

@@ -99,6 +99,27 @@ void HostTierClient::place(std::vector<TransferJob>& jobs, CUcontext ctx) {
   }
 }
 
+uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint64_t* offset) {
+  *offset = 0;
+  const uint64_t chunk = staging_.chunk_bytes();
+  if (!config().host_tier || wanted == 0 || chunk == 0) return 0;
+  if (memory_.held() && in_use()) {
+    // After the last host chunk of any paused allocation: each one's lie one after another.
+    uint64_t end = 0;
+    for (const auto& a : registry().snapshot()) {
+      if (a->state.load() != AllocState::Paused) continue;
+      const auto host = static_cast<uint64_t>(std::count(a->placement.begin(), a->placement.end(), ChunkPlace::Host));
+      if (host) end = std::max(end, a->host_offset + host * chunk);
+    }
+    *offset = end;
+    return memory_.bytes() > end ? (memory_.bytes() - end) / chunk * chunk : 0;
+  }
+  asked_at_pause_ = true;
+  const uint64_t usable = obtain(wanted, 0, ctx) / chunk * chunk;
+  placed_ = std::min(usable, wanted);
+  return usable;
+}
+
 uint64_t HostTierClient::obtain(uint64_t wanted, uint8_t ask_flags, CUcontext ctx) {
   const bool ahead = ask_flags & proto::kTierAskAhead;
   const char* fallback = ahead ? "its first pause asks again" : "every chunk goes to disk";

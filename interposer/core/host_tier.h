@@ -69,6 +69,11 @@ class HostTierClient {
   // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
   // says to reuse it, else new memory. Without a grant, every chunk stays on disk.
   void place(std::vector<TransferJob>& jobs, CUcontext ctx);
+  // Host-tier memory for a prefetch of `wanted` bytes of paused disk chunks (prefetch.h): the part of
+  // the memory after the chunks paused there, or memory asked for now (as a pause asks) when none is
+  // held in use. *offset: where that part begins. Returns its bytes, whole chunks (0: none). Op lock
+  // held.
+  uint64_t room_for_prefetch(uint64_t wanted, CUcontext ctx, uint64_t* offset);
   // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
   // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
   // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.

@@ -222,6 +222,15 @@ int tmsdisk_read_paused(const void* ptr, uint64_t length, void* dst) TMSDISK_NOE
  * then reused). Returns 0; -ENODATA when any chunk of the range lies on disk or was zero (copy it with
  * tmsdisk_read_paused), or as tmsdisk_read_paused. */
 int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMSDISK_NOEXCEPT;
+/* Starts reading the paused memory of tag `tag` (NULL: all paused memory) from disk into the node's
+ * host tier ahead of its resume, in the order the resume wants it, as far as the rank's share of the
+ * tier goes; the resume then copies that part from memory and reads only the rest from disk. Runs in
+ * the background between the shim's other work: a pause or resume that comes meanwhile goes first and
+ * ends it (what was read by then is used). wait = 0 returns once it started, 1 once it ended. Returns
+ * 0 (also when nothing of it is on disk); -ENOTSUP (TMSDISK_HOST_TIER=0), -ENOSPC (the node's tier has
+ * no room for this rank now), -EINVAL (a bad tag name), -EBADMSG (with wait: a chunk failed
+ * verification), -ECONNREFUSED (no daemon)... (API version 7) */
+int tmsdisk_prefetch(const char* tag, int wait) TMSDISK_NOEXCEPT;
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 

@@ -50,6 +50,7 @@ __all__ = [
     "loaded",
     "on_pause",
     "pause",
+    "prefetch",
     "read_paused",
     "region",
     "resume",
@@ -165,6 +166,7 @@ _PROTOTYPES = {
     # API version 7
     "tmsdisk_read_paused": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]),
     "tmsdisk_paused_view": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]),
+    "tmsdisk_prefetch": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
 }
 
 # The API version each function came with (the others were there from the first): what a library
@@ -179,6 +181,7 @@ _SINCE = {
     "tmsdisk_tags": 5,
     "tmsdisk_read_paused": 7,
     "tmsdisk_paused_view": 7,
+    "tmsdisk_prefetch": 7,
 }
 
 _NOT_LOADED = (
@@ -362,6 +365,27 @@ _LOG_LEVELS = ("error", "warn", "info", "debug")
 _on_pause_lock = threading.Lock()
 _on_pause_functions = []  # what on_pause() was given, in order
 _on_pause_c_callback = None  # the package's one tmsdisk_on_pause callback; the shim keeps its pointer for good
+
+
+def prefetch(tag: Optional[str] = None, wait: bool = False) -> bool:
+    """Starts reading the paused memory of `tag` (None: all of it) from disk into the node's host tier
+    ahead of its resume, as far as this rank's share of the tier goes (tmsdisk_prefetch): the resume
+    then copies that part from memory and reads only the rest from disk. It runs in the background; a
+    pause or resume that comes meanwhile goes first and ends it, using what was read by then. With
+    wait=True, returns once it ended. False when the node's tier has no room for this rank now (the
+    resume reads from disk, as without a prefetch); else True. Raises Error: ENOTSUP with the host tier
+    off for this process; with wait, what stopped it (EBADMSG: a chunk failed verification)."""
+    call = "tmsdisk.prefetch(%r)" % (tag,) if tag is not None else "tmsdisk.prefetch()"
+    name = _encode_tag(tag, call) if tag is not None else None
+    rc = _function(call, "tmsdisk_prefetch")(name, 1 if wait else 0)
+    if rc == -_errno.EINVAL and tag is not None:
+        raise _bad_tag(tag, call)
+    if rc == -_errno.ENOSPC:
+        return False
+    if rc < 0:
+        hints = {_errno.ENOTSUP: "the host tier is off for this process (TMSDISK_HOST_TIER=0)"}
+        raise Error(-rc, call, hints.get(-rc, "the process's tmsdisk log (stderr) says why"))
+    return True
 
 
 def read_paused(tensor, zero_copy: bool = False):

@@ -165,7 +165,9 @@ def scenario_tms_get_cpu_backup():
         assert e.errno == errno.EINVAL and "get_cpu_backup" in str(e), e
     else:
         raise AssertionError("a range past the allocation's end was read")
+    torch_memory_saver.preload("weights")  # read ahead into the tier where there is one; the resume uses it
     torch_memory_saver.resume("weights")
+    assert drv.read(ptr, SIZE) == data, "resumed after a preload"
     assert torch_memory_saver.get_cpu_backup(Device(ptr, SIZE)) is None, "resumed"
     say("OK tms-get-cpu-backup")
 
@@ -242,6 +244,46 @@ def scenario_tms_entry_points():
     set_retain(True)
     assert get_retain() is False
     say("OK tms-entry-points")
+
+
+def scenario_prefetch():
+    """A tag paused to disk (the tier held another tag's chunks), then read into the tier ahead of its
+    resume: its chunks lie in memory after, as far as the tier goes (EXPECT_TIER all or part), and the
+    resume brings everything back intact. A resume that comes while a prefetch runs goes first."""
+    tier = os.environ["EXPECT_TIER"]
+    drv = Driver()
+    with tmsdisk.region("first"):
+        first = drv.alloc(2 * CHUNK)
+    drv.write(first, bytes([3]) * (2 * CHUNK))
+    with tmsdisk.region("second"):
+        second, data = allocate(drv)
+    tmsdisk.pause("first")  # to the tier
+    tmsdisk.pause("second")  # to disk: the tier memory holds the first tag's chunks
+    assert view_of(second, 4096)[0] == -errno.ENODATA, "the second tag is on disk"
+    assert tmsdisk.prefetch("second", wait=True) is False, "no room after the first tag's chunks"
+    tmsdisk.resume("first")  # its memory is kept, empty
+    assert tmsdisk.prefetch("second", wait=True) is True
+    rc, at = view_of(second + 100, CHUNK - 100)
+    assert rc == 0 and ctypes.string_at(at, CHUNK - 100) == data[100:CHUNK], "the first chunk prefetched"
+    # Five data chunks (chunk 1 is zero and takes no memory): four fit the partial tier, the short last one not.
+    last, _ = view_of(second + 5 * CHUNK, 4096)
+    assert last == (0 if tier == "all" else -errno.ENODATA), "the last chunk with tier %s: %d" % (tier, last)
+    check_reads(second, data)
+    tmsdisk.resume("second")
+    assert drv.read(second, SIZE) == data, "resumed from the tier and the disk"
+    assert drv.read(first, 2 * CHUNK) == bytes([3]) * (2 * CHUNK)
+    assert tmsdisk.prefetch(wait=True) is True  # nothing paused: nothing to do
+    expect_error(errno.EINVAL, tmsdisk.prefetch, "bad/tag")
+    # A resume right after a prefetch started goes first, with whatever was read by then: everything
+    # comes back whole however far the prefetch got.
+    tmsdisk.pause("first")
+    tmsdisk.pause("second")  # to disk again
+    tmsdisk.resume("first")
+    assert tmsdisk.prefetch("second") is True
+    tmsdisk.resume("second")
+    assert drv.read(second, SIZE) == data, "a resume that met a running prefetch"
+    assert drv.read(first, 2 * CHUNK) == bytes([3]) * (2 * CHUNK)
+    say("OK prefetch")
 
 
 if __name__ == "__main__":

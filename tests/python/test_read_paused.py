@@ -61,6 +61,24 @@ class ReadPausedFromBoth(ReadPaused):
     tier = "part"
 
 
+class Prefetch(RealStoreCase):
+    """tmsdisk.prefetch(): a tag paused to disk read into a tier that holds all of it."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false")
+    tier = "all"
+
+    def test_paused_tag_read_into_the_tier_ahead_of_its_resume(self):
+        self.run_scenario("prefetch", {"EXPECT_TIER": self.tier})
+
+
+class PrefetchPartly(Prefetch):
+    """... into a tier of four chunks: the first four of the tag's five, the last one stays on disk."""
+
+    daemon_args = ("--host-tier-mb", "16", "--host-tier-ahead=false")
+    tier = "part"
+
+
 class TmsEntryPoints(RealStoreCase):
     """torch_memory_saver's C functions exported by libtmsdisk.so, called as its tests call them."""
 

@@ -16,6 +16,7 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
   region state (in region or not, CPU backup, tag, backend), answered from this module's own state.
 - get_cpu_backup(x, zero_copy): tmsdisk.read_paused(x, zero_copy): the paused bytes of x from the host
   tier or the disk without resuming it; None while x is resident.
+- preload(tag) (a fork's addition): tmsdisk.prefetch of that tag, or of every region's tag.
 What tmsdisk cannot honour is refused with an exception naming the call: a
 retain_cpu_backup of True (or TMS_RETAIN_CPU_BACKUP=1), a memory_margin_bytes other than 0,
 set_disk_backup_dir to another directory than TMS_DISK_BACKUP_DIR, tag names tmsdisk does not accept,
@@ -139,6 +140,13 @@ class TorchMemorySaver:
         """Resumes the memory of `tag`, or every region's tag when None."""
         call = _call_repr("resume", tag=tag) if tag else "torch_memory_saver.resume()"
         self._ensure_initialized(call).resume(call, tag or None)
+
+    def preload(self, tag: Optional[str] = None):
+        """Reads the paused memory of `tag` (every region's tag when None) back into the daemon's host
+        tier ahead of resume(tag), in the background, as far as this rank's share of the tier goes;
+        the resume takes what is there from memory and the rest from disk. (A fork of TMS's.)"""
+        call = _call_repr("preload", tag=tag) if tag else "torch_memory_saver.preload()"
+        self._ensure_initialized(call).preload(call, tag or None)
 
     # --- settings ----------------------------------------------------------------------------------
 
@@ -357,6 +365,17 @@ class _Impl:
             backed = {r.tag for r in resident if r.policy == tmsdisk.BACKUP}
             for name in sorted({r.tag for r in resident}, key=lambda t: (t in backed, t)):
                 tmsdisk.pause(name)
+        except tmsdisk.Error as e:
+            raise _renamed(e, call) from None
+
+    def preload(self, call, tag):
+        try:
+            if tag is not None:
+                tmsdisk.prefetch(self.tmsdisk_tag(tag))
+                return
+            ours = self._ours()
+            for name in sorted({r.tag for r in tmsdisk.tags() if r.paused_allocations} & ours):
+                tmsdisk.prefetch(name)
         except tmsdisk.Error as e:
             raise _renamed(e, call) from None
 
