@@ -173,6 +173,7 @@ Metrics::Metrics(std::string version, std::chrono::system_clock::time_point star
       durations_(kOps, Histogram(kDurationBuckets)) {}
 
 void Metrics::command_sent(uint64_t command_id, uint64_t session_id, proto::CommandOp op) {
+  if (op == proto::CommandOp::Prefetch) return;  // a hint, answered once started: not a pause nor a resume
   sent_[command_id] = Sent{session_id, op == proto::CommandOp::Resume ? Operation::resume : Operation::pause};
 }
 

@@ -140,24 +140,11 @@ Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept
 }
 
 Status Engine::prefetch(const std::string& tag, bool wait) noexcept {
-  try {
-    std::optional<TagId> id;
-    if (!tag.empty()) {
-      if (!valid_tag_name(tag)) return make_error(EINVAL, "a tag is 1 to 63 of A-Z a-z 0-9 _ . -");
-      id = find_tag(tag);
-      if (!id) return {};  // nothing carries it: nothing to read
-    }
-    Status st = control_.call([&]() -> Status {
-      if (!session_.connected())
-        if (Status c = session_.connect(); !c) return c;
-      return prefetch_.start(id);
-    });
-    if (!st) return st;
-    control_.post([] {}, false);  // a turn of the control thread: its idle step reads the first batch
-    return wait ? prefetch_.wait() : Status{};
-  } catch (...) {
-    return make_error(ENOMEM, "out of memory starting a prefetch");
-  }
+  OpResult r;
+  Status st = control_.call([&]() -> Status { return (r = prefetch_.command(tag)).status; });
+  if (!st || r.outcome != proto::Outcome::Done) return st;
+  control_.post([] {}, false);  // a turn of the control thread: its idle step reads the first batch
+  return wait ? prefetch_.wait() : Status{};
 }
 
 EngineStatus Engine::status() const {
@@ -169,6 +156,12 @@ EngineStatus Engine::status() const {
 
 OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_request, const std::string& tag) {
   prefetch_.stop();  // a pause or resume wins over a prefetch: what it read by now is used
+  if (op == proto::CommandOp::Prefetch) {
+    OpResult r = prefetch_.command(tag);
+    if (r.code() == ENOSPC) return OpResult::no_op(r.message());  // a hint the node cannot take now
+    if (r.status && r.outcome == proto::Outcome::Done) control_.post([] {}, false);
+    return r;
+  }
   const uint64_t t0 = now_ns();
   const bool pausing = op == proto::CommandOp::Pause;
   bool gated = false;

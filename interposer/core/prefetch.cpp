@@ -24,7 +24,22 @@ uint64_t chunks_of(const Allocation& a, uint64_t chunk) noexcept {
 
 }  // namespace
 
-Status Prefetcher::start(std::optional<TagId> tag) {
+OpResult Prefetcher::command(const std::string& tag) {
+  std::optional<TagId> id;
+  if (!tag.empty()) {
+    if (!valid_tag_name(tag)) return OpResult{make_error(EINVAL, "a tag is 1 to 63 of A-Z a-z 0-9 _ . -")};
+    id = find_tag(tag);
+    if (!id) return OpResult::no_op(fmt::format("no allocation carries tag {}", tag));
+  }
+  if (!session_.connected())
+    if (Status st = session_.connect(); !st) return OpResult{std::move(st)};
+  Result<uint64_t> planned = start(id);
+  if (!planned) return OpResult{std::move(planned).error()};
+  if (*planned == 0) return OpResult::no_op("nothing paused is on disk: all of it is in memory already, or zero");
+  return OpResult({}, *planned, 0, fmt::format("reading {} bytes into the host tier ahead of the resume", *planned));
+}
+
+Result<uint64_t> Prefetcher::start(std::optional<TagId> tag) {
   stop();
   if (!config().host_tier)
     return make_error(ENOTSUP, "the host tier is off for this process (TMSDISK_HOST_TIER=0): nothing to read into");
@@ -39,7 +54,7 @@ Status Prefetcher::start(std::optional<TagId> tag) {
       if (place_of(*a, c) == ChunkPlace::Disk) wanted += chunk;
     if (!ctx) ctx = a->ctx;
   }
-  if (wanted == 0) return {};  // nothing of it on disk: all there is to read is in memory already
+  if (wanted == 0) return uint64_t{0};  // nothing of it on disk: all there is to read is in memory already
   uint64_t offset = 0;
   const uint64_t room = tier_.room_for_prefetch(wanted, ctx, &offset);
   if (room == 0)
@@ -54,7 +69,7 @@ Status Prefetcher::start(std::optional<TagId> tag) {
   outcome_ = {};
   TMS_INFO("prefetch: reading up to %llu of %llu bytes on disk into the host tier",
            static_cast<unsigned long long>(std::min(room, wanted)), static_cast<unsigned long long>(wanted));
-  return {};
+  return std::min(room, wanted);
 }
 
 bool Prefetcher::next_batch(Batch& b) const {

@@ -19,6 +19,7 @@
 
 #include "daemon_session.h"
 #include "host_tier.h"
+#include "op_result.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tags.h"
@@ -36,11 +37,13 @@ class Prefetcher {
              std::shared_mutex& op_lock)
       : session_(session), pipeline_(pipeline), slots_(slots), tier_(tier), op_lock_(op_lock) {}
 
-  // On the control thread: starts reading the paused, backed-up allocations of `tag` (none: every
-  // one) ahead of their resume, in place of a prefetch still running. ENOTSUP without the host tier
-  // (TMSDISK_HOST_TIER=0), ENOSPC when the node's tier has no room for this rank now. Nothing on
-  // disk to read is no error (the prefetch is done at once).
-  Status start(std::optional<TagId> tag);
+  // On the control thread, for tmsdisk_prefetch and the daemon's prefetch command: starts reading
+  // the paused, backed-up allocations of `tag` (empty: every one) ahead of their resume, in place of
+  // a prefetch still running. Done with the bytes it will read (the batches come with the thread's
+  // next turns); NoOp when nothing of them is on disk or no allocation carries the tag. ENOTSUP
+  // without the host tier (TMSDISK_HOST_TIER=0), ENOSPC when the node's tier has no room for this
+  // rank now, EINVAL for a bad tag name.
+  OpResult command(const std::string& tag);
   // On the control thread, between turns: one batch; true while more remains.
   bool step() noexcept;
   // A pause or resume begins: what was read by now is used, the rest stays on disk.
@@ -56,6 +59,8 @@ class Prefetcher {
     uint64_t host_chunks = 0;      // the allocation's host chunks before this batch
     std::vector<uint64_t> chunks;  // indexes of the disk chunks to read, in order
   };
+  // command()'s work once the tag is known: the bytes it will read (0: nothing on disk).
+  Result<uint64_t> start(std::optional<TagId> tag);
   bool next_batch(Batch& b) const;
   Status read(const Batch& b);
   void finish(Status st) noexcept;

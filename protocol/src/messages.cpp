@@ -523,7 +523,7 @@ bool valid_tag(std::string_view tag) noexcept {
 }
 
 bool Command::check(std::string& why) const {
-  if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
+  if (!valid_command_op(op)) {
     why = "unknown command " + std::to_string(op);
     return false;
   }
@@ -612,7 +612,7 @@ bool Control::check(std::string& why) const {
     why = "tag must be 1 to 63 of A-Z a-z 0-9 _ . -";
     return false;
   }
-  if (op != static_cast<uint8_t>(CommandOp::Pause) && op != static_cast<uint8_t>(CommandOp::Resume)) {
+  if (!valid_command_op(op)) {
     why = "unknown control operation " + std::to_string(op);
     return false;
   }

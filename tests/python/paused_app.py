@@ -172,6 +172,30 @@ def scenario_tms_get_cpu_backup():
     say("OK tms-get-cpu-backup")
 
 
+def scenario_prefetch_command():
+    """A tag paused to disk, prefetched by `tmsctl prefetch` (the test runs it between READY and
+    "prefetched"), then resumed intact."""
+    drv = Driver()
+    with tmsdisk.region("first"):
+        first = drv.alloc(2 * CHUNK)
+    drv.write(first, bytes([3]) * (2 * CHUNK))  # data, not zero chunks: the first pause takes the tier
+    with tmsdisk.region("second"):
+        second, data = allocate(drv)
+    tmsdisk.pause("first")
+    tmsdisk.pause("second")  # to disk: the tier memory holds the first tag's chunks
+    tmsdisk.resume("first")
+    say("READY")
+    expect("prefetched")
+    # The command's reads ran in the shim's turn after its answer. A tier that held it all: nothing is
+    # left on disk (True, nothing to do); a full one of four chunks: no room for the fifth (False).
+    assert tmsdisk.prefetch("second", wait=True) is (os.environ["EXPECT_TIER"] == "all")
+    rc, at = view_of(second + 100, CHUNK - 100)
+    assert rc == 0 and ctypes.string_at(at, CHUNK - 100) == data[100:CHUNK], "the first chunk in the tier"
+    tmsdisk.resume("second")
+    assert drv.read(second, SIZE) == data, "resumed after tmsctl prefetch"
+    say("OK prefetch-command")
+
+
 def scenario_tms_entry_points():
     """torch_memory_saver's C functions, looked up in the process as its tests do (ctypes.CDLL(None)),
     with its signatures: the thread's region state tags allocations, tms_pause/tms_resume act on the

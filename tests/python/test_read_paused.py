@@ -71,6 +71,34 @@ class Prefetch(RealStoreCase):
     def test_paused_tag_read_into_the_tier_ahead_of_its_resume(self):
         self.run_scenario("prefetch", {"EXPECT_TIER": self.tier})
 
+    def test_tmsctl_prefetch(self):
+        import json
+        import subprocess
+
+        tmsctl = os.environ.get("TMSCTL")
+        if not tmsctl or not os.path.exists(tmsctl):
+            self.skipTest("needs TMSCTL (CTest passes it)")
+
+        def prefetch(*selector):
+            out = subprocess.run([tmsctl, "--socket", self.daemon.socket, "prefetch", "--pid", str(child.pid),
+                                  *selector, "--json"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+            results = json.loads(out.stdout)
+            self.assertEqual(len(results), 1, results)
+            return results[0]
+
+        child = self.start("prefetch-command", {"EXPECT_TIER": self.tier})
+        self.read_until(child, "READY")
+        # The tag's five data chunks (4 MiB each, the last one short): all of them, or the four that
+        # the tier of 16 MiB holds.
+        started = prefetch("--tag", "second")
+        self.assertEqual(started["outcome"], "done", started)
+        self.assertEqual(started["bytes"], (5 if self.tier == "all" else 4) * 4 << 20, started)
+        nothing = prefetch("--tag", "nosuch")
+        self.assertEqual(nothing["outcome"], "no-op", nothing)
+        self.tell(child, "prefetched")
+        self.finish(child, "prefetch-command")
+
 
 class PrefetchPartly(Prefetch):
     """... into a tier of four chunks: the first four of the tag's five, the last one stays on disk."""

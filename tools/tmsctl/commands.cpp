@@ -378,10 +378,22 @@ std::string selector_text(const Selector& sel) {
 
 // What one rank's part came to, in words: "paused 256.0 MiB in 0.59 s (0.45 GB/s)", and what of it
 // did not have to move.
-std::string result_text(const proto::RankResult& r, bool pause) {
+const char* op_verb(proto::CommandOp op) {
+  switch (op) {
+    case proto::CommandOp::Pause: return "pause";
+    case proto::CommandOp::Resume: return "resume";
+    case proto::CommandOp::Prefetch: return "prefetch";
+  }
+  return "?";
+}
+
+std::string result_text(const proto::RankResult& r, proto::CommandOp op) {
+  const bool pause = op == proto::CommandOp::Pause;
   if (r.code != 0) return "FAILED: " + r.message + " (" + std::strerror(r.code) + ")";
   if (r.outcome == static_cast<uint8_t>(proto::Outcome::NoOp))
     return (r.message.empty() ? std::string(pause ? "already paused" : "not paused") : r.message) + " (nothing to do)";
+  // Answered once started: the reads go on in the rank, and its resume takes what they brought.
+  if (op == proto::CommandOp::Prefetch) return r.message + " (in the background)";
   char figures[96];
   std::snprintf(figures, sizeof(figures), " in %.2f s (%.2f GB/s)", static_cast<double>(r.nanos) / 1e9,
                 gb_per_s(r.bytes, r.nanos));
@@ -392,18 +404,21 @@ std::string result_text(const proto::RankResult& r, bool pause) {
 }
 
 // A rank that did not answer before the deadline, in words: it may still be at work.
-std::string unanswered_text(const Deadline& deadline, bool pause) {
-  const std::string still = pause ? "still pausing?" : "still resuming?";
+std::string unanswered_text(const Deadline& deadline, proto::CommandOp op) {
+  const std::string still = op == proto::CommandOp::Pause    ? "still pausing?"
+                            : op == proto::CommandOp::Resume ? "still resuming?"
+                                                             : "busy?";
   return (deadline.renewed() ? "no answer and no progress for " : "no answer within ") + deadline.seconds_text() +
          " (" + still + " see `tmsctl status`)";
 }
 
-// The request that pauses or resumes `sel`, or nullopt once the usage mistake that refuses it has
-// been told (exit status kExitUsage).
-std::optional<proto::Control> control_request(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
-  const std::string verb = pause ? "pause" : "resume";
+// The request that pauses, resumes or prefetches `sel`, or nullopt once the usage mistake that
+// refuses it has been told (exit status kExitUsage).
+std::optional<proto::Control> control_request(const Common& common, const Selector& sel, proto::CommandOp op,
+                                              bool accept_loss) {
+  const std::string verb = op_verb(op);
   proto::Control req;
-  req.op = static_cast<uint8_t>(pause ? proto::CommandOp::Pause : proto::CommandOp::Resume);
+  req.op = static_cast<uint8_t>(op);
   if (accept_loss) req.flags = proto::kAcceptLoss;
   // On the wire an empty tag means the whole process: `--tag ""` (an unset variable in a script) must
   // not pause or discard everything.
@@ -490,7 +505,7 @@ class ProgressLine {
 
 // Tells each rank's part of a pause or resume (the answers, then the ranks that gave none) and returns
 // the exit status.
-int report_control(const Common& common, const std::string& verb, bool pause, const ControlAnswer& answer,
+int report_control(const Common& common, const std::string& verb, proto::CommandOp op, const ControlAnswer& answer,
                    const Deadline& ranks) {
   const auto& results = answer.results;
   const auto& unanswered = answer.unanswered;
@@ -513,12 +528,12 @@ int report_control(const Common& common, const std::string& verb, bool pause, co
       out.back().update(skipped_json(r.bytes, r.skipped));
     } else {
       std::printf("%s rank %s (pid %d): %s\n", r.job.c_str(), rank_text(r.rank).c_str(), r.pid,
-                  result_text(r, pause).c_str());
+                  result_text(r, op).c_str());
     }
   }
   // After the answers, the ranks that gave none: whether they paused is not known ("outcome":
   // "unknown"), and they may still finish.
-  const std::string silent = unanswered_text(ranks, pause);
+  const std::string silent = unanswered_text(ranks, op);
   for (const auto& t : unanswered) {
     if (common.json) {
       out.push_back({{"job", t.job},
@@ -549,9 +564,9 @@ int report_control(const Common& common, const std::string& verb, bool pause, co
 
 }  // namespace
 
-int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss) {
-  const std::string verb = pause ? "pause" : "resume";
-  const std::optional<proto::Control> req = control_request(common, sel, pause, accept_loss);
+int cmd_control(const Common& common, const Selector& sel, proto::CommandOp op, bool accept_loss) {
+  const std::string verb = op_verb(op);
+  const std::optional<proto::Control> req = control_request(common, sel, op, accept_loss);
   if (!req) return kExitUsage;
 
   const CommandDeadlines deadlines = command_deadlines(common.timeout_s);
@@ -566,7 +581,7 @@ int cmd_control(const Common& common, const Selector& sel, bool pause, bool acce
       });
   line.finish();
   if (!answer) return fail(common, verb + " " + selector_text(sel), answer.error());
-  return report_control(common, verb, pause, *answer, deadlines.ranks);
+  return report_control(common, verb, op, *answer, deadlines.ranks);
 }
 
 int cmd_gc(const Common& common) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tmsdisk/protocol/messages.h"
+
 namespace tmsdisk::ctl {
 
 // Exit statuses, as the man page promises them. kExitFailed: the daemon could not be reached or did
@@ -52,7 +54,7 @@ void print_failure(bool json, const std::string& where, const std::string& messa
 
 int cmd_status(const Common& common);
 // accept_loss (resume only): proto::kAcceptLoss, damaged allocations get zero-filled memory.
-int cmd_control(const Common& common, const Selector& sel, bool pause, bool accept_loss = false);
+int cmd_control(const Common& common, const Selector& sel, proto::CommandOp op, bool accept_loss = false);
 int cmd_gc(const Common& common);
 int cmd_env(const Common& common, const LaunchOptions& launch);
 int cmd_run(const Common& common, const LaunchOptions& launch, const std::vector<std::string>& command);

@@ -152,7 +152,7 @@ CLI::Validator one_of(std::vector<std::string> choices) {
 // What the command line fills in: each subcommand's options write here.
 struct Inputs {
   Common common;
-  Selector sel;                  // pause, resume
+  Selector sel;                  // pause, resume, prefetch
   bool accept_loss = false;      // resume
   LaunchOptions launch;          // env, run
   bool no_start_daemon = false;  // run
@@ -165,11 +165,12 @@ struct Subcommands {
   CLI::App* status = nullptr;
   CLI::App* pause = nullptr;
   CLI::App* resume = nullptr;
+  CLI::App* prefetch = nullptr;
   CLI::App* gc = nullptr;
   CLI::App* env = nullptr;
   CLI::App* run = nullptr;
   CLI::App* doctor = nullptr;
-  std::vector<CLI::App*> all() const { return {status, pause, resume, gc, env, run, doctor}; }
+  std::vector<CLI::App*> all() const { return {status, pause, resume, prefetch, gc, env, run, doctor}; }
 };
 
 // --socket, --json and --timeout are global: accepted before the command (`tmsctl --json status`)
@@ -272,6 +273,16 @@ CLI::App* add_resume(CLI::App& app, Inputs& in) {
                    "allocations whose backup is damaged (see status) get zero-filled memory at their addresses: "
                    "their data is LOST; without it they stay paused and the rest of the process runs");
   return resume;
+}
+
+CLI::App* add_prefetch(CLI::App& app, Inputs& in) {
+  auto* prefetch = app.add_subcommand(
+      "prefetch",
+      "start reading the selected ranks' paused memory from disk into the node's host tier, ahead of their "
+      "resume (which then copies that part from memory); answered once started, it goes on in the background, "
+      "and a pause or resume that comes meanwhile goes first and uses what was read");
+  add_selector_options(*prefetch, in.sel);
+  return prefetch;
 }
 
 CLI::App* add_gc(CLI::App& app, Inputs&) {
@@ -404,14 +415,15 @@ std::optional<int> refuse_before_command(const CLI::App& app, const Subcommands&
 int run_parsed(const Subcommands& subs, Inputs& in) {
   in.launch.start_daemon = !in.no_start_daemon;
   // `--tag ""` is a tag given empty, which must not read as no --tag (the whole process).
-  for (CLI::App* sub : {subs.pause, subs.resume})
+  for (CLI::App* sub : {subs.pause, subs.resume, subs.prefetch})
     if (sub->parsed()) in.sel.tag_given = sub->get_option("--tag")->count() > 0;
 
   if (!in.command.empty() && !subs.run->parsed())
     return usage_error(in.common.json, "tmsctl", "only `run` takes a command after --");
   if (subs.status->parsed()) return cmd_status(in.common);
-  if (subs.pause->parsed()) return cmd_control(in.common, in.sel, true);
-  if (subs.resume->parsed()) return cmd_control(in.common, in.sel, false, in.accept_loss);
+  if (subs.pause->parsed()) return cmd_control(in.common, in.sel, tmsdisk::proto::CommandOp::Pause);
+  if (subs.resume->parsed()) return cmd_control(in.common, in.sel, tmsdisk::proto::CommandOp::Resume, in.accept_loss);
+  if (subs.prefetch->parsed()) return cmd_control(in.common, in.sel, tmsdisk::proto::CommandOp::Prefetch);
   if (subs.gc->parsed()) return cmd_gc(in.common);
   if (subs.env->parsed()) return cmd_env(in.common, in.launch);
   if (subs.doctor->parsed()) return cmd_doctor(in.common, in.doctor);
@@ -427,6 +439,7 @@ int main(int argc, char** argv) {
       "tmsctl: pause a CUDA job's GPU memory to local NVMe and resume it, with no code changes.\n\n"
       "  tmsctl run -- python train.py        launch with the tmsdisk shim preloaded\n"
       "  tmsctl pause --job J                 move every rank of job J to disk, freeing its GPU memory\n"
+      "  tmsctl prefetch --job J              read it back into host memory ahead of its resume\n"
       "  tmsctl resume --job J                bring it back at the same addresses\n"
       "  tmsctl status                        what each rank holds where\n"
       "  tmsctl doctor                        check this node before enabling the service\n\n"
@@ -440,6 +453,7 @@ int main(int argc, char** argv) {
   const Subcommands subs{.status = add_status(app, in),
                          .pause = add_pause(app, in),
                          .resume = add_resume(app, in),
+                         .prefetch = add_prefetch(app, in),
                          .gc = add_gc(app, in),
                          .env = add_env(app, in),
                          .run = add_run(app, in),

@@ -67,7 +67,8 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    (kStoreOpenHost): when the rank's share of the node's budget has room for all of it, STORE_OPENED
 //    says so (host_bytes) and the object's memfd rides along; the rank copies its ranges in and out by
 //    DMA and the object takes no disk space. After a daemon restart the rank hands that memfd back with
-//    kStoreOpenHeld. Sessions say how much of their objects' bytes live in host memory.
+//    kStoreOpenHeld. Sessions say how much of their objects' bytes live in host memory. COMMAND and
+//    CONTROL take CommandOp::Prefetch: paused memory read into the host tier ahead of its resume.
 inline constexpr uint16_t kVersion = 10;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
@@ -171,7 +172,12 @@ enum class Unmanaged : uint8_t {
 };
 inline constexpr std::size_t kUnmanagedReasons = 8;
 
-enum class CommandOp : uint8_t { Pause = 1, Resume = 2 };
+// Prefetch: start reading paused memory from disk into the rank's host-tier memory ahead of its
+// resume (version 10); answered once started, in the background after that.
+enum class CommandOp : uint8_t { Pause = 1, Resume = 2, Prefetch = 3 };
+inline bool valid_command_op(uint8_t op) noexcept {
+  return op >= static_cast<uint8_t>(CommandOp::Pause) && op <= static_cast<uint8_t>(CommandOp::Prefetch);
+}
 
 // What a pause or resume amounted to. Done: it ran; bytes moved, or it failed (see the code). NoOp:
 // the rank was already in the state asked for and nothing moved; the message says which state
