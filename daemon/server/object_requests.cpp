@@ -27,7 +27,23 @@ void warn(const std::string& what) {
 
 }  // namespace
 
-proto::Message ObjectRequests::open(Session& s, const proto::StoreOpen& m) {
+std::optional<proto::Message> ObjectRequests::open(Session& s, uint64_t request_id, const proto::StoreOpen& m,
+                                                   UniqueFd& fd) {
+  proto::Message reply = open_on_disk(s, m);
+  auto* opened = std::get_if<proto::StoreOpened>(&reply);
+  if (!opened || m.flags == 0) return reply;
+  if (m.flags == proto::kStoreOpenHost) {
+    tier_.place_object(s, request_id, m.name, m.size, *opened);
+    return std::nullopt;
+  }
+  if (!fd) return error_reply(EINVAL, "STORE_OPEN with kStoreOpenHeld without the object's memory");
+  auto counted = tier_.adopt_object(s, m.name, m.size, fd);
+  if (!counted) return refusal(s, counted.error());
+  opened->host_bytes = *counted;
+  return reply;
+}
+
+proto::Message ObjectRequests::open_on_disk(Session& s, const proto::StoreOpen& m) {
   if (!s.objects) {
     auto opened = storage::ObjectStore::open(roots_, s.store->dir_fds(), s.store->chunk_bytes(), warn);
     if (!opened) return refusal(s, opened.error());
@@ -79,6 +95,7 @@ proto::Message ObjectRequests::remove(Session& s, const proto::StoreRemove& m) {
   // A chunk in flight may be one of it: its extent must not be freed under the engine.
   if (s.io_in_flight) return error_reply(EBUSY, "STORE_REMOVE while chunks are still in flight");
   if (Status st = s.objects->remove_object(m.name); !st) return refusal(s, st.error());
+  tier_.remove_object(s, m.name);
   return proto::OkReply{};
 }
 

@@ -196,7 +196,6 @@ struct Server::Impl {
     chunks = std::make_unique<ChunkIo>(*engine, *sessions, config.max_blobs_per_uid, config.max_chunks_per_uid,
                                        config.hash_threads ? config.hash_threads : automatic_hash_threads(),
                                        config.hooks.before_hash);
-    objects = std::make_unique<ObjectRequests>(roots, *sessions, config.max_chunks_per_uid);
     spdlog::info("hashing chunks (WRITEs before their write, READs after their read) on {} thread(s){}",
                  chunks->hash_threads(), config.hash_threads ? "" : " (hash-threads = 0: one per two CPUs, 2 to 8)");
     router =
@@ -207,6 +206,7 @@ struct Server::Impl {
                                         [this](uint64_t conn_id, uint64_t rid, const proto::Message& m, int fd) {
                                           if (Connection* c = conn(conn_id)) send(*c, rid, m, fd);
                                         });
+    objects = std::make_unique<ObjectRequests>(roots, *sessions, *tier, config.max_chunks_per_uid);
 
     if (auto s = take_lock(); !s) return s;
     // After the lock: a second daemon refused here must not overwrite (or remove) the first one's file.
@@ -381,7 +381,7 @@ struct Server::Impl {
       int fd = -1;
       std::vector<int> extra;
       long n = proto::recv_message(c.fd.get(), buf, &fd, &extra);
-      UniqueFd passed(fd);  // only IPC_EXPORT keeps one; the reaper closes any other, on every path
+      UniqueFd passed(fd);  // kept by an on_shim_fd() that takes it; the reaper closes any other, on every path
       struct Discard {
         FdReaper& reaper;
         UniqueFd& fd;
@@ -408,7 +408,7 @@ struct Server::Impl {
         auto h = proto::peek_header(buf);
         send_error(c, h ? h->request_id : 0, EINVAL,
                    fmt::format("too many descriptors passed with one message (more than {}; at most {}, and only "
-                               "IPC_EXPORT takes one)",
+                               "IPC_EXPORT, TIER_ADOPT and STORE_OPEN take one)",
                                proto::kMaxPassedFds, proto::kMaxPassedFds));
         c.closing = true;
         return;
@@ -452,15 +452,10 @@ struct Server::Impl {
           if constexpr (requires { on_shim(c, rid, m); }) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_shim(c, rid, m);
-          } else if constexpr (std::is_same_v<T, proto::StoreOpen>) {
+          } else if constexpr (requires { on_shim_fd(c, rid, m, passed); }) {
+            // ... and those that may carry a descriptor, an on_shim_fd() overload's.
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
-            on_store_open(c, rid, m, passed);
-          } else if constexpr (std::is_same_v<T, proto::TierAdopt>) {
-            if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
-            on_tier_adopt(c, rid, passed);
-          } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
-            if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
-            on_ipc_export(c, rid, m, passed);
+            on_shim_fd(c, rid, m, passed);
           } else if constexpr (requires { on_ipc(c, rid, m); }) {
             if (c.role != proto::Role::Shim) return protocol_violation(c, rid, T::kType);
             on_ipc(c, rid, m);
@@ -627,25 +622,11 @@ struct Server::Impl {
 
   // The rank's objects (object_requests.h); their chunks go through ChunkIo as a pause's do.
   void on_shim(Connection& c, uint64_t rid, proto::StoreCommit& m) { send(c, rid, objects->commit(session_of(c), m)); }
-  void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) {
-    Session& s = session_of(c);
-    proto::Message reply = objects->remove(s, m);
-    if (std::holds_alternative<proto::OkReply>(reply)) tier->remove_object(s, m.name);
-    send(c, rid, reply);
-  }
-  // STORE_OPEN, then the object's host-tier memory: placed (kStoreOpenHost; answered once made, or now
-  // on disk), or handed back after a restart (kStoreOpenHeld, its memfd in `fd`).
-  void on_store_open(Connection& c, uint64_t rid, const proto::StoreOpen& m, UniqueFd& fd) {
-    Session& s = session_of(c);
-    proto::Message reply = objects->open(s, m);
-    auto* opened = std::get_if<proto::StoreOpened>(&reply);
-    if (!opened || m.flags == 0) return send(c, rid, reply);
-    if (m.flags == proto::kStoreOpenHost) return tier->place_object(s, rid, m.name, m.size, *opened);
-    if (!fd) return send_error(c, rid, EINVAL, "STORE_OPEN with kStoreOpenHeld without the object's memory");
-    auto counted = tier->adopt_object(s, m.name, m.size, fd);
-    if (!counted) return send_error(c, rid, counted.error().errnum(), counted.error().describe());
-    opened->host_bytes = *counted;
-    send(c, rid, reply);
+  void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) { send(c, rid, objects->remove(session_of(c), m)); }
+  // Its memfd rides along with kStoreOpenHeld; answered now, or by the tier broker once the object's
+  // host-tier memory is made.
+  void on_shim_fd(Connection& c, uint64_t rid, const proto::StoreOpen& m, UniqueFd& fd) {
+    if (auto reply = objects->open(session_of(c), rid, m, fd)) send(c, rid, *reply);
   }
   void on_shim(Connection& c, uint64_t rid, proto::StoreWrite& m) {
     if (auto reply = chunks->write(session_of(c), rid, m)) send(c, rid, *reply);
@@ -674,7 +655,7 @@ struct Server::Impl {
 
   // A rank kept host-tier memory holding paused chunks across a daemon restart: it counts against the
   // budget again, even past it (the bytes are the rank's either way; new grants wait until it is released).
-  void on_tier_adopt(Connection& c, uint64_t rid, UniqueFd& fd) {
+  void on_shim_fd(Connection& c, uint64_t rid, const proto::TierAdopt&, UniqueFd& fd) {
     if (!fd) return send_error(c, rid, EINVAL, "TIER_ADOPT without the host-tier memory's descriptor");
     if (Status st = tier->adopt(session_of(c), fd); !st)
       return send_error(c, rid, st.error().errnum(), st.error().describe());
@@ -686,7 +667,7 @@ struct Server::Impl {
   // Legacy IPC (ipc_exports.h)
 
   // Takes `fd` only when the export is recorded.
-  void on_ipc_export(Connection& c, uint64_t rid, const proto::IpcExport& m, UniqueFd& fd) {
+  void on_shim_fd(Connection& c, uint64_t rid, const proto::IpcExport& m, UniqueFd& fd) {
     Session& s = session_of(c);
     if (!fd) return send_error(c, rid, EINVAL, "IPC_EXPORT without the allocation's descriptor");
     if (auto st = check_memory_fd(fd.get()); !st) return send_error(c, rid, st.error().errnum(), st.error().describe());
