@@ -95,6 +95,9 @@ TMSDISK_EXPORT int tmsdisk_paused_view(const void* ptr, uint64_t length, const v
 TMSDISK_EXPORT int tmsdisk_prefetch(const char* tag, int wait) noexcept {
   return tmsdisk::shim::api_prefetch(tag, wait);
 }
+TMSDISK_EXPORT int tmsdisk_retain_host_copy(int on) noexcept {
+  return tmsdisk::shim::api_retain_host_copy(on);
+}
 
 // torch_memory_saver's C entry points (tms_entry_points.h).
 #define TMSDISK_X(ret, name, params, args)  \

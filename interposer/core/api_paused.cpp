@@ -57,4 +57,13 @@ int api_prefetch(const char* tag, int wait) noexcept {
   }
 }
 
+int api_retain_host_copy(int on) noexcept {
+  ensure_init();
+  Engine* e = Engine::instance();
+  if (!e) return -ENOMEM;
+  const bool before = e->retain_host_copy();
+  if (on >= 0) e->set_retain_host_copy(on != 0);
+  return before ? 1 : 0;
+}
+
 }  // namespace tmsdisk::shim

@@ -511,6 +511,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     Allocation& a = *j.a;
     if (Status st = release_memory(a); !st) return st;
     a.placement = j.place;  // copied: the pipeline still walks j.place
+    a.retained.clear();     // paused anew: this pause's chunks are the ones to read
     a.state.store(AllocState::Paused);
     released_bytes += a.size;
     released_zero += a.size - data_bytes(j, chunk);
@@ -591,7 +592,12 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.handle = 0;
     j.mapped = false;
     j.a->damage.store(0);
-    resumed_host += place_bytes(j, ChunkPlace::Host, chunk);
+    const uint64_t host = place_bytes(j, ChunkPlace::Host, chunk);
+    resumed_host += host;
+    // Retained: the host chunks stay readable where they are until the memory is used again.
+    j.a->retained = host && retain_host_copy() ? std::move(j.a->placement) : std::vector<ChunkPlace>{};
+    j.a->retained_offset = j.a->host_offset;
+    j.a->retained_generation = host_tier_.generation();
     j.a->placement.clear();
     j.a->state.store(AllocState::Resident);
     resumed_bytes += j.a->size;

@@ -74,6 +74,11 @@ class Engine {
   // Starts reading the paused memory of `tag` (empty: all of it) into the host tier ahead of its
   // resume (prefetch.h); with `wait`, returns once that is done. A tag nothing carries: nothing to do.
   Status prefetch(const std::string& tag, bool wait) noexcept;
+  // Whether a resume leaves the host chunks it copied back in the host-tier memory, readable as the
+  // allocation's retained copy until that memory is used again (tmsdisk_retain_host_copy; TMS's
+  // retain_cpu_backup). Off by default.
+  void set_retain_host_copy(bool on) noexcept { retain_host_copy_.store(on); }
+  bool retain_host_copy() const noexcept { return retain_host_copy_.load(); }
   // Paused memory read in place, for the C API (tmsdisk_read_paused, tmsdisk_paused_view).
   PausedReader& paused_reader() noexcept { return paused_reader_; }
 
@@ -133,6 +138,7 @@ class Engine {
   void set_state(proto::RankState s);
 
   std::shared_mutex op_lock_;
+  std::atomic<bool> retain_host_copy_{false};
 
   // Control thread only.
   DaemonSession session_;

@@ -121,6 +121,7 @@ uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint6
 }
 
 uint64_t HostTierClient::obtain(uint64_t wanted, uint8_t ask_flags, CUcontext ctx) {
+  ++generation_;  // whatever the memory is used for next overwrites what it held
   const bool ahead = ask_flags & proto::kTierAskAhead;
   const char* fallback = ahead ? "its first pause asks again" : "every chunk goes to disk";
   // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
@@ -254,6 +255,7 @@ bool HostTierClient::in_use() const {
 }
 
 void HostTierClient::give_back() {
+  ++generation_;
   memory_.release();
   kept_told_ = false;
   reclaimed_ = false;
@@ -267,6 +269,7 @@ void HostTierClient::give_back() {
 void HostTierClient::session_started(bool adopted) {
   if (memory_.held() && !adopted && !in_use()) {
     // Kept for a pause to come, by a daemon that is gone: the new one never counted it.
+    ++generation_;
     memory_.release();
     kept_told_ = false;
   }

@@ -64,6 +64,9 @@ class HostTierClient {
 
   // The memory (paused allocations' host chunks lie in it while it is held).
   const HostTier& memory() const noexcept { return memory_; }
+  // Moves on whenever what the memory holds may be overwritten or goes (memory asked for or reused,
+  // given back): a resumed allocation's retained host chunks are valid while it is the same.
+  uint64_t generation() const noexcept { return generation_; }
 
   // Asks the daemon for host-tier memory for the disk chunks of `jobs` and places the first of them
   // there (as many as the grant holds, in order): memory kept since the last pause when the daemon
@@ -119,6 +122,7 @@ class HostTierClient {
   bool asked_at_pause_ = false;             // a pause has asked for host-tier memory
   uint64_t placed_ = 0;                     // bytes the last pause that asked placed there
   uint64_t resize_bytes_ = 0;               // kept memory went back oversized: asked for ahead at this size
+  uint64_t generation_ = 1;                 // generation()
 };
 
 }  // namespace tmsdisk::shim

@@ -11,14 +11,6 @@
 #include <vector>
 
 namespace tmsdisk::shim {
-namespace {
-
-ChunkPlace place_of(const Allocation& a, uint64_t chunk_index) noexcept {
-  return chunk_index < a.placement.size() ? a.placement[chunk_index] : ChunkPlace::Disk;
-}
-
-}  // namespace
-
 Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t length) const {
   if (length == 0) return make_error(EINVAL, "a read of paused memory reads at least one byte");
   std::shared_ptr<Allocation> a = registry().find(ptr);
@@ -30,16 +22,29 @@ Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t len
   if (offset >= a->size || length > a->size - offset)
     return make_error(EINVAL, fmt::format("[{:#x}, {:#x}) passes the end of its allocation ({} bytes at {:#x})", ptr,
                                           ptr + length, a->size, a->base));
-  if (a->state.load() != AllocState::Paused)
-    return make_error(ENODATA, "the range is resident: the device holds its bytes");
+  const bool paused = a->state.load() == AllocState::Paused;
+  // Resumed with its host copy retained, still in the memory the resume copied it from.
+  const bool retained =
+      !paused && !a->retained.empty() && a->retained_generation == tier_.generation() && tier_.memory().held();
+  if (!paused && !retained) return make_error(ENODATA, "the range is resident: the device holds its bytes");
   if (a->policy == Policy::Discard)
     return make_error(ENODATA, "the range was paused without a backup (its tag discards): there are no bytes to read");
   const uint32_t chunk = slots_.chunk_bytes();
   if (chunk == 0) return make_error(ENOTCONN, "no session with tmsdiskd");
-  Located at{.a = std::move(a), .offset = offset, .chunk = chunk};
+  Located at{.a = a,
+             .offset = offset,
+             .chunk = chunk,
+             .placement = retained ? &a->retained : &a->placement,
+             .host_offset = retained ? a->retained_offset : a->host_offset,
+             .retained = retained};
   const uint64_t first = offset / chunk;
-  for (uint64_t i = 0; i < first && i < at.a->placement.size(); ++i)
-    at.host_before += at.a->placement[i] == ChunkPlace::Host;
+  for (uint64_t i = 0; i < first && i < at.placement->size(); ++i)
+    at.host_before += (*at.placement)[i] == ChunkPlace::Host;
+  // The disk chunks a resume read are the daemon's no more: a retained copy is its host chunks.
+  if (retained)
+    for (uint64_t c = first; c * chunk < offset + length; ++c)
+      if (at.place_of(c) == ChunkPlace::Disk)
+        return make_error(ENODATA, "the range is resident and its retained copy holds only what the host tier held");
   return at;
 }
 
@@ -47,7 +52,7 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
   const Allocation& a = *at.a;
   const uint64_t chunk = at.chunk;
   const uint64_t end = at.offset + length;
-  const uint8_t* tier = tier_.memory().held() ? tier_.memory().base() + a.host_offset : nullptr;
+  const uint8_t* tier = tier_.memory().held() ? tier_.memory().base() + at.host_offset : nullptr;
   uint64_t host_index = at.host_before;
   // Disk chunks the range covers whole are read straight into dst, in runs; a chunk it covers only
   // part of (at either end) into a buffer of its own, then the part copied out.
@@ -64,7 +69,7 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
     const uint64_t cs = c * chunk, ce = std::min(cs + chunk, uint64_t{a.size});
     const uint64_t lo = std::max(cs, at.offset), hi = std::min(ce, end);
     uint8_t* out = dst + (lo - at.offset);
-    switch (place_of(a, c)) {
+    switch (at.place_of(c)) {
       case ChunkPlace::Zero: std::memset(out, 0, hi - lo); break;
       case ChunkPlace::Host:
         if (!tier) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
@@ -132,13 +137,13 @@ Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcep
     const Allocation& a = *at->a;
     const uint64_t first = at->offset / at->chunk;
     for (uint64_t c = first; c * at->chunk < at->offset + length; ++c)
-      if (place_of(a, c) != ChunkPlace::Host)
+      if (at->place_of(c) != ChunkPlace::Host)
         return make_error(ENODATA,
                           fmt::format("bytes at {:#x} are {}, not in the host tier: read them", a.base + c * at->chunk,
-                                      place_of(a, c) == ChunkPlace::Zero ? "zero" : "on disk"));
+                                      at->place_of(c) == ChunkPlace::Zero ? "zero" : "on disk"));
     if (!tier_.memory().held()) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
     // The host chunks of an allocation lie one after another: a run of them is contiguous memory.
-    view = tier_.memory().base() + a.host_offset + at->host_before * at->chunk + (at->offset - first * at->chunk);
+    view = tier_.memory().base() + at->host_offset + at->host_before * at->chunk + (at->offset - first * at->chunk);
     return {};
   });
   if (!st) return std::move(st).error();

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
+#include <vector>
 
 #include "control_thread.h"
 #include "cuda_api.h"
@@ -46,9 +47,17 @@ class PausedReader {
  private:
   struct Located {
     std::shared_ptr<Allocation> a;
-    uint64_t offset = 0;       // of the range in the allocation
-    uint32_t chunk = 0;        // the session's chunk size
+    uint64_t offset = 0;  // of the range in the allocation
+    uint32_t chunk = 0;   // the session's chunk size
+    // Where its chunks are: the pause's placement, or a resumed allocation's retained one (whose
+    // disk chunks are not there to read any more).
+    const std::vector<ChunkPlace>* placement = nullptr;
+    uint64_t host_offset = 0;
+    bool retained = false;
     uint64_t host_before = 0;  // host chunks of the allocation before the range's first chunk
+    ChunkPlace place_of(uint64_t chunk_index) const noexcept {
+      return chunk_index < placement->size() ? (*placement)[chunk_index] : ChunkPlace::Disk;
+    }
   };
   // The paused allocation [ptr, ptr + length) lies in (op lock held).
   Result<Located> locate(CUdeviceptr ptr, uint64_t length) const;

@@ -66,6 +66,14 @@ struct Allocation {
   // them to zero. Written and read by the engine under the exclusive op lock.
   std::vector<ChunkPlace> placement;
   uint64_t host_offset = 0;
+  // After a resume while the process retains host copies (tmsdisk_retain_host_copy; TMS's
+  // retain_cpu_backup): the placement it was resumed from, its host chunks still in the host-tier
+  // memory, readable (paused_reader.h) while that memory holds them: until the generation of the
+  // memory (HostTierClient::generation) moves on. Written and read by the engine under the exclusive
+  // op lock, or on the control thread.
+  std::vector<ChunkPlace> retained;
+  uint64_t retained_offset = 0;
+  uint64_t retained_generation = 0;
   // The allocating thread's innermost tag and its policy (tags.h), for good.
   TagId tag = kUntagged;
   Policy policy = Policy::Backup;

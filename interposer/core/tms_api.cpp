@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // torch_memory_saver's C entry points over the shim (tms_entry_points.h). The region state is the
 // calling thread's (tags.h, TmsRegion), as in TMS; pause and resume act on the tags TMS regions gave
-// allocations; the host copy is what the paused reader can show without a copy. What tmsdisk does not
-// do (another backup directory, a retained copy, a memory margin) is logged and ignored: these
-// functions return nothing that could say so, and TMS's own would stop the process.
+// allocations; the host copy is what the paused reader can show without a copy (of resumed memory,
+// its retained copy). What tmsdisk does not do (another backup directory, a memory margin) is logged
+// and ignored: these functions return nothing that could say so, and TMS's own would stop the process.
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -119,10 +119,12 @@ void set_memory_margin_bytes(uint64_t bytes) noexcept {
 }
 
 void tms_set_retain_cpu_backup(bool retain) noexcept {
-  if (retain) TMS_WARN("tms_set_retain_cpu_backup(true): ignored; tmsdisk keeps no host copy after a resume");
+  ensure_init();
+  if (Engine* e = Engine::instance()) e->set_retain_host_copy(retain);
 }
 bool tms_get_retain_cpu_backup() noexcept {
-  return false;
+  Engine* e = Engine::existing();
+  return e && e->retain_host_copy();
 }
 
 int tms_pause(const char* tag) noexcept {

@@ -213,8 +213,9 @@ int tmsdisk_store_flush(void) TMSDISK_NOEXCEPT;
  * paused or resumed waits for that to finish. Not from a tmsdisk_on_pause callback (the pause waits
  * for it). */
 /* Copies the paused bytes of [ptr, ptr + length) (inside one allocation tmsdisk manages) into host
- * memory dst. Returns 0; -ENODATA when the range is resident (the device holds its bytes: read them
- * there) or was paused without a backup (a discard tag); -EINVAL (not in one managed allocation),
+ * memory dst (of resident memory, its retained copy: tmsdisk_retain_host_copy). Returns 0; -ENODATA
+ * when the range is resident with no retained copy of all of it (the device holds its bytes: read
+ * them there) or was paused without a backup (a discard tag); -EINVAL (not in one managed allocation),
  * -EBADMSG (a chunk on disk failed verification), -EIO, -ECONNREFUSED (no daemon)... */
 int tmsdisk_read_paused(const void* ptr, uint64_t length, void* dst) TMSDISK_NOEXCEPT;
 /* *view = the paused bytes of [ptr, ptr + length) where all of them lie in the node's host tier:
@@ -231,6 +232,12 @@ int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMS
  * no room for this rank now), -EINVAL (a bad tag name), -EBADMSG (with wait: a chunk failed
  * verification), -ECONNREFUSED (no daemon)... (API version 7) */
 int tmsdisk_prefetch(const char* tag, int wait) TMSDISK_NOEXCEPT;
+/* on = 1: from now on, a resume leaves the host chunks it copied back in the node's host tier, as
+ * the resumed memory's retained copy (torch_memory_saver's retain_cpu_backup): tmsdisk_read_paused and
+ * tmsdisk_paused_view then read resident memory from it, as it was when paused, until that memory is
+ * used again (the next pause, a prefetch, or the daemon asking for it back). on = 0: off (the default);
+ * on < 0: leaves it as it is. Returns the setting before (1 or 0). (API version 7) */
+int tmsdisk_retain_host_copy(int on) TMSDISK_NOEXCEPT;
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 

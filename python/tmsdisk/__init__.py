@@ -53,6 +53,7 @@ __all__ = [
     "prefetch",
     "read_paused",
     "region",
+    "retain_host_copy",
     "resume",
     "status",
     "store",
@@ -167,6 +168,7 @@ _PROTOTYPES = {
     "tmsdisk_read_paused": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]),
     "tmsdisk_paused_view": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]),
     "tmsdisk_prefetch": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "tmsdisk_retain_host_copy": (ctypes.c_int, [ctypes.c_int]),
 }
 
 # The API version each function came with (the others were there from the first): what a library
@@ -182,6 +184,7 @@ _SINCE = {
     "tmsdisk_read_paused": 7,
     "tmsdisk_paused_view": 7,
     "tmsdisk_prefetch": 7,
+    "tmsdisk_retain_host_copy": 7,
 }
 
 _NOT_LOADED = (
@@ -388,9 +391,18 @@ def prefetch(tag: Optional[str] = None, wait: bool = False) -> bool:
     return True
 
 
+def retain_host_copy(on: Optional[bool] = None) -> bool:
+    """Whether a resume leaves the host chunks it copied back in the node's host tier, readable with
+    read_paused() as the resumed memory's retained copy (as it was when paused) until that memory is
+    used again: the next pause, a prefetch, or the daemon asking for it back (tmsdisk_retain_host_copy;
+    torch_memory_saver's retain_cpu_backup). on=True/False sets it; returns the setting before."""
+    return _function("tmsdisk.retain_host_copy()", "tmsdisk_retain_host_copy")(-1 if on is None else int(on)) == 1
+
+
 def read_paused(tensor, zero_copy: bool = False):
     """The bytes of a paused CUDA tensor, as a CPU tensor of its dtype and shape, without resuming it;
-    None when it is resident (the device holds its bytes) or was paused without a backup (a discard tag).
+    None when it is resident (the device holds its bytes; unless retain_host_copy() kept its host copy)
+    or was paused without a backup (a discard tag).
 
     Its chunks come from the node's host tier, from disk (verified against their seals) or are zero.
     zero_copy=True returns, where every chunk of the tensor lies in the host tier, a tensor over that

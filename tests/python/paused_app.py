@@ -196,6 +196,36 @@ def scenario_prefetch_command():
     say("OK prefetch-command")
 
 
+def scenario_retain():
+    """tmsdisk.retain_host_copy(True): a resume leaves the host tier's copy readable, as it was when
+    paused, until that memory is used again; off, resident memory has nothing to read. Run with a tier
+    that holds all of it."""
+    drv = Driver()
+    with tmsdisk.region("weights"):
+        ptr, data = allocate(drv)
+    assert tmsdisk.retain_host_copy(True) is False, "off by default"
+    tmsdisk.pause("weights")
+    tmsdisk.resume("weights")
+    got = tmsdisk.read_paused(Device(ptr, SIZE))
+    assert got is not None and got.numpy().tobytes() == data, "the retained copy of resumed memory"
+    rc, at = view_of(ptr + 100, CHUNK - 100)
+    assert rc == 0 and ctypes.string_at(at, CHUNK - 100) == data[100:CHUNK], "a view of the retained copy"
+    # The device changes; the copy stays what it was when paused (as TMS's retained backup).
+    drv.write(ptr, bytes([1]) * 4096)
+    assert tmsdisk.read_paused(Device(ptr, 4096)).numpy().tobytes() == data[:4096], "the copy as paused"
+    # The next pause uses the memory again: the new bytes are what it holds, paused and then retained.
+    newer = bytes([1]) * 4096 + data[4096:]
+    tmsdisk.pause("weights")
+    tmsdisk.resume("weights")
+    assert tmsdisk.read_paused(Device(ptr, SIZE)).numpy().tobytes() == newer, "retained from the second pause"
+    assert drv.read(ptr, SIZE) == newer
+    assert tmsdisk.retain_host_copy(False) is True
+    tmsdisk.pause("weights")
+    tmsdisk.resume("weights")
+    assert tmsdisk.read_paused(Device(ptr, SIZE)) is None, "not retained: resident memory has nothing to read"
+    say("OK retain")
+
+
 def scenario_tms_entry_points():
     """torch_memory_saver's C functions, looked up in the process as its tests do (ctypes.CDLL(None)),
     with its signatures: the thread's region state tags allocations, tms_pause/tms_resume act on the
@@ -262,11 +292,13 @@ def scenario_tms_entry_points():
     assert drv.read(outside, 2 * CHUNK) == bytes([5]) * (2 * CHUNK)
     assert pause(b"weights") == 0 and tmsdisk.status().tag("scratch").paused_bytes == 0, "one tag"
     assert resume(b"weights") == 0 and drv.read(weights, SIZE) == data
-    # What tmsdisk does not do is logged and ignored (TMS's own functions return nothing to say so).
+    # Retaining the host copy is tmsdisk_retain_host_copy; what tmsdisk does not do is logged and
+    # ignored (TMS's own functions return nothing to say so).
+    set_retain(True)
+    assert get_retain() is True and tmsdisk.retain_host_copy(False) is True
+    assert get_retain() is False
     set_dir(b"/somewhere/else")
     set_margin(1 << 30)
-    set_retain(True)
-    assert get_retain() is False
     say("OK tms-entry-points")
 
 

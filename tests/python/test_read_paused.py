@@ -117,5 +117,15 @@ class TmsEntryPoints(RealStoreCase):
         self.run_scenario("tms-entry-points")
 
 
+class Retain(RealStoreCase):
+    """tmsdisk.retain_host_copy(): resumed memory's host-tier copy kept readable (TMS's retain_cpu_backup)."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false")
+
+    def test_resumed_memory_read_from_its_retained_copy(self):
+        self.run_scenario("retain")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

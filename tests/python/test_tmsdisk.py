@@ -242,7 +242,7 @@ class CompatTest(TmsdiskTestCase):
     def test_what_cannot_be_honoured_is_refused(self):
         self.run_compat("refusals")
 
-    def test_retain_cpu_backup_from_the_environment_is_refused(self):
+    def test_retain_cpu_backup_from_the_environment_turns_it_on(self):
         self.run_compat("retain-env", {"TMS_RETAIN_CPU_BACKUP": "1"})
 
     def test_with_torch_regions_use_a_pool_each(self):

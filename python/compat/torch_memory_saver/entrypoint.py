@@ -17,8 +17,9 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
 - get_cpu_backup(x, zero_copy): tmsdisk.read_paused(x, zero_copy): the paused bytes of x from the host
   tier or the disk without resuming it; None while x is resident.
 - preload(tag) (a fork's addition): tmsdisk.prefetch of that tag, or of every region's tag.
-What tmsdisk cannot honour is refused with an exception naming the call: a
-retain_cpu_backup of True (or TMS_RETAIN_CPU_BACKUP=1), a memory_margin_bytes other than 0,
+- retain_cpu_backup = True (or TMS_RETAIN_CPU_BACKUP=1): tmsdisk.retain_host_copy(True): a resume leaves
+  the host tier's copy readable with get_cpu_backup until that memory is used again.
+What tmsdisk cannot honour is refused with an exception naming the call: a memory_margin_bytes other than 0,
 set_disk_backup_dir to another directory than TMS_DISK_BACKUP_DIR, tag names tmsdisk does not accept,
 ROCm and XPU.
 """
@@ -182,16 +183,15 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        return False  # tmsdisk keeps no host copy after a resume (the daemon's host tier may keep its memory)
+        """Whether a resume keeps the host copy (tmsdisk.retain_host_copy: the chunks the host tier held)."""
+        return tmsdisk.loaded() and tmsdisk.retain_host_copy()
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool):
-        if value:
-            raise _refuse(
-                "torch_memory_saver.retain_cpu_backup = True",
-                "tmsdisk keeps no host copy of resumed memory; the daemon's host tier keeps its buffers for the "
-                "next pause (host-tier-keep), which is what makes the next pause fast",
-            )
+        try:
+            tmsdisk.retain_host_copy(bool(value))
+        except tmsdisk.Error as e:
+            raise _renamed(e, "torch_memory_saver.retain_cpu_backup = %r" % (value,)) from None
 
     def get_cpu_backup(self, x, zero_copy: bool = False):
         """As TMS: a CPU tensor of paused x's bytes, None while x is resident (or was paused without a
@@ -279,18 +279,14 @@ class _Impl:
         self.cpu_backup_backend = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
         if self.cpu_backup_backend not in _CPU_BACKUP_BACKENDS:
             raise ValueError("TMS_INIT_CPU_BACKUP_BACKEND must be mmap or pinned, not %r" % self.cpu_backup_backend)
-        if bool_env("TMS_RETAIN_CPU_BACKUP"):
-            raise _refuse(
-                "TMS_RETAIN_CPU_BACKUP=1 (%s)" % call,
-                "tmsdisk keeps no host copy of resumed memory (the daemon's host tier keeps its buffers for the "
-                "next pause instead); unset it",
-            )
         if not tmsdisk.loaded():
             raise tmsdisk.NotLoadedError(
                 call,
                 "libtmsdisk.so is not loaded in this process: run it under `tmsctl run --tms-compat -- CMD` "
                 "(this torch_memory_saver is tmsdisk's compatibility module)",
             )
+        if bool_env("TMS_RETAIN_CPU_BACKUP"):
+            tmsdisk.retain_host_copy(True)  # as retain_cpu_backup = True
         if self.init_enable and not (init_cpu or init_disk):
             # TMS would throw away what is allocated outside regions; memory outside regions is tmsdisk's
             # "untagged", backed up whatever thread allocated it. Its content survives, at the cost of moving.
