@@ -294,6 +294,8 @@ void TierBroker::place_object(Session& s, uint64_t request_id, const std::string
   };
   // An object that existed may hold committed bytes on disk: it stays where its bytes are.
   if (!opened.created) return on_disk("it existed already");
+  if (s.object_memory.size() >= kMaxHostObjectsPerRank)
+    return on_disk(fmt::format("the rank has {} objects in host-tier memory already", kMaxHostObjectsPerRank));
   const uint32_t chunk = s.staging->chunk_bytes();
   const uint64_t want = whole_chunks(bytes, chunk);
   // The object's share: the rank's, less what its objects and its pause memory hold already.
@@ -355,6 +357,15 @@ Result<uint64_t> TierBroker::adopt_object(Session& s, const std::string& name, u
                                          "memory an earlier daemon granted is handed back",
                                          name));
   const uint64_t want = whole_chunks(bytes, s.staging->chunk_bytes());
+  // The records say which objects existed, not where each lived: counted only as far as the rank
+  // could be granted it now (its share, the budget), so that no rank claims more by handing back
+  // memory than by asking. Refused, the rank writes the object to disk.
+  const uint64_t holds = object_host_bytes(s) + s.host_tier.bytes + s.host_tier_pending;
+  if (holds + want > share_of(s.cred.uid).bytes || sessions_.host_tier_used() + want > budget() ||
+      s.object_memory.size() >= kMaxHostObjectsPerRank)
+    return make_error(ENOSPC, fmt::format("object '{}': the rank's share of the node's host tier has no room for "
+                                          "its {} now; write it to disk",
+                                          name, human_bytes(want)));
   auto pages = tier_memory_bytes(fd.get());
   if (!pages) return std::move(pages).error();
   if (*pages < want)

@@ -47,6 +47,9 @@ class TierBroker {
   using Send = std::function<void(uint64_t conn_id, uint64_t request_id, const proto::Message&, int fd)>;
   // How long a pausing rank's ask waits for kept memory to come back before it takes what is free.
   static constexpr std::chrono::milliseconds kReclaimWait{5000};
+  // Objects of one rank that live in host-tier memory: each holds a descriptor of the daemon's, and
+  // the daemon's descriptors are every user's. Past it, a new object lives on disk.
+  static constexpr std::size_t kMaxHostObjectsPerRank = 1024;
 
   TierBroker(SessionTable& sessions, StagingWorkers& workers, bool keep, bool ahead, Send send)
       : sessions_(sessions), workers_(workers), keep_(keep), ahead_(keep && ahead), send_(std::move(send)) {}

@@ -140,11 +140,15 @@ Status Engine::run(proto::CommandOp op, uint8_t flags, std::string tag) noexcept
 }
 
 Status Engine::prefetch(const std::string& tag, bool wait) noexcept {
-  OpResult r;
-  Status st = control_.call([&]() -> Status { return (r = prefetch_.command(tag)).status; });
-  if (!st || r.outcome != proto::Outcome::Done) return st;
-  control_.post([] {}, false);  // a turn of the control thread: its idle step reads the first batch
-  return wait ? prefetch_.wait() : Status{};
+  try {
+    OpResult r;
+    Status st = control_.call([&]() -> Status { return (r = prefetch_.command(tag)).status; });
+    if (!st || r.outcome != proto::Outcome::Done) return st;
+    control_.post([] {}, false);  // a turn of the control thread: its idle step reads the first batch
+    return wait ? prefetch_.wait() : Status{};
+  } catch (...) {
+    return make_error(ENOMEM, "out of memory starting a prefetch");
+  }
 }
 
 EngineStatus Engine::status() const {
@@ -766,6 +770,7 @@ Status Engine::connect_session() {
   report_.session_opened(welcome.session_id);
   ipc_.session_started(welcome.adopted != 0);
   host_tier_.session_started(welcome.adopted != 0);
+  objects_.session_started();
   TMS_INFO("session %llu with tmsdiskd: %u slots of %u bytes, directory %s",
            static_cast<unsigned long long>(welcome.session_id), welcome.slot_count, welcome.chunk_bytes,
            welcome.rank_dir.c_str());

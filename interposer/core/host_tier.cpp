@@ -104,7 +104,9 @@ uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint6
   const uint64_t chunk = staging_.chunk_bytes();
   if (!config().host_tier || wanted == 0 || chunk == 0) return 0;
   if (memory_.held() && in_use()) {
-    // After the last host chunk of any paused allocation: each one's lie one after another.
+    // After the last host chunk of any paused allocation: each one's lie one after another. What
+    // lies beyond (resumed allocations' retained copies) is overwritten.
+    ++generation_;
     uint64_t end = 0;
     for (const auto& a : registry().snapshot()) {
       if (a->state.load() != AllocState::Paused) continue;
@@ -247,6 +249,7 @@ void HostTierClient::settle() {
 }
 
 bool HostTierClient::in_use() const {
+  if (prefetching_) return true;
   for (const auto& a : registry().snapshot())
     if (a->state.load() == AllocState::Paused &&
         std::find(a->placement.begin(), a->placement.end(), ChunkPlace::Host) != a->placement.end())

@@ -77,6 +77,9 @@ class HostTierClient {
   // held in use. *offset: where that part begins. Returns its bytes, whole chunks (0: none). Op lock
   // held.
   uint64_t room_for_prefetch(uint64_t wanted, CUcontext ctx, uint64_t* offset);
+  // While a prefetch runs, its memory is in use although no paused chunk lies in it yet: neither
+  // kept (TIER_KEEP) nor given back by settle().
+  void set_prefetching(bool on) noexcept { prefetching_ = on; }
   // Once no paused allocation keeps a chunk in the host-tier memory: kept for the next pause when the
   // daemon allows it (TIER_KEEP) and has not asked for it back (TIER_RECLAIM), else given back. Takes
   // the op lock: called after an operation, once its answer is out, and after a TIER_RECLAIM.
@@ -102,7 +105,7 @@ class HostTierClient {
   // takes over, and knows better what a pause needs: its zero chunks). Also makes what the first
   // pause would make first in the rank's context (warm).
   void ask_ahead(int64_t now);
-  // Whether a paused allocation keeps chunks in the host-tier memory (op lock held).
+  // Whether a paused allocation keeps chunks in the host-tier memory, or a prefetch fills it (op lock held).
   bool in_use() const;
   // Unmaps the host-tier memory and tells the daemon.
   void give_back();
@@ -123,6 +126,7 @@ class HostTierClient {
   uint64_t placed_ = 0;                     // bytes the last pause that asked placed there
   uint64_t resize_bytes_ = 0;               // kept memory went back oversized: asked for ahead at this size
   uint64_t generation_ = 1;                 // generation()
+  bool prefetching_ = false;                // set_prefetching()
 };
 
 }  // namespace tmsdisk::shim

@@ -50,7 +50,7 @@ Status ok_reply(const proto::Envelope& reply, const char* what) {
 
 }  // namespace
 
-Result<uint64_t> ObjectClient::chunk_bytes() noexcept {
+Result<uint64_t> ObjectClient::chunk_bytes() noexcept try {
   uint64_t chunk = 0;
   Status st = control_.call([&]() -> Status {
     if (!session_.connected())
@@ -60,6 +60,8 @@ Result<uint64_t> ObjectClient::chunk_bytes() noexcept {
   });
   if (!st) return std::move(st).error();
   return chunk;
+} catch (...) {
+  return make_error(ENOMEM, "out of memory asking for the chunk size");
 }
 
 Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexcept {
@@ -68,39 +70,46 @@ Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexce
       return make_error(
           EINVAL, fmt::format("'{}' is no object name: use {}", std::string(name).substr(0, 200), kObjectNameRule));
     if (size == 0) return make_error(EINVAL, "an object holds at least one byte");
-    std::optional<std::size_t> removed;  // the slot of a removed object of that name: its handle again
-    {
-      std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < objects_.size() && !removed; ++i) {
-        if (objects_[i].name != name) continue;
-        if (objects_[i].daemon_handle == 0) {
-          removed = i;
-        } else if (objects_[i].size != size) {
-          return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first", objects_[i].name,
-                                                objects_[i].size, size));
-        } else {
-          return i + 1;
-        }
-      }
-    }
-    Object o{.name = std::string(name), .size = size};
     // The host-tier memory is pinned in the caller's context (portable: every context copies by DMA).
     CUcontext ctx = nullptr;
     if (driver().api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
     const bool host = config().host_tier && config().store_host_tier;
+    uint64_t handle = 0;
+    // Looked up and made on the control thread, one open after another: two threads that open one
+    // new name get one object (and one placement).
     Status st = control_.call([&]() -> Status {
+      std::optional<std::size_t> removed;  // the slot of a removed object of that name: its handle again
+      {
+        std::lock_guard lock(mu_);
+        for (std::size_t i = 0; i < objects_.size() && !removed; ++i) {
+          if (objects_[i].name != name) continue;
+          if (objects_[i].daemon_handle == 0) {
+            removed = i;
+          } else if (objects_[i].size != size) {
+            return make_error(EEXIST, fmt::format("object '{}' holds {} bytes, not {}: remove it first",
+                                                  objects_[i].name, objects_[i].size, size));
+          } else {
+            handle = i + 1;
+            return {};
+          }
+        }
+      }
       if (!session_.connected())
         if (Status c = session_.connect(); !c) return c;
-      return open_on_daemon(o, host, ctx);
+      Object o{.name = std::string(name), .size = size};
+      if (Status x = open_on_daemon(o, host, ctx); !x) return x;
+      std::lock_guard lock(mu_);
+      if (removed) {
+        objects_[*removed] = std::move(o);
+        handle = *removed + 1;
+      } else {
+        objects_.push_back(std::move(o));
+        handle = objects_.size();
+      }
+      return {};
     });
     if (!st) return std::move(st).error();
-    std::lock_guard lock(mu_);
-    if (removed) {
-      objects_[*removed] = std::move(o);
-      return *removed + 1;
-    }
-    objects_.push_back(std::move(o));
-    return objects_.size();
+    return handle;
   } catch (...) {
     return make_error(ENOMEM, "out of memory opening an object");
   }
@@ -156,25 +165,20 @@ Result<std::shared_ptr<ObjectClient::HostCopy>> ObjectClient::map_host(const Obj
 Status ObjectClient::remove(std::string_view name) noexcept {
   try {
     const std::string n(name);
-    // Its memory is unmapped before the daemon takes it back (it punches the file).
-    {
-      std::lock_guard lock(mu_);
-      for (Object& o : objects_)
-        if (o.name == n) o.host.reset();
-    }
-    Status st = control_.call([&]() -> Status {
+    // On the control thread, after the ranges queued before it: they still find the object as it was.
+    return control_.call([&]() -> Status {
       if (!session_.connected())
         if (Status c = session_.connect(); !c) return c;
       proto::Envelope reply;
       if (Status x = session_.exchange(proto::StoreRemove{.name = n}, -1, reply, nullptr); !x) return x;
-      return ok_reply(reply, "STORE_REMOVE");
+      if (Status ok = ok_reply(reply, "STORE_REMOVE"); !ok) return ok;
+      // Gone: its host-tier memory with it (the daemon punched it). The handle stays (an open of the
+      // same name makes the object again); the daemon's is gone.
+      std::lock_guard lock(mu_);
+      for (Object& o : objects_)
+        if (o.name == n) o.host.reset(), o.daemon_handle = 0;
+      return {};
     });
-    if (!st) return st;
-    // The handle stays (an open of the same name makes the object again); the daemon's is gone.
-    std::lock_guard lock(mu_);
-    for (Object& o : objects_)
-      if (o.name == n) o.daemon_handle = 0;
-    return {};
   } catch (...) {
     return make_error(ENOMEM, "out of memory removing an object");
   }
@@ -305,7 +309,19 @@ Result<uint64_t> ObjectClient::daemon_handle(uint64_t handle) {
   return opened->handle;
 }
 
-Status ObjectClient::keep_counted(uint64_t handle) {
+void ObjectClient::session_started() noexcept {
+  try {
+    std::size_t count = 0;
+    {
+      std::lock_guard lock(mu_);
+      count = objects_.size();
+    }
+    for (uint64_t handle = 1; handle <= count; ++handle) (void)keep_counted(handle, false);
+  } catch (...) {
+  }
+}
+
+Status ObjectClient::keep_counted(uint64_t handle, bool or_to_disk) {
   Object o;
   {
     std::lock_guard lock(mu_);
@@ -323,7 +339,8 @@ Status ObjectClient::keep_counted(uint64_t handle) {
     objects_[handle - 1].connection = session_.connection();
     return {};
   }
-  if (!session_.connected()) return held;  // the daemon went again: asked again at the next range
+  // The daemon went again, or the caller writes to disk later: asked again at the object's next range.
+  if (!session_.connected() || !or_to_disk) return held;
   // Not counted here: the bytes written so far go to disk, in runs of written chunks, and the object
   // lives there from now on.
   TMS_WARN("object '%s': tmsdiskd does not count its host-tier memory (%s); writing it to disk", o.name.c_str(),
@@ -397,7 +414,7 @@ Status ObjectClient::transfer(const Range& r) {
   for (const auto& a : registry().overlapping(r.memory, r.length))
     if (a->state.load() != AllocState::Resident)
       return make_error(EAGAIN, "the range's device memory is paused: resume the process, then write or read it again");
-  if (Status st = keep_counted(r.handle); !st) return st;
+  if (Status st = keep_counted(r.handle, true); !st) return st;
   if (r.after)  // destroyed by the task once this returns
     if (const CUresult waited = api.cuEventSynchronize(r.after); waited != CUDA_SUCCESS)
       return cuda_error("waiting for the caller's stream", waited);
@@ -420,21 +437,14 @@ Status ObjectClient::through_daemon(const Range& r, uint64_t daemon_handle) {
   j.blob_offset = r.offset;
   j.object = true;
   j.host_memory = r.host;
-  const uint32_t chunk = slots_.chunk_bytes();
-  count_disk_chunks(j, chunk);  // every chunk: nothing of a range is placed elsewhere
   if (!r.host) {
     Result<int> ctx = pipeline_.context(r.ctx);
     if (!ctx) return std::move(ctx).error();
     j.ctx = *ctx;
     slots_.register_with(r.ctx);
   }
-  std::vector<TransferJob> jobs{std::move(j)};
-  TransferSteps steps;
-  steps.finished = [](TransferJob&) -> Status { return {}; };
-  ProgressReporter progress(&session_, 0);
-  uint64_t done = 0;
-  std::optional<Error> failed = pipeline_.run(r.dir, jobs, steps, progress, &done);
-  if (!failed && jobs.front().error) failed = jobs.front().error;
+  std::vector<TransferJob> jobs{std::move(j)};  // every chunk on disk: nothing of a range is placed elsewhere
+  std::optional<Error> failed = pipeline_.run_plain(r.dir, jobs);
   if (r.dir == Direction::FromStorage) return failed ? Status(std::move(*failed)) : Status{};
   // A write: the range becomes the object's current version, or what was written of it is dropped.
   if (failed && !session_.connected()) return std::move(*failed);  // the daemon drops it with the session

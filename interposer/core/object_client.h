@@ -65,6 +65,10 @@ class ObjectClient {
   // Waits for every write queued so far: the first error among the writes since the last flush,
   // whether waited for or not. Tickets of writes done by then need no wait().
   Status flush() noexcept;
+  // A new session (on the control thread, once connected): the daemon is handed the host-tier memory
+  // of every object that lives there, at once rather than at its next range, so that it counts it
+  // before it grants more. What it refuses goes to disk at the object's next range.
+  void session_started() noexcept;
 
  private:
   // An object's host-tier memory, mapped (and pinned where the driver allows) here.
@@ -106,9 +110,9 @@ class ObjectClient {
   Status open_on_daemon(Object& o, bool host, CUcontext ctx);
   // Maps and pins the host-tier memory `memory` (`bytes`, as STORE_OPENED said) of `o`.
   Result<std::shared_ptr<HostCopy>> map_host(const Object& o, uint64_t bytes, UniqueFd memory, CUcontext ctx);
-  // After a reconnection: the daemon counts the host-tier memory of object `handle` again, or the
-  // object is written to disk and the memory given up.
-  Status keep_counted(uint64_t handle);
+  // After a reconnection: the daemon counts the host-tier memory of object `handle` again, or (with
+  // `or_to_disk`) the object is written to disk and the memory given up.
+  Status keep_counted(uint64_t handle, bool or_to_disk);
   // A range of a host-tier object, copied in or out of its memory.
   Status copy_host(const Range& r, const std::string& name, HostCopy& host);
   // A range of an object on disk, through the pipeline, then (a write) its commit or its discard.

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <vector>
 
+#include "driver.h"
+
 namespace tmsdisk::shim {
 Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t length) const {
   if (length == 0) return make_error(EINVAL, "a read of paused memory reads at least one byte");
@@ -99,23 +101,29 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
   if (jobs.empty()) return {};
   if (!session_.connected())
     if (Status c = session_.connect(); !c) return c;
-  for (TransferJob& j : jobs) count_disk_chunks(j, at.chunk);
-  TransferSteps steps;
-  steps.finished = [](TransferJob&) -> Status { return {}; };
-  ProgressReporter progress(&session_, 0);
-  uint64_t done = 0;
-  if (std::optional<Error> failed = pipeline_.run(Direction::FromStorage, jobs, steps, progress, &done))
+  if (std::optional<Error> failed = pipeline_.run_plain(Direction::FromStorage, jobs)) {
+    for (const TransferJob& j : jobs)
+      if (j.error)
+        return make_error(j.error->errnum(),
+                          fmt::format("bytes at {:#x} of the paused allocation: {}",
+                                      j.refused_offset.value_or(j.blob_offset), j.error->describe()));
     return std::move(*failed);
-  for (const TransferJob& j : jobs)
-    if (j.error)
-      return make_error(j.error->errnum(), fmt::format("bytes at {:#x} of the paused allocation: {}",
-                                                       j.refused_offset.value_or(j.blob_offset), j.error->describe()));
+  }
   for (const Edge& e : edges) std::memcpy(e.to, e.bytes.data() + e.from, e.length);
   return {};
 }
 
 Status PausedReader::read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept {
   if (!dst) return make_error(EINVAL, "no memory to read paused bytes into");
+  // Copied into with memcpy: device memory there would fault.
+  const DriverApi& api = driver().api;
+  unsigned int type = 0;
+  const auto into = reinterpret_cast<CUdeviceptr>(dst);
+  if (registry().find(into) ||
+      (api.cuPointerGetAttribute &&
+       api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, into) == CUDA_SUCCESS &&
+       type == CU_MEMORYTYPE_DEVICE))
+    return make_error(EINVAL, "paused bytes are read into host memory, not device memory");
   try {
     return control_.call([&]() -> Status {
       std::shared_lock lock(op_lock_);
@@ -128,12 +136,15 @@ Status PausedReader::read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept 
   }
 }
 
-Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcept {
+Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcept try {
   const void* view = nullptr;
   Status st = control_.call([&]() -> Status {
     std::shared_lock lock(op_lock_);
     Result<Located> at = locate(ptr, length);
     if (!at) return std::move(at).error();
+    // Resident memory's retained copy lies in memory this thread may give back at any time (another
+    // rank's pause asks for it): read by copy only.
+    if (at->retained) return make_error(ENODATA, "the range is resident: its retained copy is read by copy only");
     const Allocation& a = *at->a;
     const uint64_t first = at->offset / at->chunk;
     for (uint64_t c = first; c * at->chunk < at->offset + length; ++c)
@@ -148,6 +159,8 @@ Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcep
   });
   if (!st) return std::move(st).error();
   return view;
+} catch (...) {
+  return make_error(ENOMEM, "out of memory finding a view of paused memory");
 }
 
 }  // namespace tmsdisk::shim

@@ -64,6 +64,7 @@ Result<uint64_t> Prefetcher::start(std::optional<TagId> tag) {
   tag_ = tag;
   next_offset_ = offset;
   room_end_ = offset + room;
+  tier_.set_prefetching(true);
   std::lock_guard guard(mu_);
   active_ = true;
   outcome_ = {};
@@ -119,15 +120,7 @@ Status Prefetcher::read(const Batch& b) {
   }
   if (!session_.connected())
     if (Status st = session_.connect(); !st) return st;
-  for (TransferJob& j : jobs) count_disk_chunks(j, static_cast<uint32_t>(chunk));
-  TransferSteps steps;
-  steps.finished = [](TransferJob&) -> Status { return {}; };
-  ProgressReporter progress(&session_, 0);
-  uint64_t done = 0;
-  if (std::optional<Error> failed = pipeline_.run(Direction::FromStorage, jobs, steps, progress, &done))
-    return std::move(*failed);
-  for (const TransferJob& j : jobs)
-    if (j.error) return *j.error;
+  if (std::optional<Error> failed = pipeline_.run_plain(Direction::FromStorage, jobs)) return std::move(*failed);
   return {};
 }
 
@@ -144,14 +137,18 @@ bool Prefetcher::step() noexcept {
       finish({});
       return false;
     }
+    // Not held across the reads: frees of managed memory take it shared, and the process runs on.
+    // Pauses and resumes, which change placements, run on this thread only.
+    lock.unlock();
     if (Status st = read(b); !st) {
-      lock.unlock();
       TMS_WARN("prefetch stopped: %s; the resume reads the rest from disk", st.error().message.c_str());
       finish(std::move(st));
       return false;
     }
+    lock.lock();
     // Read and verified: the chunks are host chunks now (their bytes stay on disk too).
     Allocation& a = *b.a;
+    if (a.state.load() != AllocState::Paused) return true;  // freed meanwhile: its reads are for nothing
     const uint64_t chunk = slots_.chunk_bytes();
     if (a.placement.size() < chunks_of(a, chunk)) a.placement.resize(chunks_of(a, chunk), ChunkPlace::Disk);
     for (uint64_t c : b.chunks) a.placement[c] = ChunkPlace::Host;
@@ -171,6 +168,7 @@ void Prefetcher::stop() noexcept {
 void Prefetcher::finish(Status st) noexcept {
   std::lock_guard guard(mu_);
   if (!active_) return;
+  tier_.set_prefetching(false);  // what it read is paused chunks now, in use as any
   active_ = false;
   outcome_ = std::move(st);
   cv_.notify_all();

@@ -135,7 +135,7 @@ int tms_resume(const char* tag) noexcept {
 }
 
 uint8_t* tms_get_cpu_backup_pointer(const uint8_t* gpu_ptr, uint64_t size) noexcept {
-  // TMS's host copy while paused; none for resident memory (nothing retained) nor, as in TMS, for
+  // TMS's host copy while paused; none for resident memory (a retained copy is read by copy only) nor, as in TMS, for
   // memory backed up to disk: here, a range whose chunks do not all lie in the host tier.
   ensure_init();
   Engine* e = Engine::instance();

@@ -232,6 +232,18 @@ Status TransferPipeline::queue_local(Direction dir, TransferJob& j) {
   });
 }
 
+std::optional<Error> TransferPipeline::run_plain(Direction dir, std::vector<TransferJob>& jobs) {
+  for (TransferJob& j : jobs) count_disk_chunks(j, slots_.chunk_bytes());
+  TransferSteps steps;
+  steps.finished = [](TransferJob&) -> Status { return {}; };
+  ProgressReporter progress(&session_, 0);
+  uint64_t done = 0;
+  if (std::optional<Error> failed = run(dir, jobs, steps, progress, &done)) return failed;
+  for (const TransferJob& j : jobs)
+    if (j.error) return j.error;
+  return std::nullopt;
+}
+
 Status TransferPipeline::drain(int ctx) {
   const DriverApi& api = driver().api;
   const CtxResources& cr = ctxs_[static_cast<std::size_t>(ctx)];

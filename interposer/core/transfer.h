@@ -135,6 +135,10 @@ class TransferPipeline {
   CUstream stream(int ctx) const { return ctxs_[static_cast<std::size_t>(ctx)].stream; }
   // Waits for everything queued on `ctx`'s stream.
   Status drain(int ctx);
+  // run() for jobs that are no allocation's (an object's range, host memory paused chunks are read
+  // into) and need no step: their disk chunks counted, no progress reported. The error that stopped
+  // the whole transfer, else the first job's own, if any.
+  std::optional<Error> run_plain(Direction dir, std::vector<TransferJob>& jobs);
 
   // Moves `jobs` (each with its ctx set); returns the first error that stopped the whole transfer,
   // if any. Jobs that failed alone carry their own error. `done_bytes` counts finished chunks (zero

@@ -233,8 +233,9 @@ int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMS
  * verification), -ECONNREFUSED (no daemon)... (API version 7) */
 int tmsdisk_prefetch(const char* tag, int wait) TMSDISK_NOEXCEPT;
 /* on = 1: from now on, a resume leaves the host chunks it copied back in the node's host tier, as
- * the resumed memory's retained copy (torch_memory_saver's retain_cpu_backup): tmsdisk_read_paused and
- * tmsdisk_paused_view then read resident memory from it, as it was when paused, until that memory is
+ * the resumed memory's retained copy (torch_memory_saver's retain_cpu_backup): tmsdisk_read_paused
+ * then copies resident memory from it (tmsdisk_paused_view shows none: the shim may give that memory
+ * back at any time), as it was when paused, until that memory is
  * used again (the next pause, a prefetch, or the daemon asking for it back). on = 0: off (the default);
  * on < 0: leaves it as it is. Returns the setting before (1 or 0). (API version 7) */
 int tmsdisk_retain_host_copy(int on) TMSDISK_NOEXCEPT;

@@ -107,6 +107,13 @@ class PrefetchPartly(Prefetch):
     tier = "part"
 
 
+class PrefetchWithoutKeep(Prefetch):
+    """... with a daemon that takes the tier memory back at every resume (host-tier-keep=false): memory
+    a prefetch asked for stays the rank's while it reads."""
+
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false", "--host-tier-keep=false")
+
+
 class TmsEntryPoints(RealStoreCase):
     """torch_memory_saver's C functions exported by libtmsdisk.so, called as its tests call them."""
 
