@@ -333,6 +333,8 @@ void TierBroker::object_built(StagingWorkers::TierBuilt& t) {
     send_(s->conn_id, t.request_id, opened, -1);
   };
   if (!t.memory) return on_disk("cannot get " + human_bytes(t.bytes) + " of host-tier memory: " + t.error.describe());
+  // Removed while its memory was made (a client that did not wait for its STORE_OPENED): nothing to count.
+  if (!s->objects || !s->objects->contains(t.object)) return on_disk("it was removed meanwhile");
   auto held = hold_tier_memory(std::move(t.memory), t.bytes);
   if (!held) return on_disk(held.error().describe());
   if (auto old = s->object_memory.find(t.object); old != s->object_memory.end())
