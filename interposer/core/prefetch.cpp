@@ -49,7 +49,9 @@ Result<uint64_t> Prefetcher::start(std::optional<TagId> tag) {
   CUcontext ctx = nullptr;
   std::shared_lock lock(op_lock_);
   for (const auto& a : registry().snapshot()) {
-    if (a->state.load() != AllocState::Paused || a->policy != Policy::Backup || (tag && a->tag != *tag)) continue;
+    if (a->state.load() != AllocState::Paused || a->policy != Policy::Backup || a->damage.load() != 0 ||
+        (tag && a->tag != *tag))
+      continue;  // as next_batch() chooses: a damaged backup is not read ahead
     for (uint64_t c = 0; c < chunks_of(*a, chunk); ++c)
       if (place_of(*a, c) == ChunkPlace::Disk) wanted += chunk;
     if (!ctx) ctx = a->ctx;
