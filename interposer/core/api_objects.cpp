@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <string_view>
 
+#include "api_outcome.h"
 #include "engine.h"
 #include "log.h"
 #include "shim.h"
@@ -14,20 +15,6 @@ ObjectClient* objects() noexcept {
   ensure_init();
   Engine* e = Engine::instance();
   return e ? &e->objects() : nullptr;
-}
-
-// 0, or the negative errno of `st`; its message in the log (the C API has no other place for it).
-int outcome(const Status& st, const char* call) noexcept {
-  if (st) return 0;
-  TMS_WARN("%s: %s", call, st.error().message.c_str());
-  return -st.error().errnum();
-}
-
-template <class T>
-int outcome(Result<T>&& r, T* out, const char* call) noexcept {
-  if (!r) return outcome(Status(std::move(r).error()), call);
-  if (out) *out = *r;
-  return 0;
 }
 
 }  // namespace
@@ -43,14 +30,14 @@ int api_store_open(const char* name, uint64_t size, uint64_t* handle) noexcept {
   if (!name || !handle) return -EINVAL;
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->open(name, size), handle, "tmsdisk_store_open");
+  return api_outcome(o->open(name, size), handle, "tmsdisk_store_open");
 }
 
 int api_store_remove(const char* name) noexcept {
   if (!name) return -EINVAL;
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->remove(name), "tmsdisk_store_remove");
+  return api_outcome(o->remove(name), "tmsdisk_store_remove");
 }
 
 int api_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t length, void* stream,
@@ -58,7 +45,8 @@ int api_store_write(uint64_t handle, uint64_t offset, const void* src, uint64_t 
   if (!ticket) return -EINVAL;
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->write(handle, offset, src, length, static_cast<CUstream>(stream)), ticket, "tmsdisk_store_write");
+  return api_outcome(o->write(handle, offset, src, length, static_cast<CUstream>(stream)), ticket,
+                     "tmsdisk_store_write");
 }
 
 int api_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length, void* stream,
@@ -66,7 +54,7 @@ int api_store_read(uint64_t handle, uint64_t offset, void* dst, uint64_t length,
   if (!ticket) return -EINVAL;
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->read(handle, offset, dst, length, static_cast<CUstream>(stream)), ticket, "tmsdisk_store_read");
+  return api_outcome(o->read(handle, offset, dst, length, static_cast<CUstream>(stream)), ticket, "tmsdisk_store_read");
 }
 
 int api_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexcept {
@@ -79,13 +67,13 @@ int api_store_prefetch(uint64_t handle, uint64_t offset, uint64_t length) noexce
 int api_store_wait(uint64_t ticket) noexcept {
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->wait(ticket), "tmsdisk_store_wait");
+  return api_outcome(o->wait(ticket), "tmsdisk_store_wait");
 }
 
 int api_store_flush() noexcept {
   ObjectClient* o = objects();
   if (!o) return -ENOMEM;
-  return outcome(o->flush(), "tmsdisk_store_flush");
+  return api_outcome(o->flush(), "tmsdisk_store_flush");
 }
 
 }  // namespace tmsdisk::shim

@@ -3,6 +3,7 @@
 // over PausedReader, and brought close ahead of its resume (tmsdisk_prefetch, prefetch.h).
 #include <cerrno>
 
+#include "api_outcome.h"
 #include "engine.h"
 #include "log.h"
 #include "shim.h"
@@ -16,23 +17,12 @@ PausedReader* reader() noexcept {
   return e ? &e->paused_reader() : nullptr;
 }
 
-// 0, or the negative errno of `st`. ENODATA is an answer (resident memory, asked for as a matter of
-// course by a weight sync that reads every parameter), not a failure: logged at debug only.
-int outcome(const Status& st, const char* call) noexcept {
-  if (st) return 0;
-  if (st.error().errnum() == ENODATA)
-    TMS_DEBUG("%s: %s", call, st.error().message.c_str());
-  else
-    TMS_WARN("%s: %s", call, st.error().message.c_str());
-  return -st.error().errnum();
-}
-
 }  // namespace
 
 int api_read_paused(const void* ptr, uint64_t length, void* dst) noexcept {
   PausedReader* r = reader();
   if (!r) return -ENOMEM;
-  return outcome(r->read(reinterpret_cast<CUdeviceptr>(ptr), length, dst), "tmsdisk_read_paused");
+  return api_outcome(r->read(reinterpret_cast<CUdeviceptr>(ptr), length, dst), "tmsdisk_read_paused", ENODATA);
 }
 
 int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcept {
@@ -41,7 +31,7 @@ int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcep
   PausedReader* r = reader();
   if (!r) return -ENOMEM;
   Result<const void*> found = r->view(reinterpret_cast<CUdeviceptr>(ptr), length);
-  if (!found) return outcome(Status(std::move(found).error()), "tmsdisk_paused_view");
+  if (!found) return api_outcome(Status(std::move(found).error()), "tmsdisk_paused_view", ENODATA);
   *view = *found;
   return 0;
 }
@@ -51,7 +41,7 @@ int api_prefetch(const char* tag, int wait) noexcept {
   Engine* e = Engine::instance();
   if (!e) return -ENOMEM;
   try {
-    return outcome(e->prefetch(tag ? std::string(tag) : std::string(), wait != 0), "tmsdisk_prefetch");
+    return api_outcome(e->prefetch(tag ? std::string(tag) : std::string(), wait != 0), "tmsdisk_prefetch", ENOSPC);
   } catch (...) {
     return -ENOMEM;
   }
