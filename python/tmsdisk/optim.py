@@ -714,7 +714,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                                          "elements and gathers nothing" % (
                                              cls, getattr(p.grad, "placements", None), getattr(p, "placements", None)))
                     step = self.state[p].get("step")
-                    before[p] = (self._step_count(step, local.device, group.get("fused")), step is None)
+                    before[p] = (self._step_tensor(step, local.device, group.get("fused")), step is None)
                     with_grad.add(index)
                 work += [b for b in buckets if any(s.param in with_grad for s in b.segments)]
             after = {}
@@ -728,7 +728,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _step_count(step, device, fused):
+    def _step_tensor(step, device, fused):
         """The step count a parameter on `device` steps with: a new one (None) as torch's class starts it,
         or the one it has, moved to the device for the fused kernel as torch's load_state_dict moves it.
 
@@ -1007,7 +1007,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                                                      master.numel()))
             step = saved["step"]
             step = step.clone() if torch.is_tensor(step) else torch.tensor(float(step))
-            loaded[p] = (self._step_count(step, local.device, fused[p]), moments, master)
+            loaded[p] = (self._step_tensor(step, local.device, fused[p]), moments, master)
 
         def fill(bucket, buffer):
             buffer.zero_()
@@ -1215,7 +1215,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             params = [(p, g.get("fused")) for g in self.param_groups for p in g["params"]]
             for (p, fused), step in zip(params, manifest["steps"]):
                 if step is not None:
-                    t = self._step_count(None, _local(p).device, fused)
+                    t = self._step_tensor(None, _local(p).device, fused)
                     t.fill_(step)
                     self.state[p]["step"] = t
 

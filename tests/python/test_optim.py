@@ -315,6 +315,21 @@ class MatchesTorch(OptimTestCase):
             with self.subTest(foreach=foreach):
                 self.run_pair(StreamedAdamW, torch.optim.AdamW, 100, foreach=foreach, maximize=True)
 
+    def test_with_an_lr_scheduler(self):
+        # torch's schedulers before 2.2 (Debian's 1.13 among them) set an attribute _step_count on the
+        # optimizer: nothing of ours may be called that, and the schedule must reach both alike.
+        params, reference = make_params(), make_params()
+        ours = StreamedAdamW(params, lr=1e-2, bucket_elements=100, store=make_store())
+        theirs = torch.optim.AdamW(reference, lr=1e-2)
+        schedules = [torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5) for o in (ours, theirs)]
+        trainer = Trainer()
+        for _ in range(STEPS):
+            trainer.step([(ours, params), (theirs, reference)])
+            for schedule in schedules:
+                schedule.step()
+        for i, (p, r) in enumerate(zip(params, reference)):
+            self.assertBitEqual(p.detach(), r.detach(), "parameter %d under StepLR" % i)
+
     def test_adam_bit_identical(self):
         for bucket_elements in (10, 300, 10**6):
             for foreach in (False, True):
