@@ -106,6 +106,19 @@ def _stream_optimizer_setting():
     os._exit(2)
 
 
+def _stream_bucket_elements():
+    """TMSDISK_STREAM_BUCKET_ELEMENTS: the streamed classes' default bucket_elements (None: theirs, 200 M).
+    A value that is not a plain positive integer is refused with a message, and their default is used."""
+    value = os.environ.get("TMSDISK_STREAM_BUCKET_ELEMENTS", "").strip()
+    if not value:
+        return None
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    os.write(2, ("[tmsdisk %d] warn: python: TMSDISK_STREAM_BUCKET_ELEMENTS=%s is not a plain positive integer; "
+                 "buckets of the default size\n" % (os.getpid(), value)).encode())
+    return None
+
+
 def _stream_torch_optimizers(torch, setting):
     """torch.optim.AdamW and Adam become the streamed classes.
 
@@ -120,12 +133,17 @@ def _stream_torch_optimizers(torch, setting):
     if moment_dtype is None:  # fp8 before torch 2.1; raised into the program's `import torch`
         raise RuntimeError("this torch (%s) has no torch.%s; %s moments need PyTorch 2.1 or later" % (
             getattr(torch, "__version__", "?"), _STREAM_MOMENTS[setting], setting))
+    defaults = {}
+    if moment_dtype != torch.float32:
+        defaults["moment_dtype"] = moment_dtype
+    bucket_elements = _stream_bucket_elements()
+    if bucket_elements:
+        defaults["bucket_elements"] = bucket_elements
     for original, streamed in ((torch.optim.AdamW, optim.StreamedAdamW), (torch.optim.Adam, optim.StreamedAdam)):
-        if moment_dtype != torch.float32:
-            # The class as the program's code names it, with the moments' dtype as its default; an explicit
-            # moment_dtype= still wins.
+        if defaults:
+            # The class as the program's code names it, with these defaults; an explicit argument still wins.
             streamed = type(streamed.__name__, (streamed,), {
-                "__init__": functools.partialmethod(streamed.__init__, moment_dtype=moment_dtype),
+                "__init__": functools.partialmethod(streamed.__init__, **defaults),
                 "__module__": streamed.__module__, "__doc__": streamed.__doc__, "__qualname__": streamed.__qualname__})
         setattr(torch.optim, original.__name__, streamed)
     _debug("torch.optim.AdamW and Adam stream their state (%s moments)" % setting)

@@ -350,6 +350,8 @@ def scenario_stream_optimizer():
     opt = torch.optim.AdamW(params, lr=1e-2)
     assert isinstance(opt, StreamedAdamW), type(opt)
     assert opt._moment_dtype == moment_dtype, opt._moment_dtype
+    asked = os.environ.get("TMSDISK_STREAM_BUCKET_ELEMENTS")
+    assert opt._bucket_elements == (int(asked) if asked else 200_000_000), opt._bucket_elements
     assert isinstance(torch.optim.Adam(make_params()), StreamedAdam)
     from torch.optim import AdamW  # pylint: disable=import-outside-toplevel
 

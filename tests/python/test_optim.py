@@ -1803,6 +1803,9 @@ class StreamOptimizerStartup(RealStoreCase):
             with self.subTest(setting=setting):
                 self.run_scenario("stream-optimizer", {"TMSDISK_STREAM_OPTIMIZER": setting})
 
+    def test_bucket_size_from_the_environment(self):
+        self.run_scenario("stream-optimizer", {"TMSDISK_STREAM_OPTIMIZER": "bf16", "TMSDISK_STREAM_BUCKET_ELEMENTS": "100"})
+
     def python(self, code, setting):
         import subprocess
 
