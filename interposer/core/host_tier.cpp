@@ -69,17 +69,29 @@ void HostTierClient::place(std::vector<TransferJob>& jobs, CUcontext ctx) {
   uint64_t wanted = 0;
   for (const TransferJob& j : jobs) wanted += j.chunks * uint64_t{chunk};
   if (!config().host_tier || wanted == 0 || chunk == 0) return;
+  uint64_t slots = 0, next = 0;
   if (memory_.held() && in_use()) {
-    TMS_DEBUG("the host-tier memory holds chunks of an earlier pause; this one goes to disk");
-    return;
+    // Chunks of an earlier pause (another tag's) lie in it: this pause takes what is free after them
+    // (memory asked for ahead holds the whole process's), and the rest goes to disk. The daemon is not
+    // asked: it grants no more while the memory holds paused chunks.
+    const uint64_t end = paused_end();
+    if (end >= memory_.bytes()) {
+      TMS_DEBUG("the host-tier memory is full of an earlier pause's chunks; this one goes to disk");
+      return;
+    }
+    ++generation_;  // retained copies after those chunks are overwritten
+    slots = (memory_.bytes() - end) / chunk;
+    next = end / chunk;
+    placed_ += std::min(slots * chunk, wanted);
+  } else {
+    asked_at_pause_ = true;
+    placed_ = 0;
+    const uint64_t usable = obtain(wanted, 0, ctx);
+    if (usable == 0) return;
+    placed_ = std::min(usable, wanted);
+    slots = usable / chunk;
   }
-  asked_at_pause_ = true;
-  placed_ = 0;
-  const uint64_t usable = obtain(wanted, 0, ctx);
-  if (usable == 0) return;
-  placed_ = std::min(usable, wanted);
   // The first disk chunks, in order, up to the grant: a job's host chunks lie one after another.
-  uint64_t slots = usable / chunk, next = 0;
   for (TransferJob& j : jobs) {
     if (slots == 0) break;
     const uint64_t all = (j.a->size + chunk - 1) / chunk;
@@ -104,15 +116,9 @@ uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint6
   const uint64_t chunk = staging_.chunk_bytes();
   if (!config().host_tier || wanted == 0 || chunk == 0) return 0;
   if (memory_.held() && in_use()) {
-    // After the last host chunk of any paused allocation: each one's lie one after another. What
-    // lies beyond (resumed allocations' retained copies) is overwritten.
+    // After the paused chunks; what lies beyond (resumed allocations' retained copies) is overwritten.
     ++generation_;
-    uint64_t end = 0;
-    for (const auto& a : registry().snapshot()) {
-      if (a->state.load() != AllocState::Paused) continue;
-      const auto host = static_cast<uint64_t>(std::count(a->placement.begin(), a->placement.end(), ChunkPlace::Host));
-      if (host) end = std::max(end, a->host_offset + host * chunk);
-    }
+    const uint64_t end = paused_end();
     *offset = end;
     return memory_.bytes() > end ? (memory_.bytes() - end) / chunk * chunk : 0;
   }
@@ -246,6 +252,17 @@ void HostTierClient::settle() {
   }
   if (keep_ && !reclaimed_ && oversized) resize_bytes_ = placed_;
   give_back();
+}
+
+uint64_t HostTierClient::paused_end() const {
+  const uint64_t chunk = staging_.chunk_bytes();
+  uint64_t end = 0;
+  for (const auto& a : registry().snapshot()) {
+    if (a->state.load() != AllocState::Paused) continue;
+    const auto host = static_cast<uint64_t>(std::count(a->placement.begin(), a->placement.end(), ChunkPlace::Host));
+    if (host) end = std::max(end, a->host_offset + host * chunk);
+  }
+  return end;
 }
 
 bool HostTierClient::in_use() const {

@@ -105,6 +105,9 @@ class HostTierClient {
   // takes over, and knows better what a pause needs: its zero chunks). Also makes what the first
   // pause would make first in the rank's context (warm).
   void ask_ahead(int64_t now);
+  // Where the host chunks of paused allocations end in the memory: after the last one of any (each
+  // allocation's lie one after another from its host_offset). Op lock held.
+  uint64_t paused_end() const;
   // Whether a paused allocation keeps chunks in the host-tier memory, or a prefetch fills it (op lock held).
   bool in_use() const;
   // Unmaps the host-tier memory and tells the daemon.

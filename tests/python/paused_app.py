@@ -338,12 +338,19 @@ def scenario_prefetch():
     assert drv.read(first, 2 * CHUNK) == bytes([3]) * (2 * CHUNK)
     assert tmsdisk.prefetch(wait=True) is True  # nothing paused: nothing to do
     expect_error(errno.EINVAL, tmsdisk.prefetch, "bad/tag")
-    # A resume right after a prefetch started goes first, with whatever was read by then: everything
-    # comes back whole however far the prefetch got.
+    # Two tags paused one after the other share the memory kept since (it holds more than the first
+    # tag): the second takes what is free after the first's chunks, the rest of it goes to disk. A
+    # daemon that takes the memory back at each resume (EXPECT_KEEP=0) grants the first pause its size.
     tmsdisk.pause("first")
-    tmsdisk.pause("second")  # to disk again
+    tmsdisk.pause("second")
+    kept = os.environ.get("EXPECT_KEEP", "1") == "1"
+    assert view_of(second + 100, 4096)[0] == (0 if kept else -errno.ENODATA), "the second tag's first chunk"
+    assert view_of(second + 5 * CHUNK, 4096)[0] == -errno.ENODATA, "its last chunk on disk"
+    check_reads(second, data)
     tmsdisk.resume("first")
-    assert tmsdisk.prefetch("second") is True
+    # A resume right after a prefetch started (where one could) goes first, with whatever was read by
+    # then: everything comes back whole however far the prefetch got.
+    tmsdisk.prefetch("second")
     tmsdisk.resume("second")
     assert drv.read(second, SIZE) == data, "a resume that met a running prefetch"
     assert drv.read(first, 2 * CHUNK) == bytes([3]) * (2 * CHUNK)

@@ -68,8 +68,10 @@ class Prefetch(RealStoreCase):
     daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false")
     tier = "all"
 
+    keep = True  # the daemon's host-tier-keep
+
     def test_paused_tag_read_into_the_tier_ahead_of_its_resume(self):
-        self.run_scenario("prefetch", {"EXPECT_TIER": self.tier})
+        self.run_scenario("prefetch", {"EXPECT_TIER": self.tier, "EXPECT_KEEP": "1" if self.keep else "0"})
 
     def test_tmsctl_prefetch(self):
         import json
@@ -112,6 +114,7 @@ class PrefetchWithoutKeep(Prefetch):
     a prefetch asked for stays the rank's while it reads."""
 
     daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false", "--host-tier-keep=false")
+    keep = False
 
 
 class TmsEntryPoints(RealStoreCase):
