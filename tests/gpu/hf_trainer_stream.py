@@ -43,9 +43,10 @@ import importlib.util
 import json
 import os
 import sys
-import sysconfig
 import tempfile
 import time
+
+import stdlib_corpus  # beside this script (the scripts run as files)
 import warnings
 
 # cuBLAS picks reproducible kernels only with a fixed workspace (node.sh sets it too); before CUDA starts.
@@ -87,25 +88,6 @@ def skip(reason):
 
 
 # --- data ------------------------------------------------------------------------------------------
-
-
-def corpus(limit_bytes):
-    """The standard library's .py files, in sorted order, concatenated: deterministic and offline.
-
-    moment_dtype_study.corpus(), the same bytes; not imported from it, as that module imports tmsdisk.optim
-    at its top, which the run without streaming must not load."""
-    root = sysconfig.get_paths()["stdlib"]
-    names = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in ("site-packages", "dist-packages", "__pycache__"))
-        names += [os.path.join(directory, f) for f in files if f.endswith(".py")]
-    data = bytearray()
-    for name in sorted(names):
-        with open(name, "rb") as f:
-            data += f.read()
-        if len(data) >= limit_bytes:
-            break
-    return bytes(data[:limit_bytes])
 
 
 def windows_dataset(torch, data, context, count, seed):
@@ -205,7 +187,7 @@ def main():
     torch.backends.cudnn.benchmark = False
     transformers.set_seed(args.seed)
 
-    data = corpus(int(args.corpus_mb * (1 << 20)))
+    data = stdlib_corpus.corpus(int(args.corpus_mb * (1 << 20)))
     dataset = windows_dataset(torch, data, args.context, args.steps * args.batch, args.seed + 1)
 
     config = GPT2Config(vocab_size=VOCAB, n_positions=args.context, n_embd=args.width, n_layer=args.layers,

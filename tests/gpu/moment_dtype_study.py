@@ -42,8 +42,9 @@ import math
 import os
 import statistics
 import sys
-import sysconfig
 import time
+
+import stdlib_corpus  # beside this script (the scripts run as files)
 
 # cuBLAS picks reproducible kernels only with a fixed workspace (node.sh sets it too); before CUDA starts.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -89,22 +90,6 @@ def options():
 
 
 # --- data ------------------------------------------------------------------------------------------
-
-
-def corpus(limit_bytes):
-    """The standard library's .py files, in sorted order, concatenated: deterministic and offline."""
-    root = sysconfig.get_paths()["stdlib"]
-    names = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in ("site-packages", "dist-packages", "__pycache__"))
-        names += [os.path.join(directory, f) for f in files if f.endswith(".py")]
-    data = bytearray()
-    for name in sorted(names):
-        with open(name, "rb") as f:
-            data += f.read()
-        if len(data) >= limit_bytes:
-            break
-    return bytes(data[:limit_bytes]), root
 
 
 class Batches:
@@ -273,7 +258,7 @@ def main():
             ", ".join(unknown) or "fp32-a missing", ", ".join(RUNS)))
     if torch.device(args.device).type == "cuda":
         torch.use_deterministic_algorithms(True, warn_only=True)  # the runs differ by what they are asked to
-    data, root = corpus(int(args.corpus_mb * (1 << 20)))
+    data, root = stdlib_corpus.corpus(int(args.corpus_mb * (1 << 20))), stdlib_corpus.ROOT
     batches = Batches(data, args.context, args.batch, torch.device(args.device))
     held_out = batches.eval_batches()
     print("corpus: %.1f MB of %s's .py files; torch %s on %s" % (len(data) / 1e6, root, torch.__version__,

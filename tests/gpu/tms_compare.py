@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+import gpu_helpers  # beside this script (the scripts run as files)
+
 import torch
 
 
@@ -55,17 +57,10 @@ def emit(obj):
     print(json.dumps(obj, sort_keys=True), flush=True)
 
 
-def child_env():
-    """The environment for helpers (nvidia-smi, tmsctl): without either tool's preloaded library."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    return env
-
-
 def gpu_used_mib():
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                           capture_output=True, text=True, timeout=30, env=child_env())
+                           capture_output=True, text=True, timeout=30, env=gpu_helpers.child_env())
         return int(r.stdout.strip().splitlines()[0])
     except Exception as e:  # pylint: disable=broad-except
         log(f"nvidia-smi failed: {e!r}")
@@ -103,15 +98,7 @@ class DiskCounters:
 
 
 def drop_caches(enabled):
-    if not enabled:
-        return False
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+    return enabled and gpu_helpers.drop_caches()
 
 
 def digest(tensors):
@@ -220,7 +207,7 @@ class Tmsdisk:
         if tmsctl:
             try:
                 r = subprocess.run([tmsctl, "--json", "status"], capture_output=True, text=True, timeout=30,
-                                   env=child_env())
+                                   env=gpu_helpers.child_env())
                 for rank in json.loads(r.stdout):
                     if rank.get("pid") == os.getpid():
                         out["tmsdisk_last_pause"] = rank.get("last_pause")

@@ -41,9 +41,10 @@ import contextlib
 import faulthandler
 import json
 import os
-import subprocess
 import sys
 import time
+
+import gpu_helpers  # beside this script (the scripts run as files)
 
 import torch
 
@@ -62,22 +63,6 @@ def emit(obj):
     print(json.dumps(obj, sort_keys=True, default=str), flush=True)
 
 
-def child_env():
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    return env
-
-
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def pool_region(tag=None):
     """A private MemPool, inside tmsdisk.region(tag) (backup) or, without a tag, tmsdisk.disabled()."""
@@ -90,28 +75,7 @@ def pool_region(tag=None):
 
 
 def daemon_last(kind, wait_s=10.0):
-    """This rank's last pause or resume in `tmsctl --json status`, once it is the one the shim did last
-    (same bytes and nanoseconds): bytes, host_bytes (the tier), moved_bytes (the disk), zero_bytes,
-    unchanged_bytes, ns. None without TMSCTL or an answer in time."""
-    tmsctl = os.environ.get("TMSCTL")
-    if not tmsctl:
-        return None
-    st = tmsdisk.status()
-    want = (st.last_pause_bytes, st.last_pause_ns) if kind == "pause" else (st.last_resume_bytes, st.last_resume_ns)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            r = subprocess.run([tmsctl, "--json", "status"], capture_output=True, text=True, timeout=30, env=child_env())
-            for row in json.loads(r.stdout):
-                last = row.get(f"last_{kind}") or {}
-                if row.get("pid") == os.getpid() and (last.get("bytes"), last.get("ns")) == want:
-                    return last
-        except Exception as e:  # pylint: disable=broad-except
-            log(f"tmsctl status: {e!r}")
-        if time.monotonic() > deadline:
-            log(f"tmsctl status has not got this rank's last {kind} {want} within {wait_s} s")
-            return None
-        time.sleep(0.3)
+    return gpu_helpers.daemon_last(tmsdisk, kind, log, wait_s)
 
 
 def disk_bytes(last):
@@ -183,7 +147,7 @@ class Run:
             placed = None if lp is None else lp.get("host_bytes", 0) > 0 and disk_bytes(lp) == 0
         else:
             placed = self.data_to_disk(m)
-        m["page_cache_dropped"] = drop_caches()
+        m["page_cache_dropped"] = gpu_helpers.drop_caches()
         if name == "prefetch":
             t0 = time.monotonic()
             m["prefetched"] = tmsdisk.prefetch("data", wait=True)

@@ -39,9 +39,10 @@ import faulthandler
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
+
+import gpu_helpers  # beside this script (the scripts run as files)
 
 import torch
 
@@ -55,13 +56,6 @@ POOLS = []  # MemPools of the regions, alive as long as their tensors
 
 def log(msg):
     print(f"[torch_weight_sync {os.getpid()}] {msg}", file=sys.stderr, flush=True)
-
-
-def child_env():
-    """The environment for helpers (tmsctl): without any preloaded library."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    return env
 
 
 def shapes(total_bytes):
@@ -103,17 +97,6 @@ def same_bytes(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(as_bytes(a), as_bytes(b))
 
 
-def drop_caches():
-    """Drops the page cache (root only), so that a read from disk is one; False when it could not."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 class Tmsdisk:
     name = "tmsdisk"
 
@@ -148,28 +131,7 @@ class Tmsdisk:
                                         "allocations": st.allocations, "paused_allocations": st.paused_allocations}
 
     def daemon_last(self, kind, wait_s=10.0):
-        """This rank's last pause or resume as `tmsctl --json status` has it, once it is the one the shim
-        did last (same bytes and nanoseconds), or None without TMSCTL or an answer in time."""
-        tmsctl = os.environ.get("TMSCTL")
-        if not tmsctl:
-            return None
-        st = self.t.status()
-        want = (st.last_pause_bytes, st.last_pause_ns) if kind == "pause" else (st.last_resume_bytes, st.last_resume_ns)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                r = subprocess.run([tmsctl, "--json", "status"], capture_output=True, text=True, timeout=30,
-                                   env=child_env())
-                for row in json.loads(r.stdout):
-                    last = row.get(f"last_{kind}") or {}
-                    if row.get("pid") == os.getpid() and (last.get("bytes"), last.get("ns")) == want:
-                        return last
-            except Exception as e:  # pylint: disable=broad-except
-                log(f"tmsctl status: {e!r}")
-            if time.monotonic() > deadline:
-                log(f"tmsctl status has not got this rank's last {kind} {want} within {wait_s} s")
-                return None
-            time.sleep(0.3)
+        return gpu_helpers.daemon_last(self.t, kind, log, wait_s)
 
     def info(self):
         return {"tmsdisk": self.t.version(), "library": self.t.library_path(),
@@ -288,7 +250,7 @@ def main():
             for row in rows:
                 zero_copy = row["read"] == "zero_copy"
                 phase(f"read pass {rep + 1}: {row['read']}")
-                dropped = drop_caches()
+                dropped = gpu_helpers.drop_caches()
                 t0 = time.monotonic()
                 outs = [src.read(p, zero_copy) for p in params]
                 row["seconds"].append(round(time.monotonic() - t0, 4))
