@@ -259,8 +259,7 @@ uint64_t HostTierClient::paused_end() const {
   uint64_t end = 0;
   for (const auto& a : registry().snapshot()) {
     if (a->state.load() != AllocState::Paused) continue;
-    const auto host = static_cast<uint64_t>(std::count(a->placement.begin(), a->placement.end(), ChunkPlace::Host));
-    if (host) end = std::max(end, a->host_offset + host * chunk);
+    if (const uint64_t host = host_chunks(a->placement)) end = std::max(end, a->host_offset + host * chunk);
   }
   return end;
 }

@@ -40,8 +40,7 @@ Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t len
              .host_offset = retained ? a->retained_offset : a->host_offset,
              .retained = retained};
   const uint64_t first = offset / chunk;
-  for (uint64_t i = 0; i < first && i < at.placement->size(); ++i)
-    at.host_before += (*at.placement)[i] == ChunkPlace::Host;
+  at.host_before = host_chunks(*at.placement, first);
   // The disk chunks a resume read are the daemon's no more: a retained copy is its host chunks.
   if (retained)
     for (uint64_t c = first; c * chunk < offset + length; ++c)

@@ -55,9 +55,7 @@ class PausedReader {
     uint64_t host_offset = 0;
     bool retained = false;
     uint64_t host_before = 0;  // host chunks of the allocation before the range's first chunk
-    ChunkPlace place_of(uint64_t chunk_index) const noexcept {
-      return chunk_index < placement->size() ? (*placement)[chunk_index] : ChunkPlace::Disk;
-    }
+    ChunkPlace place_of(uint64_t chunk_index) const noexcept { return place_at(*placement, chunk_index); }
   };
   // The paused allocation [ptr, ptr + length) lies in (op lock held).
   Result<Located> locate(CUdeviceptr ptr, uint64_t length) const;

@@ -14,10 +14,6 @@
 namespace tmsdisk::shim {
 namespace {
 
-ChunkPlace place_of(const Allocation& a, uint64_t chunk_index) noexcept {
-  return chunk_index < a.placement.size() ? a.placement[chunk_index] : ChunkPlace::Disk;
-}
-
 uint64_t chunks_of(const Allocation& a, uint64_t chunk) noexcept {
   return (a.size + chunk - 1) / chunk;
 }
@@ -53,7 +49,7 @@ Result<uint64_t> Prefetcher::start(std::optional<TagId> tag) {
         (tag && a->tag != *tag))
       continue;  // as next_batch() chooses: a damaged backup is not read ahead
     for (uint64_t c = 0; c < chunks_of(*a, chunk); ++c)
-      if (place_of(*a, c) == ChunkPlace::Disk) wanted += chunk;
+      if (place_at(a->placement, c) == ChunkPlace::Disk) wanted += chunk;
     if (!ctx) ctx = a->ctx;
   }
   if (wanted == 0) return uint64_t{0};  // nothing of it on disk: all there is to read is in memory already
@@ -82,13 +78,13 @@ bool Prefetcher::next_batch(Batch& b) const {
         (tag_ && a->tag != *tag_))
       continue;
     const uint64_t all = chunks_of(*a, chunk);
-    const auto host = static_cast<uint64_t>(std::count(a->placement.begin(), a->placement.end(), ChunkPlace::Host));
+    const uint64_t host = host_chunks(a->placement);
     // An allocation's host chunks lie one after another: it continues only where the free part begins.
     if (host > 0 && a->host_offset + host * chunk != next_offset_) continue;
     b = Batch{.a = a, .host_chunks = host, .chunks = {}};
     uint64_t offset = next_offset_;
     for (uint64_t c = 0; c < all && b.chunks.size() * chunk < kBatchBytes && offset + chunk <= room_end_; ++c) {
-      if (place_of(*a, c) != ChunkPlace::Disk) continue;
+      if (place_at(a->placement, c) != ChunkPlace::Disk) continue;
       b.chunks.push_back(c);
       offset += chunk;
     }

@@ -26,6 +26,20 @@ enum class ChunkPlace : uint8_t {
   Host = 2,  // copied by DMA into the rank's host-tier memory (host_tier.h) and back
 };
 
+// Where chunk `i` went by `placement` (a TransferJob's place, an Allocation's placement): chunks
+// past its end went to disk (an empty placement: every chunk).
+inline ChunkPlace place_at(const std::vector<ChunkPlace>& placement, uint64_t i) noexcept {
+  return i < placement.size() ? placement[i] : ChunkPlace::Disk;
+}
+// Host chunks among the first `n` of `placement` (all of them by default): a paused allocation's lie
+// one after another in the host-tier memory from its host_offset, so this is also where chunk `n`'s
+// would go.
+inline uint64_t host_chunks(const std::vector<ChunkPlace>& placement, uint64_t n = UINT64_MAX) noexcept {
+  uint64_t count = 0;
+  for (uint64_t i = 0; i < placement.size() && i < n; ++i) count += placement[i] == ChunkPlace::Host;
+  return count;
+}
+
 enum class AllocState : uint8_t { Resident = 0, Paused = 1 };
 
 struct Allocation {

@@ -33,7 +33,7 @@ struct Lane {
 
 // Whether chunk `i` of `j` goes through the staging slots (what count_disk_chunks counts).
 bool on_disk(const TransferJob& j, uint64_t i) noexcept {
-  return i >= j.place.size() || j.place[i] == ChunkPlace::Disk;
+  return place_at(j.place, i) == ChunkPlace::Disk;
 }
 
 // `count` lanes of (nearly) equal numbers of disk chunks, in order, each set on its first chunk.
