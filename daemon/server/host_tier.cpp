@@ -33,10 +33,6 @@ constexpr uint64_t kCgroupMargin = 64ull << 20;  // left below a cgroup's memory
 constexpr uint64_t kFaultPiece = 1ull << 30;
 constexpr unsigned kFaultThreads = 4;
 
-uint64_t sub_floor(uint64_t a, uint64_t b) {
-  return a > b ? a - b : 0;
-}
-
 // "MemAvailable:   123456 kB" -> bytes; nullopt when absent.
 std::optional<uint64_t> meminfo_field(const std::string& text, std::string_view key) {
   std::istringstream in(text);

@@ -44,6 +44,11 @@ SpareMemory spare_memory(const std::string& meminfo = "/proc/meminfo",
                          const std::string& self_cgroup = "/proc/self/cgroup",
                          const std::string& cgroup_root = "/sys/fs/cgroup");
 
+// a - b, or 0 where b is larger: what is left of a budget or a headroom.
+inline uint64_t sub_floor(uint64_t a, uint64_t b) noexcept {
+  return a > b ? a - b : 0;
+}
+
 struct TierPlan {
   uint64_t bytes = 0;  // what to grant: a whole number of chunks
   std::string note;    // why less than asked; empty when all of it

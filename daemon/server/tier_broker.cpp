@@ -23,10 +23,6 @@ uint64_t whole_chunks(uint64_t bytes, uint32_t chunk) {
   return chunk ? (bytes + chunk - 1) / chunk * chunk : 0;
 }
 
-uint64_t sub_floor(uint64_t a, uint64_t b) {
-  return a > b ? a - b : 0;
-}
-
 // Whether some session counts the memory file (st_dev, st_ino) already, for its pauses or an object.
 bool counted_anywhere(const std::map<uint64_t, Session>& sessions, dev_t dev, ino_t ino) {
   const auto same = [&](const TierMemory& m) { return m.bytes && m.dev == dev && m.ino == ino; };
