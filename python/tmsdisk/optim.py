@@ -51,7 +51,6 @@ while the pause begins keeps its buckets, which the pause then moves.
 
 import atexit
 import errno
-import hashlib
 import inspect
 import itertools
 import json
@@ -60,14 +59,16 @@ import re
 import sys
 import threading
 import weakref
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from itertools import chain
 
 import torch
 
 from . import Error, _log, loaded, on_pause
 from . import store as _store_module
+from ._checkpoint_files import _check_file, _fsync_directory, _layout_difference, _read_file, _write_file
 from ._moments import MOMENT_BLOCK, BlockScaledMoments, PlainMoments, Sections
+from ._residency import _Pipeline
 
 __all__ = ["MOMENT_BLOCK", "StreamedAdam", "StreamedAdamW"]
 
@@ -299,169 +300,6 @@ def _probes(params):
     if seen and not kinds:
         kinds[(torch.device("cpu"), torch.float32)] = None
     return [torch.zeros(1, device=device, dtype=dtype, requires_grad=True) for device, dtype in kinds]
-
-
-# --- residency -------------------------------------------------------------------------------------
-
-
-class _Slot:
-    """A bucket in memory: its buffer, its outstanding read and write, and whether the running pass
-    still needs it (pinned: not to be evicted)."""
-
-    __slots__ = ("bucket", "buffer", "read", "write", "pinned")
-
-    def __init__(self, bucket, buffer):
-        self.bucket, self.buffer = bucket, buffer
-        self.read = self.write = None
-        self.pinned = False
-
-
-_BUCKET_STREAMS = {}
-
-
-def _bucket_stream(device):
-    """The stream whose allocator pool the buckets of `device` are taken from (never run on)."""
-    stream = _BUCKET_STREAMS.get(device)
-    if stream is None:
-        stream = _BUCKET_STREAMS[device] = torch.cuda.Stream(device=device)
-    return stream
-
-
-class _Pipeline:
-    """At most `depth` buckets in memory, read ahead of the one being worked on, written behind it.
-
-    The only owner of buffers and tickets. A bucket stays in memory after its write-back until its slot
-    is needed (its write is waited for then), so a step that finds it still there reads nothing.
-    """
-
-    def __init__(self, store, depth: int, open_bucket):
-        self.store = store
-        self.depth = depth
-        # With depth d, buckets k-1 (writing back) and k (updating) leave d-2 for reads ahead; depth 2
-        # still reads one ahead, by waiting for the write of k-1 first.
-        self.lookahead = 0 if depth == 1 else max(1, depth - 2)
-        self._open = open_bucket
-        self.resident = OrderedDict()  # bucket -> _Slot, oldest first
-        self.deferred = None  # an error release() met, raised by the next run() or drain()
-
-    def new_buffer(self, bucket):
-        if bucket.device.type != "cuda":
-            return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
-        # Buckets come from segments of their own: PyTorch's caching allocator keeps a pool per stream,
-        # so a gradient never lands in a segment a bucket was cut from (which the freed bucket would
-        # then keep alive), and a pause, which moves whole segments, moves none of a dropped bucket.
-        # Every use of the buffer is on the caller's stream or ordered after it by the store, so the
-        # side stream only chooses the pool.
-        with torch.cuda.stream(_bucket_stream(bucket.device)):
-            return torch.empty(bucket.nbytes, dtype=torch.uint8, device=bucket.device)
-
-    @staticmethod
-    def _settle(slot) -> None:
-        """Waits for the slot's read and write, if any: after it the buffer is free to change."""
-        if slot.read is not None:
-            ticket, slot.read = slot.read, None
-            ticket.wait()
-        if slot.write is not None:
-            ticket, slot.write = slot.write, None
-            ticket.wait()
-            slot.bucket.written = True
-
-    def _evict_one(self) -> None:
-        victim = next((b for b, slot in self.resident.items() if not slot.pinned), None)
-        if victim is None:
-            raise RuntimeError("tmsdisk.optim: every bucket in memory is in use (depth %d)" % self.depth)
-        self._settle(self.resident.pop(victim))
-
-    def fetch(self, bucket, read: bool, pin: bool = True) -> None:
-        """Starts bringing `bucket` into memory: a read of its bytes when `read` and the store has them,
-        zeros otherwise."""
-        slot = self.resident.get(bucket)
-        if slot is None:
-            while len(self.resident) >= self.depth:
-                self._evict_one()
-            slot = _Slot(bucket, self.new_buffer(bucket))
-            if read and bucket.written:
-                slot.read = self.store.read(self._open(bucket), 0, slot.buffer)
-            else:
-                slot.buffer.zero_()
-            self.resident[bucket] = slot
-        slot.pinned = slot.pinned or pin
-
-    def hint(self, bucket) -> None:
-        if bucket.written and bucket not in self.resident:
-            self.store.prefetch(self._open(bucket), 0, bucket.nbytes)
-
-    def ready(self, bucket):
-        """The bucket's buffer, once its read (or the write of its last pass) is done."""
-        slot = self.resident[bucket]
-        self._settle(slot)
-        return slot.buffer
-
-    def done(self, bucket, write: bool) -> None:
-        slot = self.resident.pop(bucket)
-        self.resident[bucket] = slot  # the newest now: evicted last
-        slot.pinned = False
-        if write:
-            slot.write = self.store.write(self._open(bucket), 0, slot.buffer)
-
-    def _raise_deferred(self) -> None:
-        if self.deferred is not None:
-            error, self.deferred = self.deferred, None
-            raise error
-
-    def run(self, buckets, action, read: bool, write: bool) -> None:
-        """action(bucket, buffer) on each bucket in turn, reading ahead and writing behind. With `write`,
-        every bucket's object is opened before the first action."""
-        self._raise_deferred()
-        if write:
-            for bucket in buckets:
-                self._open(bucket)
-        try:
-            hinted = set()
-            for k, bucket in enumerate(buckets):
-                ahead = buckets[k : k + self.lookahead + 1]
-                for other in ahead:
-                    self.fetch(other, read)
-                nxt = k + len(ahead)
-                if read and nxt < len(buckets) and nxt not in hinted:
-                    hinted.add(nxt)
-                    self.hint(buckets[nxt])
-                action(bucket, self.ready(bucket))
-                self.done(bucket, write)
-        except BaseException:
-            self.abandon()
-            raise
-
-    def drain(self) -> None:
-        """Waits for every read and write and lets go of every buffer; raises the first error (or the
-        one release() kept)."""
-        first, self.deferred = self.deferred, None
-        while self.resident:
-            _, slot = self.resident.popitem(last=False)
-            try:
-                self._settle(slot)
-            except Exception as e:  # pylint: disable=broad-except
-                first = first or e
-        if first is not None:
-            raise first
-
-    def release(self) -> bool:
-        """drain() before a pause, on the shim's thread: an error is kept for the caller's next run() or
-        drain() instead of raised here, where nobody would see it. Whether any buffer was let go."""
-        had = bool(self.resident)
-        try:
-            self.drain()
-        except Exception as e:  # pylint: disable=broad-except
-            self.deferred = e
-        return had
-
-    def abandon(self) -> None:
-        """After a failure: waits for what is in flight (the store still uses those buffers), keeping
-        quiet about its errors, which the failure being raised outranks."""
-        try:
-            self.drain()
-        except Exception:  # pylint: disable=broad-except
-            pass
 
 
 # --- the optimizers --------------------------------------------------------------------------------
@@ -1222,96 +1060,6 @@ class _StreamedAdamBase(torch.optim.Optimizer):
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_MANIFEST = "manifest.json"
-
-
-def _fsync_directory(directory) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(directory, name, data) -> str:
-    """`data` (a buffer) to directory/name through a temporary name, fsynced, renamed; its SHA-256."""
-    final = os.path.join(directory, name)
-    tmp = final + ".%d.tmp" % os.getpid()
-    view = memoryview(data).cast("B")
-    digest = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as f:
-            step = 64 << 20
-            for at in range(0, len(view), step):
-                piece = view[at : at + step]
-                f.write(piece)
-                digest.update(piece)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return digest.hexdigest()
-
-
-def _open_checkpoint_file(cls, directory, entry, nbytes, what):
-    path = os.path.join(directory, os.path.basename(str(entry.get("file"))))
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise ValueError("%s.load: %s's file %s is missing" % (cls, what, path))
-    size = os.fstat(f.fileno()).st_size
-    if size != nbytes:
-        f.close()
-        raise ValueError("%s.load: %s's file %s has %d bytes, the bucket %d" % (cls, what, path, size, nbytes))
-    return f, path
-
-
-def _check_file(cls, directory, entry, nbytes, what) -> None:
-    """The file of a bucket is there, of its size, with the manifest's SHA-256 (read in pieces)."""
-    f, path = _open_checkpoint_file(cls, directory, entry, nbytes, what)
-    digest = hashlib.sha256()
-    with f:
-        for piece in iter(lambda: f.read(16 << 20), b""):
-            digest.update(piece)
-    if digest.hexdigest() != entry.get("sha256"):
-        raise ValueError("%s.load: %s's file %s fails its check: SHA-256 %s, the manifest says %s" % (
-            cls, what, path, digest.hexdigest(), entry.get("sha256")))
-
-
-def _read_file(cls, directory, entry, array, what) -> None:
-    """The file of a bucket into `array` (its bytes), its SHA-256 checked again."""
-    f, path = _open_checkpoint_file(cls, directory, entry, array.nbytes, what)
-    view = memoryview(array).cast("B")
-    with f:
-        at = 0
-        while at < len(view):
-            n = f.readinto(view[at:])
-            if not n:
-                raise ValueError("%s.load: %s's file %s ended early" % (cls, what, path))
-            at += n
-    if hashlib.sha256(view).hexdigest() != entry.get("sha256"):
-        raise ValueError("%s.load: %s's file %s fails its check: its SHA-256 is not the manifest's" % (
-            cls, what, path))
-
-
-def _layout_difference(theirs, mine) -> str:
-    if not isinstance(theirs, dict):
-        return "the manifest has none"
-    if theirs.get("bucket_elements") != mine["bucket_elements"]:
-        return "bucket_elements %r, this optimizer's %r" % (theirs.get("bucket_elements"), mine["bucket_elements"])
-    tg, mg = theirs.get("groups") or [], mine["groups"]
-    if len(tg) != len(mg):
-        return "%d parameter groups, this optimizer has %d" % (len(tg), len(mg))
-    for g, (t, m) in enumerate(zip(tg, mg)):
-        if t.get("params") != m["params"]:
-            return "the parameters of group %d are %s, this optimizer's %s" % (g, t.get("params"), m["params"])
-        if t.get("buckets") != m["buckets"]:
-            return "the buckets of group %d are cut otherwise" % g
-    return "it is not this optimizer's"
 
 
 class StreamedAdamW(_StreamedAdamBase):
