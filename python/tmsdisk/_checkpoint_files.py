@@ -4,7 +4,30 @@ and fsync'd with their directory, each checked against the SHA-256 its manifest 
 of it is used."""
 
 import hashlib
+import json
 import os
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_MANIFEST = "manifest.json"
+
+
+def _read_manifest(cls, directory) -> dict:
+    """The manifest of the checkpoint in `directory`, of this format and of class `cls`; ValueError
+    saying what is wrong (no checkpoint there, not a manifest, another format or class)."""
+    path = os.path.join(directory, CHECKPOINT_MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode())
+    except FileNotFoundError:
+        raise ValueError("%s.load: %s has no checkpoint: %s is missing" % (cls, directory, CHECKPOINT_MANIFEST))
+    except ValueError as e:
+        raise ValueError("%s.load: %s is not a checkpoint manifest: %s" % (cls, path, e))
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError("%s.load: %s: format %r, this version reads format %d" % (
+            cls, path, manifest.get("format") if isinstance(manifest, dict) else None, CHECKPOINT_FORMAT))
+    if manifest.get("class") != cls:
+        raise ValueError("%s.load: the checkpoint is of %s, not %s" % (cls, manifest.get("class"), cls))
+    return manifest
 
 
 def _fsync_directory(directory) -> None:

@@ -1,10 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Residency of tmsdisk.optim's buckets: at most `depth` of them in memory at once, read ahead of the
-one being worked on and written behind it through the store (tmsdisk.store's API)."""
+one being worked on and written behind it through the store (tmsdisk.store's API); none before a
+pause of the process, and every write-back done at exit (the live optimizers' hooks)."""
 
+import atexit
+import os
+import sys
+import threading
+import weakref
 from collections import OrderedDict
 
 import torch
+
+from . import Error, _log, loaded, on_pause
 
 
 class _Slot:
@@ -165,3 +173,57 @@ class _Pipeline:
             self.drain()
         except Exception:  # pylint: disable=broad-except
             pass
+
+
+# --- the live optimizers: before a pause, at exit -------------------------------------------------
+
+_live = weakref.WeakSet()  # optimizers whose write-backs atexit waits for, whose buckets a pause drops
+
+
+_pause_lock = threading.Lock()
+_pause_registered = False
+
+
+def _release_for_pause() -> None:
+    """Before a pause (tmsdisk.on_pause, on the shim's thread): every live optimizer lets go of its bucket
+    buffers once their reads and writes are done, and PyTorch's cache hands their memory back.
+
+    Waiting here is safe: the shim runs the store's operations in the order queued, and a pause after
+    them, so those queued before the pause are done by now. A step running on another thread holds its
+    optimizer's lock and is not waited for (the pause must not wait on a thread it may hold): that
+    optimizer keeps its buckets.
+    """
+    released = False
+    for opt in list(_live):
+        if not opt._lock.acquire(blocking=False):
+            _log("debug", "before pause: %s is in a step on another thread; its buckets are paused with it" % opt._name)
+            continue
+        try:
+            released = opt._pipeline.release() or released
+        finally:
+            opt._lock.release()
+    # The start-up module's callback, which empties the cache too, may have run before this one.
+    if released and os.environ.get("TMSDISK_TORCH_EMPTY_CACHE", "1") != "0" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _drop_buckets_before_pauses() -> None:
+    """Registers _release_for_pause once, where libtmsdisk.so is loaded (without it nothing pauses)."""
+    global _pause_registered
+    with _pause_lock:
+        if _pause_registered or not loaded():
+            return
+        try:
+            on_pause(_release_for_pause)
+        except Error as e:
+            _log("warn", "tmsdisk.optim: a pause will move the optimizers' buckets in memory too: %s" % e)
+        _pause_registered = True
+
+
+@atexit.register
+def _flush_live() -> None:
+    for opt in list(_live):
+        try:
+            opt.flush()
+        except Exception as e:  # pylint: disable=broad-except
+            print("tmsdisk.optim: at exit, the last write-backs of %s failed: %s" % (opt._name, e), file=sys.stderr)

@@ -49,7 +49,6 @@ then paused as asked). The next step reads them back. An optimizer whose step ru
 while the pause begins keeps its buckets, which the pause then moves.
 """
 
-import atexit
 import errno
 import inspect
 import itertools
@@ -64,11 +63,13 @@ from itertools import chain
 
 import torch
 
-from . import Error, _log, loaded, on_pause
 from . import store as _store_module
-from ._checkpoint_files import _check_file, _fsync_directory, _layout_difference, _read_file, _write_file
-from ._moments import MOMENT_BLOCK, BlockScaledMoments, PlainMoments, Sections
-from ._residency import _Pipeline
+from ._buckets import _Bucket, _cut, _is_dtensor, _listed, _local, _placed_like, _probes, layout
+from ._checkpoint_files import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, _check_file, _fsync_directory,
+                                _layout_difference, _read_file, _read_manifest, _write_file)
+from ._moments import MOMENT_BLOCK, BlockScaledMoments, PlainMoments
+# _flush_live (what atexit runs) and _release_for_pause (what a pause runs first) are named here for the tests.
+from ._residency import _drop_buckets_before_pauses, _flush_live, _live, _Pipeline, _release_for_pause  # noqa: F401
 
 __all__ = ["MOMENT_BLOCK", "StreamedAdam", "StreamedAdamW"]
 
@@ -99,7 +100,6 @@ if hasattr(torch, _FP8_NAME):
     _SCALED_MOMENTS[getattr(torch, _FP8_NAME)] = BlockScaledMoments(getattr(torch, _FP8_NAME))
 # moment_dtype= may be given by name too (what TMSDISK_STREAM_OPTIMIZER says).
 _MOMENT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp8": _FP8_NAME}
-_ALIGN = 64  # bytes: where each section of a bucket starts, so that vectorized kernels load aligned
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
 _MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 MASTER_KEY = "tmsdisk_master"  # state_dict: the fp32 master of a bf16 or fp16 parameter
@@ -132,44 +132,6 @@ def _moments_of(cls, moment_dtype):
         cls, fp8, moment_dtype))
 
 
-def _dtensor_class():
-    """torch's DTensor class when this process has imported it, else None. A DTensor parameter's class is
-    imported by whoever made it, so looking in sys.modules finds it without importing torch.distributed
-    (which torch 1.13 has without DTensor, and a CPU-only build may lack)."""
-    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
-        cls = getattr(sys.modules.get(module), "DTensor", None)
-        if cls is not None:
-            return cls
-    return None
-
-
-def _is_dtensor(t) -> bool:
-    cls = _dtensor_class()
-    return cls is not None and isinstance(t, cls)
-
-
-def _local(t):
-    """The tensor whose elements this rank holds: a DTensor's local shard (to_local(): the shard, or a view
-    of it in older torch, so that in-place updates reach the parameter), any other tensor itself."""
-    return t.to_local() if _is_dtensor(t) else t
-
-
-def _placed_like(local, p):
-    """`local`, the state of parameter `p` on this rank, as torch.optim keeps it: a DTensor on p's mesh with
-    p's placements, shape and stride when p is a DTensor (torch's state is zeros_like(p)), else itself."""
-    if not _is_dtensor(p):
-        return local
-    cls = _dtensor_class()
-    shape = {}
-    if "shape" in inspect.signature(cls.from_local).parameters:  # uneven shards need the global shape said
-        shape = dict(shape=p.shape, stride=p.stride())
-    return cls.from_local(local, p.device_mesh, p.placements, run_check=False, **shape)
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
 def _moment_conversion(source, target):
     """How moments of dtype `source` become `target`: None when they may not (ValueError upstream).
 
@@ -189,173 +151,10 @@ def _moment_conversion(source, target):
     return None
 
 
-# --- buckets ---------------------------------------------------------------------------------------
-
-
-class _Segment:
-    """Elements [start, stop) of parameter `param` (an index into its group), at element `offset` of
-    the bucket's moment sections and `master` of its master section (None: an fp32 parameter, updated
-    in place)."""
-
-    __slots__ = ("param", "start", "stop", "offset", "master")
-
-    def __init__(self, param, start, stop, offset, master):
-        self.param, self.start, self.stop, self.offset, self.master = param, start, stop, offset, master
-
-
-class _Bucket:
-    """One store object, read and written whole (one range from offset 0), its sections each at an offset
-    aligned to _ALIGN bytes: [fp32 masters of the non-fp32 slices] [exp_avg] [exp_avg_sq], and for
-    block-scaled moments [exp_avg's fp32 scales] [exp_avg_sq's], one per block of the bucket's elements
-    (a block may hold the end of one slice and the start of the next)."""
-
-    def __init__(self, name: str, group: int, index: int, device: torch.device):
-        self.name = name
-        self.group = group
-        self.index = index  # its rank among the optimizer's buckets
-        self.device = device
-        self.segments = []
-        self.numel = 0
-        self.master_numel = 0
-        self.handle = None  # the store's handle, once opened
-        self.written = False  # the store holds this bucket's bytes (a write of it was waited for)
-        self.exp_avg_at = self.exp_avg_sq_at = self.scales_at = self.exp_avg_sq_scales_at = self.nbytes = 0
-        self.blocks = 0
-
-    def add(self, param: int, start: int, stop: int, needs_master: bool) -> None:
-        master = None
-        if needs_master:
-            master = self.master_numel
-            self.master_numel += stop - start
-        self.segments.append(_Segment(param, start, stop, self.numel, master))
-        self.numel += stop - start
-
-    def seal(self, moments) -> None:
-        moment_bytes = self.numel * moments.element_size
-        self.exp_avg_at = _round_up(self.master_numel * 4, _ALIGN)
-        self.exp_avg_sq_at = self.exp_avg_at + _round_up(moment_bytes, _ALIGN)
-        self.nbytes = self.exp_avg_sq_at + moment_bytes
-        if moments.block is not None:
-            self.blocks = moments.blocks(self.numel)
-            self.scales_at = _round_up(self.nbytes, _ALIGN)
-            self.exp_avg_sq_scales_at = self.scales_at + _round_up(self.blocks * 4, _ALIGN)
-            self.nbytes = self.exp_avg_sq_scales_at + self.blocks * 4
-
-    def views(self, buffer, moments) -> Sections:
-        """The sections: 1-D views into the bucket's bytes (scales None for moments kept as they are)."""
-        master = buffer[: self.master_numel * 4].view(torch.float32)
-        moment_bytes = self.numel * moments.element_size
-        exp_avg = buffer[self.exp_avg_at : self.exp_avg_at + moment_bytes].view(moments.dtype)
-        exp_avg_sq = buffer[self.exp_avg_sq_at : self.exp_avg_sq_at + moment_bytes].view(moments.dtype)
-        scales = sq_scales = None
-        if moments.block is not None:
-            scales = buffer[self.scales_at : self.scales_at + self.blocks * 4].view(torch.float32)
-            sq_scales = buffer[self.exp_avg_sq_scales_at : self.nbytes].view(torch.float32)
-        return Sections(master, exp_avg, exp_avg_sq, scales, sq_scales)
-
-
-def _cut(params, cap: int, make_bucket):
-    """The group's parameters (their local shards), in order, cut into buckets of at most `cap` elements;
-    a bucket holds one device's tensors only."""
-    buckets = []
-    current = None
-    for index, p in enumerate(params):
-        start, numel = 0, p.numel()
-        while start < numel:
-            if current is None or current.numel == cap or current.device != p.device:
-                current = make_bucket(len(buckets), p.device)
-                buckets.append(current)
-            stop = min(numel, start + cap - current.numel)
-            current.add(index, start, stop, p.dtype != torch.float32)
-            start = stop
-    return buckets
-
-
-def _listed(params):
-    """The constructor's params as lists that can be walked twice (torch's Optimizer makes each group's
-    params a list too): a generator is read once, here."""
-    if torch.is_tensor(params):
-        return [params]
-    listed = []
-    for item in params:
-        if isinstance(item, dict) and not torch.is_tensor(item.get("params")):
-            item = dict(item, params=list(item["params"]))
-        listed.append(item)
-    return listed
-
-
-def _probes(params):
-    """One small tensor per device and floating dtype of the parameters (local shards for DTensors), for
-    torch's class to judge the options against; [] for no parameters, which torch then refuses as it
-    would. Other dtypes are refused by add_param_group, with a message of its own."""
-    kinds, seen = {}, False
-    for item in params:
-        members = item["params"] if isinstance(item, dict) else [item]
-        for p in [members] if torch.is_tensor(members) else members:
-            p = p[1] if isinstance(p, tuple) else p  # a (name, parameter) pair, which torch 2.6 and later take
-            if torch.is_tensor(p):
-                seen, local = True, _local(p)
-                if local.is_floating_point():
-                    kinds.setdefault((local.device, local.dtype), None)
-    if seen and not kinds:
-        kinds[(torch.device("cpu"), torch.float32)] = None
-    return [torch.zeros(1, device=device, dtype=dtype, requires_grad=True) for device, dtype in kinds]
-
-
 # --- the optimizers --------------------------------------------------------------------------------
 
-_live = weakref.WeakSet()  # optimizers whose write-backs atexit waits for, whose buckets a pause drops
 _names = weakref.WeakValueDictionary()  # object-name prefix -> the live optimizer using it
 _serial = itertools.count()
-
-
-_pause_lock = threading.Lock()
-_pause_registered = False
-
-
-def _release_for_pause() -> None:
-    """Before a pause (tmsdisk.on_pause, on the shim's thread): every live optimizer lets go of its bucket
-    buffers once their reads and writes are done, and PyTorch's cache hands their memory back.
-
-    Waiting here is safe: the shim runs the store's operations in the order queued, and a pause after
-    them, so those queued before the pause are done by now. A step running on another thread holds its
-    optimizer's lock and is not waited for (the pause must not wait on a thread it may hold): that
-    optimizer keeps its buckets.
-    """
-    released = False
-    for opt in list(_live):
-        if not opt._lock.acquire(blocking=False):
-            _log("debug", "before pause: %s is in a step on another thread; its buckets are paused with it" % opt._name)
-            continue
-        try:
-            released = opt._pipeline.release() or released
-        finally:
-            opt._lock.release()
-    # The start-up module's callback, which empties the cache too, may have run before this one.
-    if released and os.environ.get("TMSDISK_TORCH_EMPTY_CACHE", "1") != "0" and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
-def _drop_buckets_before_pauses() -> None:
-    """Registers _release_for_pause once, where libtmsdisk.so is loaded (without it nothing pauses)."""
-    global _pause_registered
-    with _pause_lock:
-        if _pause_registered or not loaded():
-            return
-        try:
-            on_pause(_release_for_pause)
-        except Error as e:
-            _log("warn", "tmsdisk.optim: a pause will move the optimizers' buckets in memory too: %s" % e)
-        _pause_registered = True
-
-
-@atexit.register
-def _flush_live() -> None:
-    for opt in list(_live):
-        try:
-            opt.flush()
-        except Exception as e:  # pylint: disable=broad-except
-            print("tmsdisk.optim: at exit, the last write-backs of %s failed: %s" % (opt._name, e), file=sys.stderr)
 
 
 class _StreamedAdamBase(torch.optim.Optimizer):
@@ -887,24 +686,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
     # -- streaming checkpoints ------------------------------------------------------------------------
 
     def _layout(self) -> dict:
-        """What a checkpoint's files must fit: the parameters' shapes and dtypes and every bucket's
-        segments and sections."""
-        groups = []
-        for group, buckets in zip(self.param_groups, self._buckets):
-            layouts = []
-            for b in buckets:
-                layout = {
-                    "numel": b.numel, "master_numel": b.master_numel, "nbytes": b.nbytes,
-                    "exp_avg_at": b.exp_avg_at, "exp_avg_sq_at": b.exp_avg_sq_at,
-                    "segments": [[s.param, s.start, s.stop, s.offset, s.master] for s in b.segments],
-                }
-                if self._moments.block is not None:  # only then: fp32 and bf16 layouts read as before
-                    layout.update(blocks=b.blocks, scales_at=b.scales_at, exp_avg_sq_scales_at=b.exp_avg_sq_scales_at)
-                layouts.append(layout)
-            # a DTensor's local shape: each rank saves and loads its own shards
-            groups.append({"params": [[list(_local(p).shape), str(p.dtype)] for p in group["params"]],
-                           "buckets": layouts})
-        return {"bucket_elements": self._bucket_elements, "groups": groups}
+        """What a checkpoint's files must fit (_buckets.layout)."""
+        return layout(self.param_groups, self._buckets, self._bucket_elements, self._moments)
 
     def save(self, directory) -> None:
         """Writes the state to `directory` (made if absent) bucket by bucket: each bucket's bytes are read
@@ -985,19 +768,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         """
         cls = type(self).__name__
         directory = os.fspath(directory)
-        path = os.path.join(directory, CHECKPOINT_MANIFEST)
-        try:
-            with open(path, "rb") as f:
-                manifest = json.loads(f.read().decode())
-        except FileNotFoundError:
-            raise ValueError("%s.load: %s has no checkpoint: %s is missing" % (cls, directory, CHECKPOINT_MANIFEST))
-        except ValueError as e:
-            raise ValueError("%s.load: %s is not a checkpoint manifest: %s" % (cls, path, e))
-        if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError("%s.load: %s: format %r, this version reads format %d" % (
-                cls, path, manifest.get("format") if isinstance(manifest, dict) else None, CHECKPOINT_FORMAT))
-        if manifest.get("class") != cls:
-            raise ValueError("%s.load: the checkpoint is of %s, not %s" % (cls, manifest.get("class"), cls))
+        manifest = _read_manifest(cls, directory)
         if manifest.get("moment_dtype") != str(self._moment_dtype):
             theirs = manifest.get("moment_dtype")
             missing = isinstance(theirs, str) and not hasattr(torch, theirs[len("torch."):])
@@ -1056,10 +827,6 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     t = self._step_tensor(None, _local(p).device, fused)
                     t.fill_(step)
                     self.state[p]["step"] = t
-
-
-CHECKPOINT_FORMAT = 1
-CHECKPOINT_MANIFEST = "manifest.json"
 
 
 class StreamedAdamW(_StreamedAdamBase):
