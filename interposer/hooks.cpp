@@ -98,6 +98,9 @@ TMSDISK_EXPORT int tmsdisk_prefetch(const char* tag, int wait) noexcept {
 TMSDISK_EXPORT int tmsdisk_retain_host_copy(int on) noexcept {
   return tmsdisk::shim::api_retain_host_copy(on);
 }
+TMSDISK_EXPORT int tmsdisk_set_backup_dir(const char* path) noexcept {
+  return tmsdisk::shim::api_set_backup_dir(path);
+}
 
 // torch_memory_saver's C entry points (tms_entry_points.h).
 #define TMSDISK_X(ret, name, params, args)  \

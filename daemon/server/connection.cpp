@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -147,6 +148,25 @@ void ReplyQueues::flush(Connection& c) {
     pop(c);
   }
   update_interest(c);
+}
+
+bool peer_allowed(const Connection& c, const std::vector<uid_t>& allowed_uids, const std::vector<gid_t>& allowed_gids) {
+  if (c.cred.uid == 0) return true;
+  if (allowed_uids.empty() && allowed_gids.empty()) return true;
+  if (std::find(allowed_uids.begin(), allowed_uids.end(), c.cred.uid) != allowed_uids.end()) return true;
+  std::vector<gid_t> groups(64);
+  socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0 && errno == ERANGE) {
+    groups.resize(len / sizeof(gid_t));  // the kernel said how many there are
+    if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) len = 0;
+  } else if (errno == ERANGE) {
+    len = 0;
+  }
+  groups.resize(std::min<std::size_t>(groups.size(), len / sizeof(gid_t)));
+  groups.push_back(c.cred.gid);
+  for (gid_t g : groups)
+    if (std::find(allowed_gids.begin(), allowed_gids.end(), g) != allowed_gids.end()) return true;
+  return false;
 }
 
 }  // namespace tmsdisk::server

@@ -53,6 +53,10 @@ struct Connection {
   bool closing = false;  // close once the outbox drains (after a fatal error reply)
 };
 
+// Whether the peer of `c` may use this daemon: root always; anyone when both lists are empty; else a
+// uid listed, or a member (SO_PEERGROUPS, or its primary gid) of a group listed (allowed-uid, allowed-gid).
+bool peer_allowed(const Connection& c, const std::vector<uid_t>& allowed_uids, const std::vector<gid_t>& allowed_gids);
+
 // Sends replies to connections, queuing what their sockets do not take. Event-loop thread only, but
 // for the peaks, which any thread may read.
 class ReplyQueues {

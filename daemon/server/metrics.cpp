@@ -150,13 +150,16 @@ MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& root
   now.host_tier_budget_bytes = sessions.host_tier_budget();
   now.host_tier_used_bytes = sessions.host_tier_used();
   std::vector<uint64_t> disk(roots.size(), 0);
+  uint64_t own_disk = 0;  // in directories ranks chose (TMS_DISK_BACKUP_DIR), counted together
   for (const auto& [id, s] : sessions.all()) {
     if (s.conn_id != 0) ++now.sessions_connected;
     if (s.orphan) ++now.sessions_orphaned;
     if (s.staging) now.staging_bytes += s.staging->bytes();
     if (s.host_tier_kept) now.host_tier_kept_bytes += s.host_tier.bytes;
     now.host_tier_object_bytes += object_host_bytes(s);
-    if (s.store)
+    if (s.store && s.own_roots)
+      own_disk += s.store->disk_bytes_on(0);
+    else if (s.store)
       for (std::size_t i = 0; i < disk.size() && i < s.store->root_count(); ++i) disk[i] += s.store->disk_bytes_on(i);
     if (s.objects) {
       now.objects += s.objects->object_count();
@@ -164,6 +167,7 @@ MetricsSnapshot take_snapshot(SessionTable& sessions, const storage::Roots& root
     }
   }
   for (std::size_t i = 0; i < roots.size(); ++i) now.disk_bytes.emplace_back(roots[i].path, disk[i]);
+  if (own_disk) now.disk_bytes.emplace_back("directories ranks chose", own_disk);
   return now;
 }
 

@@ -45,7 +45,8 @@ std::optional<proto::Message> ObjectRequests::open(Session& s, uint64_t request_
 
 proto::Message ObjectRequests::open_on_disk(Session& s, const proto::StoreOpen& m) {
   if (!s.objects) {
-    auto opened = storage::ObjectStore::open(roots_, s.store->dir_fds(), s.store->chunk_bytes(), warn);
+    auto opened = storage::ObjectStore::open(roots_of(s, roots_), s.store->dir_fds(), s.store->file_names(),
+                                             s.store->chunk_bytes(), warn);
     if (!opened) return refusal(s, opened.error());
     s.objects = std::move(*opened);
   }

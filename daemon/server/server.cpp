@@ -408,7 +408,7 @@ struct Server::Impl {
         auto h = proto::peek_header(buf);
         send_error(c, h ? h->request_id : 0, EINVAL,
                    fmt::format("too many descriptors passed with one message (more than {}; at most {}, and only "
-                               "IPC_EXPORT, TIER_ADOPT and STORE_OPEN take one)",
+                               "HELLO, IPC_EXPORT, TIER_ADOPT, STORE_OPEN and SET_RANK_DIR take one)",
                                proto::kMaxPassedFds, proto::kMaxPassedFds));
         c.closing = true;
         return;
@@ -441,7 +441,7 @@ struct Server::Impl {
         c.closing = true;
         return;
       }
-      on_hello(c, env.request_id, *hello);
+      on_hello(c, env.request_id, *hello, passed);
       return;
     }
     const uint64_t rid = env.request_id;
@@ -474,29 +474,8 @@ struct Server::Impl {
     c.closing = true;
   }
 
-  bool connect_allowed(const Connection& c) const {
-    if (c.cred.uid == 0) return true;
-    if (config.allowed_uids.empty() && config.allowed_gids.empty()) return true;
-    if (std::find(config.allowed_uids.begin(), config.allowed_uids.end(), c.cred.uid) != config.allowed_uids.end())
-      return true;
-    std::vector<gid_t> groups(64);
-    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0 && errno == ERANGE) {
-      groups.resize(len / sizeof(gid_t));  // the kernel said how many there are
-      if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) len = 0;
-    } else if (errno == ERANGE) {
-      len = 0;
-    }
-    groups.resize(std::min<std::size_t>(groups.size(), len / sizeof(gid_t)));
-    groups.push_back(c.cred.gid);
-    for (gid_t g : groups)
-      if (std::find(config.allowed_gids.begin(), config.allowed_gids.end(), g) != config.allowed_gids.end())
-        return true;
-    return false;
-  }
-
-  void on_hello(Connection& c, uint64_t rid, const proto::Hello& h) {
-    if (!connect_allowed(c)) {
+  void on_hello(Connection& c, uint64_t rid, const proto::Hello& h, UniqueFd& dir) {
+    if (!peer_allowed(c, config.allowed_uids, config.allowed_gids)) {
       send_error(c, rid, EACCES,
                  fmt::format("uid {} is not allowed to use this tmsdiskd (see allowed-uid/allowed-gid)", c.cred.uid));
       c.closing = true;
@@ -517,7 +496,7 @@ struct Server::Impl {
     // What is cheap is checked here; the staging buffer (seconds for a GiB on a loaded node) is
     // built by a worker, and the HELLO finishes in on_staging_done(). Meanwhile the connection is
     // not read, and its quotas are charged.
-    auto shape = sessions->begin_open(c.cred, c.id, h);
+    auto shape = sessions->begin_open(c.cred, c.id, h, (h.flags & proto::kHelloRankDir) ? std::move(dir) : UniqueFd());
     if (!shape) {
       spdlog::warn("refused session for pid {} uid {}: {}", c.cred.pid, c.cred.uid, shape.error().describe());
       send_error(c, rid, shape.error().errnum(), shape.error().describe());
@@ -633,6 +612,13 @@ struct Server::Impl {
   }
   void on_shim(Connection& c, uint64_t rid, proto::StoreRead& m) {
     if (auto reply = chunks->read(session_of(c), rid, m)) send(c, rid, *reply);
+  }
+
+  // torch_memory_saver's set_disk_backup_dir: the directory rides along.
+  void on_shim_fd(Connection& c, uint64_t rid, const proto::SetRankDir& m, UniqueFd& fd) {
+    if (Status st = sessions->move_files(session_of(c), std::move(fd), m.path); !st)
+      return send_error(c, rid, st.error().errnum(), st.error().describe());
+    send(c, rid, proto::OkReply{});
   }
 
   void on_shim(Connection& c, uint64_t, proto::Report& m) {

@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "tmsdisk/common/proc.h"
@@ -102,18 +103,36 @@ Status SessionTable::check_quotas(const ucred& cred, uint64_t staging) const {
   return {};
 }
 
-Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, uint64_t conn_id,
-                                                            const proto::Hello& h) {
+Result<std::unique_ptr<storage::Roots>> SessionTable::rank_chosen_roots(const ucred& cred, UniqueFd dir,
+                                                                        const std::string& named) {
+  if (!dir) return make_error(EINVAL, "the rank's directory was to ride along and did not");
+  if (roots_.holds(dir.get())) return std::unique_ptr<storage::Roots>();
+  auto own = storage::Roots::open_rank_directory(std::move(dir), cred.uid, named, config_.allow_tmpfs);
+  if (!own) return std::move(own).error();
+  return std::make_unique<storage::Roots>(std::move(own).value());
+}
+
+Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, uint64_t conn_id, const proto::Hello& h,
+                                                            UniqueFd dir) {
   if (!proto::valid_job_name(h.job))
     return make_error(EINVAL, fmt::format("job name '{}' is not allowed: {}", h.job, proto::kJobNameRule));
-  if (!h.backup_dir.empty()) {
+  std::unique_ptr<storage::Roots> own_roots;
+  if (h.flags & proto::kHelloRankDir) {
+    auto chosen = rank_chosen_roots(cred, std::move(dir), h.backup_dir);
+    if (!chosen) return std::move(chosen).error();
+    own_roots = std::move(chosen).value();
+  } else if (!h.backup_dir.empty()) {
     auto root = roots_.root_for(h.backup_dir);
     if (!root) return std::move(root).error();
   }
-  const uint64_t slot = h.chunk_bytes ? h.chunk_bytes : config_.chunk_bytes;
+  uint64_t staging = h.staging_budget_bytes ? h.staging_budget_bytes : config_.staging_budget_bytes;
+  uint64_t slot = h.chunk_bytes ? h.chunk_bytes : config_.chunk_bytes;
+  // A staging budget too small for two of the daemon's chunks (TMS_DISK_BACKUP_CHUNK_MB=1, as
+  // torch_memory_saver's tests set it) takes smaller chunks, when the rank left their size to the daemon.
+  if (!h.chunk_bytes && staging < min_staging_budget_bytes(slot))
+    slot = std::max<uint64_t>(kMinChunkBytes, staging / 2 / storage::kIoAlignment * storage::kIoAlignment);
   if (slot < kMinChunkBytes || slot > kMaxChunkBytes || slot % storage::kIoAlignment != 0)
     return make_error(EINVAL, fmt::format("chunk size {} must be a multiple of 4 KiB between 64 KiB and 64 MiB", slot));
-  uint64_t staging = h.staging_budget_bytes ? h.staging_budget_bytes : config_.staging_budget_bytes;
   if (staging > config_.max_staging_budget_bytes)
     return make_error(EINVAL, fmt::format("asked for {} MiB of staging; this daemon allows at most {} MiB "
                                           "(TMS_DISK_BACKUP_CHUNK_MB)",
@@ -140,6 +159,7 @@ Result<SessionTable::StagingShape> SessionTable::begin_open(const ucred& cred, u
   o.id.start_time = *start_time;
   o.id.token = h.token ? h.token : random_token();
   o.relative_dir = storage::rank_relative_dir(o.id);
+  o.own_roots = std::move(own_roots);
   for (auto& [sid, other] : sessions_) {
     if (other.relative_dir != o.relative_dir) continue;
     if (!other.orphan)
@@ -209,12 +229,14 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
     break;
   }
   bool from_disk = h.token != 0;
-  auto store = h.token ? storage::RankStore::adopt(roots_, o.id, o.chunk_bytes)
-                       : storage::RankStore::create(roots_, o.id, o.chunk_bytes);
+  s.own_roots = std::move(o.own_roots);
+  storage::Roots& roots = roots_of(s, roots_);
+  auto store = h.token ? storage::RankStore::adopt(roots, o.id, o.chunk_bytes)
+                       : storage::RankStore::create(roots, o.id, o.chunk_bytes);
   // A token but nothing on disk: its earlier session ended with nothing to keep (the connection
   // was closed on it), so it starts afresh under the same token.
   if (!store && h.token && store.error().errnum() == ENOENT) {
-    store = storage::RankStore::create(roots_, o.id, o.chunk_bytes);
+    store = storage::RankStore::create(roots, o.id, o.chunk_bytes);
     from_disk = false;
   }
   if (!store) return std::move(store).error();
@@ -223,7 +245,7 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
     // Objects an earlier session of the rank stored come back with it.
     // A store that cannot be opened never keeps the rank from its session (its paused memory must
     // stay resumable): STORE_OPEN then says why.
-    auto objects = storage::ObjectStore::open_existing(roots_, s.store->dir_fds(), o.chunk_bytes,
+    auto objects = storage::ObjectStore::open_existing(roots, s.store->dir_fds(), s.store->file_names(), o.chunk_bytes,
                                                        [](const std::string& what) { spdlog::warn("{}", what); });
     if (objects) {
       s.objects = std::move(*objects);
@@ -253,6 +275,44 @@ Result<Session*> SessionTable::finish_open(uint64_t conn_id, StagingPtr staging)
     placed.adopted = true;
   }
   return &placed;
+}
+
+Status SessionTable::move_files(Session& s, UniqueFd dir, const std::string& named) {
+  const std::string refused = fmt::format("cannot move this rank's files to {}: ", named);
+  if (s.store->paused() || s.store->holds_unresumed_data() || s.io_in_flight != 0 || !s.pending_reserve.empty())
+    return make_error(EBUSY, refused + "some of its memory is paused, or being paused or resumed; its files stay in " +
+                                 s.store->dir_path() + ". Resume it first");
+  if ((s.objects && s.objects->object_count() != 0) || !s.object_memory.empty() || s.object_memory_pending != 0)
+    return make_error(EBUSY, refused + fmt::format("it stores {} object(s) in {} (tmsdisk.optim's state, the C "
+                                                   "API's store), which stay there; choose the directory before "
+                                                   "the first object is opened",
+                                                   s.objects ? s.objects->object_count() : 0, s.store->dir_path()));
+  auto chosen = rank_chosen_roots(s.cred, std::move(dir), named);
+  if (!chosen) return std::move(chosen).error();
+  std::unique_ptr<storage::Roots> own = std::move(chosen).value();
+  // The directory it is in already: nothing to do.
+  const int new_dir = own ? (*own)[0].dir.get() : -1;
+  if ((!own && !s.own_roots) || (own && s.own_roots && s.own_roots->holds(new_dir))) return {};
+  storage::RankIdentity id;
+  id.uid = s.cred.uid;
+  id.gid = s.cred.gid;
+  id.job = s.job;
+  id.rank = s.rank;
+  id.pid = s.cred.pid;
+  id.start_time = s.start_time;
+  id.token = s.token;
+  // The new store first: when it cannot be made, the rank keeps the one it has.
+  auto store = storage::RankStore::create(own ? *own : roots_, id, s.store->chunk_bytes());
+  if (!store) return std::move(store).error();
+  s.objects.reset();
+  if (auto st = s.store->remove(); !st)
+    spdlog::warn("session {}: its files in {} cannot all be removed: {}", s.id, s.store->dir_path(),
+                 st.error().describe());
+  spdlog::info("session {} (pid {}): its files move from {} to {}", s.id, s.cred.pid, s.store->dir_path(),
+               (*store)->dir_path());
+  s.store = std::move(store).value();
+  s.own_roots = std::move(own);
+  return {};
 }
 
 void SessionTable::detach(uint64_t id) {

@@ -42,6 +42,9 @@ struct Session {
   uint64_t staging_charge = 0;
   std::size_t io_in_flight = 0;
   std::unique_ptr<storage::RankStore> store;
+  // The directory of the rank's choosing its store lives in (HELLO's kHelloRankDir, SET_RANK_DIR), as
+  // roots of one; null when it lives under the daemon's roots. roots_of() gives whichever it is.
+  std::unique_ptr<storage::Roots> own_roots;
   // The rank's named objects (object_store.h), opened with its first STORE_OPEN, or with the session
   // when its files hold some already (a daemon restart); null until then. Its files live in the
   // rank's directory and go with it.
@@ -100,6 +103,11 @@ inline uint64_t object_host_bytes(const Session& s) noexcept {
   return bytes;
 }
 
+// The roots the rank's files are on: the directory it chose, or the daemon's own.
+inline storage::Roots& roots_of(Session& s, storage::Roots& daemon_roots) noexcept {
+  return s.own_roots ? *s.own_roots : daemon_roots;
+}
+
 // A client may act on sessions of its own uid; root on all.
 inline bool may_act_on(uid_t client, const Session& s) {
   return client == 0 || client == s.cred.uid;
@@ -129,7 +137,9 @@ class SessionTable {
   // `conn_id`: validates the job, backup directory and sizes, and enforces the per-user and
   // daemon-wide quotas, counting the sessions still being opened; the opening is charged from then
   // on, so HELLOs that arrive together cannot oversubscribe. Cheap: no file or buffer is made.
-  Result<StagingShape> begin_open(const ucred& cred, uint64_t conn_id, const proto::Hello& h);
+  // With kHelloRankDir, `dir` is the directory the rank chose (checked here: storage::Roots::
+  // open_rank_directory), unless it is one of the daemon's roots.
+  Result<StagingShape> begin_open(const ucred& cred, uint64_t conn_id, const proto::Hello& h, UniqueFd dir);
   // Once the buffer is built: adopts the orphan the rank reconnects to (same rank directory and
   // token), creates or adopts its store, and the session takes over the opening's charge. On an
   // error the opening is gone too (its buffer with it).
@@ -152,6 +162,11 @@ class SessionTable {
   bool empty() const noexcept { return sessions_.empty() && openings_.empty(); }
   bool had_session() const noexcept { return had_session_; }
 
+  // SET_RANK_DIR: the rank's files go to directory `dir` (`named` as the rank called it): a new, empty
+  // store there, the old one's files removed. Refused (files where they were) while anything of the
+  // rank is paused, being paused or resumed, or I/O of it is in flight, or while it stores objects.
+  Status move_files(Session& s, UniqueFd dir, const std::string& named);
+
   // The shim's connection closed: the session goes once no I/O of it is in flight (the kernel may
   // still use its staging pages), its files with it, unless it becomes an orphan.
   void detach(uint64_t id);
@@ -173,7 +188,12 @@ class SessionTable {
     uint32_t chunk_bytes = 0;
     uint64_t staging_charge = 0;
     UniqueFd pidfd;
+    std::unique_ptr<storage::Roots> own_roots;  // the directory the rank chose, checked
   };
+
+  // The roots a rank's directory `dir` (kHelloRankDir, SET_RANK_DIR) makes: null for one of the
+  // daemon's roots (its usual layout), else the directory as roots of one, once checked.
+  Result<std::unique_ptr<storage::Roots>> rank_chosen_roots(const ucred& cred, UniqueFd dir, const std::string& named);
 
   Status check_quotas(const ucred& cred, uint64_t staging) const;
   void forget_orphan(uint64_t id);

@@ -28,11 +28,12 @@ uint64_t record_hash(const uint64_t* fields, std::size_t words, uint64_t seed) {
 
 }  // namespace
 
-Result<ChecksumJournal> ChecksumJournal::open(int rank_dir, bool create, const std::string& path) {
+Result<ChecksumJournal> ChecksumJournal::open(int rank_dir, const std::string& name, bool create,
+                                              const std::string& path) {
   constexpr int kFlags = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
-  int fd = create ? -1 : ::openat(rank_dir, kSumsName, kFlags);
+  int fd = create ? -1 : ::openat(rank_dir, name.c_str(), kFlags);
   const bool creating = fd < 0 && (create || errno == ENOENT);
-  if (creating) fd = ::openat(rank_dir, kSumsName, kFlags | O_CREAT | O_EXCL, kFileMode);
+  if (creating) fd = ::openat(rank_dir, name.c_str(), kFlags | O_CREAT | O_EXCL, kFileMode);
   if (fd < 0) return errno_error("cannot open the checksum journal " + path);
   ChecksumJournal j;
   j.created_ = creating;

@@ -45,10 +45,11 @@ class ChecksumJournal {
 
   ChecksumJournal() = default;
 
-  // Opens `sums` below `rank_dir` (`path` names it in messages) without following a link. With
+  // Opens the journal `name` (RankFileNames::sums) below `rank_dir` (`path` names it in messages)
+  // without following a link. With
   // `create` the file must not exist yet (a fresh rank directory); otherwise an existing one is
   // opened, or created when absent. Anything but a regular file with one link is refused.
-  static Result<ChecksumJournal> open(int rank_dir, bool create, const std::string& path);
+  static Result<ChecksumJournal> open(int rank_dir, const std::string& name, bool create, const std::string& path);
   // Whether open() made the file: without `create`, the journal was missing (deleted outside tmsdiskd
   // if a pause in progress needs it).
   bool created() const noexcept { return created_; }

@@ -156,7 +156,7 @@ Result<const ObjectVersion*> ObjectStore::Impl::committed_of(uint64_t handle, ui
 Result<uint64_t> ObjectStore::Impl::new_extent(std::size_t root, uint32_t io_length) {
   ObjectRoot& r = roots[root];
   const std::optional<uint64_t> offset = r.alloc.allocate(io_length);
-  if (!offset) return make_error(EFBIG, fmt::format("{}/{} cannot grow further", r.dir_path, kObjectDataName));
+  if (!offset) return make_error(EFBIG, fmt::format("{} cannot grow further", r.data_path));
   // Preallocated now, so that a full disk is a refused WRITE rather than a failed I/O later.
   int err = 0;
   while (::fallocate(r.data.get(), 0, static_cast<off_t>(*offset), io_length) != 0) {
@@ -167,7 +167,7 @@ Result<uint64_t> ObjectStore::Impl::new_extent(std::size_t root, uint32_t io_len
   if (err != 0) {
     r.alloc.release(*offset, io_length);
     r.alloc.trim_tail();
-    return make_error(err, fmt::format("cannot allocate {} bytes in {}/{}", io_length, r.dir_path, kObjectDataName));
+    return make_error(err, fmt::format("cannot allocate {} bytes in {}", io_length, r.data_path));
   }
   return *offset;
 }
@@ -176,8 +176,7 @@ void ObjectStore::Impl::free_extents(std::span<const Extent> extents) {
   // Only extents this store handed out come back: a refusal is a bug, never a reason to stop.
   for (const Extent& e : extents)
     if (!roots[e.root].alloc.release(e.offset, e.length))
-      say(fmt::format("internal: extent [{}, +{}) of {}/{} was not in use", e.offset, e.length, roots[e.root].dir_path,
-                      kObjectDataName));
+      say(fmt::format("internal: extent [{}, +{}) of {} was not in use", e.offset, e.length, roots[e.root].data_path));
 }
 
 void ObjectStore::Impl::drop_pending(Object& o, std::map<uint64_t, PendingVersion>::iterator it) {
@@ -194,12 +193,12 @@ void ObjectStore::Impl::give_back_space() {
     struct stat st {};
     if (::fstat(r.data.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) > r.alloc.end() &&
         ::ftruncate(r.data.get(), static_cast<off_t>(r.alloc.end())) != 0)
-      say(fmt::format("cannot truncate {}/{}: {}", r.dir_path, kObjectDataName, std::strerror(errno)));
+      say(fmt::format("cannot truncate {}: {}", r.data_path, std::strerror(errno)));
     for (const auto& [offset, length] : r.alloc.free_extents()) {
       if (::fallocate(r.data.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                       static_cast<off_t>(length)) != 0 &&
           errno != EOPNOTSUPP) {
-        say(fmt::format("cannot give back free space in {}/{}: {}", r.dir_path, kObjectDataName, std::strerror(errno)));
+        say(fmt::format("cannot give back free space in {}: {}", r.data_path, std::strerror(errno)));
         break;
       }
     }
@@ -462,7 +461,7 @@ Status ObjectStore::commit_range(uint64_t handle, uint64_t offset, uint64_t leng
     // The new versions' bytes are on disk before the record that makes them current.
     for (std::size_t r = 0; r < impl_->roots.size(); ++r)
       if (touched[r] && ::fdatasync(impl_->roots[r].data.get()) != 0)
-        return errno_error(fmt::format("cannot flush {}/{}", impl_->roots[r].dir_path, kObjectDataName));
+        return errno_error("cannot flush " + impl_->roots[r].data_path);
     std::vector<Extent> replaced;
     replaced.reserve(end - first);
     if (auto st = impl_->append(record); !st) return st;

@@ -65,21 +65,22 @@ class ObjectStore {
  public:
   // The store in the rank directory `rank_dirs` (one directory fd per root, in root order, O_PATH or
   // not; used during the call only: the store opens its own) of a rank whose chunks are `chunk_bytes`
-  // (a non-zero multiple of kIoAlignment). Creates `objects` on each root and `objects.log` on the
-  // first if missing; with them present (a daemon restarted), replays the log: objects, their handles,
-  // committed chunks, seals and extents come back; a torn or corrupt tail is dropped (it was never
+  // (a non-zero multiple of kIoAlignment), its files named as `names` says. Creates `objects` on each
+  // root and `objects.log` on the first if missing; with them present (a daemon restarted), replays the log: objects,
+  // their handles, committed chunks, seals and extents come back; a torn or corrupt tail is dropped (it was never
   // acknowledged) and logged through `warn` (spdlog when empty), and so is a committed chunk whose
   // extent no longer fits its objects file; the log is then rewritten without them. A log of another
   // chunk size or root count is refused (EINVAL), its files left as they are; one whose header is
   // damaged too (EUCLEAN). A symbolic link (or a file with another link) in place of either file is
   // refused (ELOOP, EINVAL), never followed. The objects files are opened O_DIRECT where the
   // filesystem takes it (else roots[i].direct_io becomes false, and Location::direct_io says so).
-  static Result<std::unique_ptr<ObjectStore>> open(Roots& roots, std::span<const int> rank_dirs, uint32_t chunk_bytes,
+  static Result<std::unique_ptr<ObjectStore>> open(Roots& roots, std::span<const int> rank_dirs,
+                                                   const RankFileNames& names, uint32_t chunk_bytes,
                                                    const std::function<void(const std::string&)>& warn = {});
   // open() where the rank's directory holds a store already (a daemon restarted), else null: a rank
   // that never stored an object gets no object files.
   static Result<std::unique_ptr<ObjectStore>> open_existing(Roots& roots, std::span<const int> rank_dirs,
-                                                            uint32_t chunk_bytes,
+                                                            const RankFileNames& names, uint32_t chunk_bytes,
                                                             const std::function<void(const std::string&)>& warn = {});
   ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;

@@ -64,6 +64,7 @@ struct Extent {
 struct ObjectRoot {
   UniqueFd dir;  // the rank directory, opened so that it can be flushed
   std::string dir_path;
+  std::string data_path;  // of the objects file, for messages
   UniqueFd data;
   bool direct_io = true;
   bool in_memory = false;
@@ -76,6 +77,7 @@ struct ObjectStore::Impl {
   detail::ObjectLog log;
   std::map<uint64_t, Object> objects;  // by handle
   std::map<std::string, uint64_t, std::less<>> names;
+  RankFileNames files;       // the names of the store's files in the rank directory
   uint64_t chunk_total = 0;  // of every object's chunks (chunk_count() without a walk over them)
   uint64_t next_handle = 1;
   std::function<void(const std::string&)> warn;

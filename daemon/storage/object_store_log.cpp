@@ -152,12 +152,14 @@ std::optional<LogRecord> LogReader::next() {
   return r;
 }
 
-Result<ObjectLog> ObjectLog::open(int dir, const std::string& dir_path) {
+Result<ObjectLog> ObjectLog::open(int dir, const std::string& dir_path, const RankFileNames& names) {
   ObjectLog log;
   log.dir_ = dir;
   log.dir_path_ = dir_path;
-  log.path_ = join_path(dir_path, kObjectLogName);
-  log.fd_.reset(::openat(dir, kObjectLogName, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+  log.name_ = names.objects_log;
+  log.tmp_name_ = names.objects_log_tmp;
+  log.path_ = join_path(dir_path, log.name_);
+  log.fd_.reset(::openat(dir, log.name_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
   if (!log.fd_) {
     if (errno == ELOOP)
       return make_error(ELOOP, log.path_ +
@@ -174,28 +176,31 @@ Result<ObjectLog> ObjectLog::open(int dir, const std::string& dir_path) {
   return log;
 }
 
-Result<ObjectLog> ObjectLog::create(int dir, const std::string& dir_path, std::string_view content) {
+Result<ObjectLog> ObjectLog::create(int dir, const std::string& dir_path, const RankFileNames& names,
+                                    std::string_view content) {
   ObjectLog log;
   log.dir_ = dir;
   log.dir_path_ = dir_path;
-  log.path_ = join_path(dir_path, kObjectLogName);
+  log.name_ = names.objects_log;
+  log.tmp_name_ = names.objects_log_tmp;
+  log.path_ = join_path(dir_path, log.name_);
   if (auto st = log.replace(content); !st) return std::move(st).error();
   return log;
 }
 
 Status ObjectLog::replace(std::string_view content) {
-  const std::string tmp_path = join_path(dir_path_, kObjectLogTmpName);
+  const std::string tmp_path = join_path(dir_path_, tmp_name_);
   // Unlinked first and created exclusively: whatever sits under that name (a leftover, or a link
   // planted to make the daemon write another file) is never written through.
-  if (::unlinkat(dir_, kObjectLogTmpName, 0) != 0 && errno != ENOENT) return errno_error("cannot remove " + tmp_path);
-  UniqueFd fd(::openat(dir_, kObjectLogTmpName, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kFileMode));
+  if (::unlinkat(dir_, tmp_name_.c_str(), 0) != 0 && errno != ENOENT) return errno_error("cannot remove " + tmp_path);
+  UniqueFd fd(::openat(dir_, tmp_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kFileMode));
   if (!fd) return errno_error("cannot create " + tmp_path);
   Status st = write_all(fd.get(), content.data(), content.size(), tmp_path);
   if (st && ::fdatasync(fd.get()) != 0) st = errno_error("cannot flush " + tmp_path);
-  if (st && ::renameat(dir_, kObjectLogTmpName, dir_, kObjectLogName) != 0)
-    st = errno_error("cannot rename " + tmp_path + " to " + kObjectLogName);
+  if (st && ::renameat(dir_, tmp_name_.c_str(), dir_, name_.c_str()) != 0)
+    st = errno_error("cannot rename " + tmp_path + " to " + name_);
   if (!st) {
-    (void)::unlinkat(dir_, kObjectLogTmpName, 0);
+    (void)::unlinkat(dir_, tmp_name_.c_str(), 0);
     return st;
   }
   // From the rename on, the name is the new file's: appends go there, whatever follows.

@@ -29,14 +29,11 @@
 #include <vector>
 
 #include "checksum128.h"
+#include "storage_fs.h"
 #include "tmsdisk/common/result.h"
 #include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk::storage::detail {
-
-inline constexpr const char* kObjectDataName = "objects";
-inline constexpr const char* kObjectLogName = "objects.log";
-inline constexpr const char* kObjectLogTmpName = "objects.log.tmp";
 
 inline constexpr uint64_t kObjectLogMagic = 0x4c4a424f44534d54ull;  // "TMSDOBJL" as little-endian bytes
 inline constexpr uint32_t kObjectLogVersion = 1;
@@ -104,13 +101,14 @@ class ObjectLog {
  public:
   ObjectLog() = default;
   // Opens the log in `dir` (a directory descriptor that can be flushed, not O_PATH) without following
-  // a link; `dir_path` names the directory in messages. ENOENT when there is none; anything but a
-  // regular file with one link is refused (a hard link would make a compaction's rename leave the old
+  // a link, under the name `names` gives it; `dir_path` names the directory in messages. ENOENT when there is none;
+  // anything but a regular file with one link is refused (a hard link would make a compaction's rename leave the old
   // file's other name behind, and a symlink could make the daemon write elsewhere).
-  static Result<ObjectLog> open(int dir, const std::string& dir_path);
+  static Result<ObjectLog> open(int dir, const std::string& dir_path, const RankFileNames& names);
   // Writes `content` as the whole log, created or replacing the one there: a temporary file beside it,
   // flushed, renamed over it, the directory flushed. This log then appends to the new file.
-  static Result<ObjectLog> create(int dir, const std::string& dir_path, std::string_view content);
+  static Result<ObjectLog> create(int dir, const std::string& dir_path, const RankFileNames& names,
+                                  std::string_view content);
   Status replace(std::string_view content);
 
   // The whole file, at most kMaxObjectLogBytes.
@@ -127,6 +125,8 @@ class ObjectLog {
  private:
   int dir_ = -1;  // borrowed from the store, which outlives its log
   std::string dir_path_;
+  std::string name_;      // the log's file name in dir_
+  std::string tmp_name_;  // its temporary's, while replaced
   std::string path_;
   UniqueFd fd_;
   uint64_t size_ = 0;

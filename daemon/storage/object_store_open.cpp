@@ -39,13 +39,14 @@ Status check_open_arguments(const Roots& roots, std::span<const int> rank_dirs, 
   return {};
 }
 
-// Opens `objects` in `dir`, made when missing (`created` says so), without following a link; then
-// asks for O_DIRECT, which the filesystem may refuse (`direct_io` says whether it took it).
-Result<UniqueFd> open_objects_file(int dir, const std::string& path, bool& created, bool& direct_io) {
+// Opens the objects file `name` in `dir`, made when missing (`created` says so), without following a
+// link; then asks for O_DIRECT, which the filesystem may refuse (`direct_io` says whether it took it).
+Result<UniqueFd> open_objects_file(int dir, const std::string& name, const std::string& path, bool& created,
+                                   bool& direct_io) {
   constexpr int kFlags = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
-  UniqueFd fd(::openat(dir, kObjectDataName, kFlags));
+  UniqueFd fd(::openat(dir, name.c_str(), kFlags));
   created = !fd && errno == ENOENT;
-  if (created) fd.reset(::openat(dir, kObjectDataName, kFlags | O_CREAT | O_EXCL, kFileMode));
+  if (created) fd.reset(::openat(dir, name.c_str(), kFlags | O_CREAT | O_EXCL, kFileMode));
   if (!fd) {
     if (errno == ELOOP)
       return make_error(ELOOP, path +
@@ -114,9 +115,9 @@ Status ObjectStore::Impl::open_roots(Roots& roots_in, std::span<const int> rank_
 Status ObjectStore::Impl::open_data(Roots& roots_in) {
   for (std::size_t i = 0; i < roots.size(); ++i) {
     ObjectRoot& r = roots[i];
-    const std::string path = join_path(r.dir_path, kObjectDataName);
+    r.data_path = join_path(r.dir_path, files.objects);
     bool created = false;
-    auto fd = open_objects_file(r.dir.get(), path, created, r.direct_io);
+    auto fd = open_objects_file(r.dir.get(), files.objects, r.data_path, created, r.direct_io);
     if (!fd) return std::move(fd).error();
     r.data = std::move(fd).value();
     // The log will name extents in it: its name must outlive a crash as the log's does.
@@ -200,8 +201,7 @@ Status ObjectStore::Impl::replay(std::string_view bytes, bool& repair) {
 Status ObjectStore::Impl::rebuild_allocators(bool& repair) {
   for (auto& r : roots) {
     struct stat st {};
-    if (::fstat(r.data.get(), &st) != 0)
-      return errno_error(fmt::format("cannot stat {}/{}", r.dir_path, kObjectDataName));
+    if (::fstat(r.data.get(), &st) != 0) return errno_error("cannot stat " + r.data_path);
     r.alloc =
         ExtentAllocator::with_free_file(kIoAlignment, round_up_to(static_cast<uint64_t>(st.st_size), kIoAlignment));
   }
@@ -221,31 +221,32 @@ Status ObjectStore::Impl::rebuild_allocators(bool& repair) {
   for (std::size_t i = 0; i < roots.size(); ++i) {
     if (dropped[i] == 0) continue;
     say(
-        fmt::format("{}/{}: {} committed chunks lie past its end or on another chunk's place: they are lost (a read "
+        fmt::format("{}: {} committed chunks lie past its end or on another chunk's place: they are lost (a read "
                     "of them is ENODATA)",
-                    roots[i].dir_path, kObjectDataName, dropped[i]));
+                    roots[i].data_path, dropped[i]));
     repair = true;
   }
   return {};
 }
 
 Result<std::unique_ptr<ObjectStore>> ObjectStore::open(Roots& roots, std::span<const int> rank_dirs,
-                                                       uint32_t chunk_bytes,
+                                                       const RankFileNames& names, uint32_t chunk_bytes,
                                                        const std::function<void(const std::string&)>& warn) {
   try {
     if (auto st = check_open_arguments(roots, rank_dirs, chunk_bytes); !st) return std::move(st).error();
     auto impl = std::make_unique<Impl>();
     impl->chunk = chunk_bytes;
     impl->warn = warn;
+    impl->files = names;
     if (auto st = impl->open_roots(roots, rank_dirs); !st) return std::move(st).error();
     const ObjectRoot& first = impl->roots[0];
-    auto log = ObjectLog::open(first.dir.get(), first.dir_path);
+    auto log = ObjectLog::open(first.dir.get(), first.dir_path, names);
     if (!log && log.error().errnum() != ENOENT) return std::move(log).error();
     if (!log) {
       // A new store. The log comes last and whole (written beside, renamed into place): without it,
       // nothing in the objects files was ever committed, and their space is free.
       if (auto st = impl->open_data(roots); !st) return std::move(st).error();
-      auto created = ObjectLog::create(first.dir.get(), first.dir_path, impl->snapshot());
+      auto created = ObjectLog::create(first.dir.get(), first.dir_path, names, impl->snapshot());
       if (!created) return std::move(created).error();
       impl->log = std::move(created).value();
       return std::unique_ptr<ObjectStore>(new ObjectStore(std::move(impl)));
@@ -274,12 +275,12 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::open(Roots& roots, std::span<c
 }
 
 Result<std::unique_ptr<ObjectStore>> ObjectStore::open_existing(Roots& roots, std::span<const int> rank_dirs,
-                                                                uint32_t chunk_bytes,
+                                                                const RankFileNames& names, uint32_t chunk_bytes,
                                                                 const std::function<void(const std::string&)>& warn) {
   // Anything at the log's name counts (a link too: open() refuses it, saying why).
-  if (rank_dirs.empty() || ::faccessat(rank_dirs[0], kObjectLogName, F_OK, AT_SYMLINK_NOFOLLOW) != 0)
+  if (rank_dirs.empty() || ::faccessat(rank_dirs[0], names.objects_log.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0)
     return std::unique_ptr<ObjectStore>();
-  return open(roots, rank_dirs, chunk_bytes, warn);
+  return open(roots, rank_dirs, names, chunk_bytes, warn);
 }
 
 }  // namespace tmsdisk::storage

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Names of rank directories and their owner files (owner_file.h, storage.h).
+// Names of rank directories, of a rank's files and of their owner files (owner_file.h, rank_identity.h).
 #include "owner_file.h"
 
 #include <fmt/format.h>
@@ -18,6 +18,25 @@ std::string rank_dir_name(const RankIdentity& id) {
 
 std::string rank_relative_dir(const RankIdentity& id) {
   return fmt::format("{}/{}/{}", id.uid, id.job, rank_dir_name(id));
+}
+
+std::string rank_file_prefix(const RankIdentity& id) {
+  return fmt::format("tmsdisk-{}-{}.", id.job, rank_dir_name(id));
+}
+
+RankFileNames::RankFileNames(const std::string& prefix)
+    : owner(prefix + detail::kOwnerName),
+      owner_tmp(prefix + detail::kOwnerTmpName),
+      data(prefix + detail::kDataName),
+      manifest(prefix + detail::kManifestName),
+      manifest_tmp(prefix + detail::kManifestTmpName),
+      sums(prefix + detail::kSumsName),
+      objects(prefix + detail::kObjectDataName),
+      objects_log(prefix + detail::kObjectLogName),
+      objects_log_tmp(prefix + detail::kObjectLogTmpName) {}
+
+std::vector<const std::string*> RankFileNames::all() const {
+  return {&owner, &owner_tmp, &data, &manifest, &manifest_tmp, &sums, &objects, &objects_log, &objects_log_tmp};
 }
 
 namespace detail {

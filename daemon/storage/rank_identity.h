@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tmsdisk::storage {
 
@@ -24,5 +25,19 @@ struct RankIdentity {
 std::string rank_dir_name(const RankIdentity& id);
 // "<uid>/<job>/rank<R>-<pid>": the form sweep_dead_ranks() hands to its in_use callback.
 std::string rank_relative_dir(const RankIdentity& id);
+// "tmsdisk-<job>-rank<R>-<pid>.": what the names of its files begin with in a directory of its own choosing.
+std::string rank_file_prefix(const RankIdentity& id);
+
+// The names of one rank's files. In a rank directory under a root, which holds nothing else: the
+// plain names above. In a directory of the rank's own choosing (TMS_DISK_BACKUP_DIR outside the
+// roots, RankLayout::OwnDirectory in storage.h), which it may share with its user's files and other
+// ranks: each prefixed with "tmsdisk-<job>-rank<R>-<pid>.", so that a listing shows whose they are
+// and removing them touches nothing else.
+struct RankFileNames {
+  std::string owner, owner_tmp, data, manifest, manifest_tmp, sums, objects, objects_log, objects_log_tmp;
+  explicit RankFileNames(const std::string& prefix = {});
+  // Every name above, for removing them one by one from a shared directory.
+  std::vector<const std::string*> all() const;
+};
 
 }  // namespace tmsdisk::storage

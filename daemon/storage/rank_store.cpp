@@ -48,21 +48,20 @@ Result<UniqueFd> make_parent_dir(int parent, const std::string& name, const std:
   return fd;
 }
 
-// Opens `data` in a rank directory, with O_DIRECT where the filesystem allows it.
-
 }  // namespace
 
-Result<UniqueFd> open_data_file(int rank_dir, bool create, bool& direct_io, const std::string& path) {
+Result<UniqueFd> open_data_file(int rank_dir, const std::string& name, bool create, bool& direct_io,
+                                const std::string& path) {
   int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
-  int fd = ::openat(rank_dir, kDataName, flags | O_DIRECT, kFileMode);
+  int fd = ::openat(rank_dir, name.c_str(), flags | O_DIRECT, kFileMode);
   direct_io = true;
   if (fd < 0 && errno == EINVAL) {
     // This filesystem has no O_DIRECT (tmpfs before 6.6, some FUSE and network filesystems):
     // buffered I/O still works, only slower and through the page cache. The caller logs it. The
     // refused open may have created the file already (the kernel checks O_DIRECT after creating
     // it): that empty file goes, so that the new one is still created exclusively, by us.
-    if (create) (void)::unlinkat(rank_dir, kDataName, 0);
-    fd = ::openat(rank_dir, kDataName, flags, kFileMode);
+    if (create) (void)::unlinkat(rank_dir, name.c_str(), 0);
+    fd = ::openat(rank_dir, name.c_str(), flags, kFileMode);
     direct_io = false;
   }
   if (fd < 0) return errno_error("cannot open data file " + path);
@@ -96,10 +95,12 @@ std::unique_ptr<RankStore::Impl> new_impl(const Roots& roots, const RankIdentity
   impl->uid_name = fmt::format("{}", id.uid);
   impl->rank_name = rank_dir_name(id);
   impl->relative = rank_relative_dir(id);
+  impl->own_dir = roots.rank_chosen();
+  if (impl->own_dir) impl->names = RankFileNames(rank_file_prefix(id));
   impl->roots.resize(roots.size());
   for (std::size_t i = 0; i < roots.size(); ++i) {
     impl->roots[i].path = roots[i].path;
-    impl->roots[i].rank_path = join_path(roots[i].path, impl->relative);
+    impl->roots[i].rank_path = impl->own_dir ? roots[i].path : join_path(roots[i].path, impl->relative);
     impl->roots[i].in_memory = roots[i].in_memory;
   }
   impl->dir_path = impl->roots[0].rank_path;
@@ -110,92 +111,129 @@ std::unique_ptr<RankStore::Impl> new_impl(const Roots& roots, const RankIdentity
 
 Status RankStore::Impl::open_dirs(std::size_t i, int root_fd, bool create) {
   RootFiles& rf = roots[i];
-  std::string uid_path = join_path(rf.path, uid_name);
-  std::string job_path = join_path(uid_path, id.job);
   int dupfd = ::fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
   if (dupfd < 0) return errno_error("cannot duplicate the handle of storage root " + rf.path);
   rf.root.reset(dupfd);
+  if (auto s = own_dir ? enter_own_dir(rf, create) : enter_rank_dir(rf, create); !s) return s;
 
+  const std::string owner_path = join_path(rf.rank_path, names.owner);
   if (create) {
-    auto uid_dir = make_parent_dir(rf.root.get(), uid_name, uid_path, id.uid);
-    if (!uid_dir) return std::move(uid_dir).error();
-    rf.uid_dir = std::move(uid_dir).value();
-    auto job_dir = make_parent_dir(rf.uid_dir.get(), id.job, job_path, id.uid);
-    if (!job_dir) return std::move(job_dir).error();
-    rf.job_dir = std::move(job_dir).value();
-
-    if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
-      if (errno != EEXIST) return errno_error("cannot create directory " + rf.rank_path);
-      // A directory of this name exists: pids are reused, so it may be a dead process's leftovers.
-      // Replace it only if its owner is provably gone.
-      UniqueFd old(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
-      if (!old) return not_a_directory_error(errno, rf.rank_path);
-      auto text = read_small_file(old.get(), kOwnerName, kMaxOwnerBytes, join_path(rf.rank_path, kOwnerName));
-      std::optional<Owner> owner = text ? parse_owner(*text) : std::nullopt;
-      if (owner && process_alive(owner->pid, owner->start_time)) {
-        return make_error(EEXIST, fmt::format("{} belongs to the live process {}: a reconnecting rank must present "
-                                              "its session token to adopt it",
-                                              rf.rank_path, owner->pid));
-      }
-      // Without a readable owner nothing proves its process gone, and the pid in its name is alive (it
-      // is the caller's): a data file with bytes may hold that very process's paused memory (its owner
-      // file deleted, its token refused for that), so it is kept. Without one there is nothing to keep.
-      struct stat data_st {};
-      if (!owner && ::fstatat(old.get(), kDataName, &data_st, AT_SYMLINK_NOFOLLOW) == 0 && data_st.st_size > 0) {
-        return make_error(EEXIST, fmt::format("{} has no valid owner file ({}) but a data file of {} bytes, which "
-                                              "may hold the paused memory of pid {}, still running: tmsdiskd leaves "
-                                              "it untouched. Remove the directory yourself if it is stale",
-                                              rf.rank_path, text ? "not one tmsdiskd wrote" : text.error().describe(),
-                                              data_st.st_size, id.pid));
-      }
-      if (auto s = empty_dir(old.get(), rf.rank_path, kRemoveDepth, nullptr); !s) return s;
-      old.reset();
-      if (::unlinkat(rf.job_dir.get(), rank_name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-        return errno_error("cannot remove stale directory " + rf.rank_path);
-      }
-      if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
-        return errno_error("cannot create directory " + rf.rank_path);
-      }
-    }
-    rf.rank_dir.reset(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
-    if (!rf.rank_dir) return not_a_directory_error(errno, rf.rank_path);
-    // The umask may have narrowed the mode; it must not be wider than 0700 either way.
-    if (::fchmod(rf.rank_dir.get(), kRankDirMode) != 0) return errno_error("cannot set the mode of " + rf.rank_path);
-
     // The owner file needs no fsync: it only matters while its process lives, and a machine crash
     // ends that process too.
     std::string owner = format_owner(id);
-    if (auto s = write_file_atomic(rf.rank_dir.get(), kOwnerTmpName, kOwnerName, owner, false, rf.rank_path); !s) {
+    if (auto s = write_file_atomic(rf.rank_dir.get(), names.owner_tmp.c_str(), names.owner.c_str(), owner, false,
+                                   rf.rank_path);
+        !s) {
       return s;
     }
   } else {
+    auto text = read_small_file(rf.rank_dir.get(), names.owner.c_str(), kMaxOwnerBytes, owner_path);
+    if (!text) return std::move(text).error();
+    auto owner = parse_owner(*text);
+    if (!owner) return make_error(EINVAL, owner_path + " is not a tmsdisk owner file");
+    if (owner->pid != id.pid || owner->start_time != id.start_time || owner->token != id.token ||
+        owner->uid != id.uid || owner->job != id.job) {
+      return make_error(EPERM, owner_path +
+                                   " belongs to another session (pid, start time or token differ): "
+                                   "reconnect with the token this daemon issued, or start afresh");
+    }
+  }
+
+  auto data = open_data_file(rf.rank_dir.get(), names.data, create, rf.direct_io, join_path(rf.rank_path, names.data));
+  if (!data) return std::move(data).error();
+  rf.data = std::move(data).value();
+  if (i == 0) {
+    auto journal = ChecksumJournal::open(rf.rank_dir.get(), names.sums, create, join_path(rf.rank_path, names.sums));
+    if (!journal) return std::move(journal).error();
+    this->journal = std::move(journal).value();
+  }
+  return {};
+}
+
+Status RankStore::Impl::enter_rank_dir(RootFiles& rf, bool create) {
+  std::string uid_path = join_path(rf.path, uid_name);
+  std::string job_path = join_path(uid_path, id.job);
+  if (!create) {
     rf.uid_dir.reset(open_dir_nofollow(rf.root.get(), uid_name.c_str()));
     if (!rf.uid_dir) return not_a_directory_error(errno, uid_path);
     rf.job_dir.reset(open_dir_nofollow(rf.uid_dir.get(), id.job.c_str()));
     if (!rf.job_dir) return not_a_directory_error(errno, job_path);
     rf.rank_dir.reset(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
     if (!rf.rank_dir) return not_a_directory_error(errno, rf.rank_path);
+    return {};
+  }
+  auto uid_dir = make_parent_dir(rf.root.get(), uid_name, uid_path, id.uid);
+  if (!uid_dir) return std::move(uid_dir).error();
+  rf.uid_dir = std::move(uid_dir).value();
+  auto job_dir = make_parent_dir(rf.uid_dir.get(), id.job, job_path, id.uid);
+  if (!job_dir) return std::move(job_dir).error();
+  rf.job_dir = std::move(job_dir).value();
 
-    std::string owner_path = join_path(rf.rank_path, kOwnerName);
-    auto text = read_small_file(rf.rank_dir.get(), kOwnerName, kMaxOwnerBytes, owner_path);
-    if (!text) return std::move(text).error();
-    auto owner = parse_owner(*text);
-    if (!owner) return make_error(EINVAL, owner_path + " is not a tmsdisk owner file");
-    if (owner->pid != id.pid || owner->start_time != id.start_time || owner->token != id.token ||
-        owner->uid != id.uid || owner->job != id.job) {
-      return make_error(EPERM, rf.rank_path +
-                                   " belongs to another session (pid, start time or token differ): "
-                                   "reconnect with the token this daemon issued, or start afresh");
+  if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
+    if (errno != EEXIST) return errno_error("cannot create directory " + rf.rank_path);
+    // A directory of this name exists: pids are reused, so it may be a dead process's leftovers.
+    // Replace it only if its owner is provably gone.
+    UniqueFd old(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
+    if (!old) return not_a_directory_error(errno, rf.rank_path);
+    if (auto s = check_leftovers(old.get(), rf.rank_path, rf.rank_path); !s) return s;
+    if (auto s = empty_dir(old.get(), rf.rank_path, kRemoveDepth, nullptr); !s) return s;
+    old.reset();
+    if (::unlinkat(rf.job_dir.get(), rank_name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      return errno_error("cannot remove stale directory " + rf.rank_path);
+    }
+    if (::mkdirat(rf.job_dir.get(), rank_name.c_str(), kRankDirMode) != 0) {
+      return errno_error("cannot create directory " + rf.rank_path);
     }
   }
+  rf.rank_dir.reset(open_dir_nofollow(rf.job_dir.get(), rank_name.c_str()));
+  if (!rf.rank_dir) return not_a_directory_error(errno, rf.rank_path);
+  // The umask may have narrowed the mode; it must not be wider than 0700 either way.
+  if (::fchmod(rf.rank_dir.get(), kRankDirMode) != 0) return errno_error("cannot set the mode of " + rf.rank_path);
+  return {};
+}
 
-  auto data = open_data_file(rf.rank_dir.get(), create, rf.direct_io, join_path(rf.rank_path, kDataName));
-  if (!data) return std::move(data).error();
-  rf.data = std::move(data).value();
-  if (i == 0) {
-    auto journal = ChecksumJournal::open(rf.rank_dir.get(), create, join_path(rf.rank_path, kSumsName));
-    if (!journal) return std::move(journal).error();
-    this->journal = std::move(journal).value();
+Status RankStore::Impl::enter_own_dir(RootFiles& rf, bool create) {
+  // A descriptor that reads and flushes the directory (the one handed over may be O_PATH). It becomes
+  // rf.rank_dir only once the files of this rank's name are known to be this store's to make: a
+  // failed create() removes what rf.rank_dir holds of them.
+  UniqueFd dir(::openat(rf.root.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return errno_error("cannot open " + rf.path);
+  if (create) {
+    // Files of this rank's name already there: pids are reused, so they may be a dead process's.
+    struct stat st {};
+    if (::fstatat(dir.get(), names.owner.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+        ::fstatat(dir.get(), names.data.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (auto s = check_leftovers(dir.get(), rf.path, join_path(rf.path, rank_file_prefix(id) + "*")); !s) return s;
+      if (auto s = remove_rank_files(dir.get(), rf.path, names); !s) return s;
+    }
+    // Other ranks' files whose process is gone (a rank that died while no daemon held its directory:
+    // nothing else would ever find them).
+    (void)sweep_rank_files(dir.get(), rf.path, [](const std::string& what) { spdlog::warn("{}", what); });
+  }
+  rf.rank_dir = std::move(dir);
+  return {};
+}
+
+// Before files of this rank's name are replaced: they may be the paused memory of this very process
+// (its token refused, its owner file deleted). Refused unless their owner provably is gone.
+Status RankStore::Impl::check_leftovers(int dir, const std::string& dir_path, const std::string& what) const {
+  auto text = read_small_file(dir, names.owner.c_str(), kMaxOwnerBytes, join_path(dir_path, names.owner));
+  std::optional<Owner> owner = text ? parse_owner(*text) : std::nullopt;
+  if (owner && process_alive(owner->pid, owner->start_time)) {
+    return make_error(EEXIST, fmt::format("{} belongs to the live process {}: a reconnecting rank must present "
+                                          "its session token to adopt it",
+                                          what, owner->pid));
+  }
+  // Without a readable owner nothing proves its process gone, and the pid in its name is alive (it
+  // is the caller's): a data file with bytes may hold that very process's paused memory (its owner
+  // file deleted, its token refused for that), so it is kept. Without one there is nothing to keep.
+  struct stat data_st {};
+  if (!owner && ::fstatat(dir, names.data.c_str(), &data_st, AT_SYMLINK_NOFOLLOW) == 0 && data_st.st_size > 0) {
+    return make_error(
+        EEXIST, fmt::format("{} has no valid owner file ({}) but a data file of {} bytes, which "
+                            "may hold the paused memory of pid {}, still running: tmsdiskd leaves "
+                            "it untouched. Remove it yourself if it is stale",
+                            what, text ? "not one tmsdiskd wrote" : text.error().describe(), data_st.st_size, id.pid));
   }
   return {};
 }
@@ -210,7 +248,13 @@ Status RankStore::Impl::remove_locked() {
   for (auto& rf : roots) {
     if (rf.gone) continue;
     rf.data.reset();
-    if (rf.rank_dir) {
+    if (rf.rank_dir && own_dir) {
+      // A directory of the rank's choosing: only its own files go, the directory stays.
+      if (Status s = remove_rank_files(rf.rank_dir.get(), rf.rank_path, names); !s) {
+        if (first) first = std::move(s);
+        continue;
+      }
+    } else if (rf.rank_dir) {
       Status s = empty_dir(rf.rank_dir.get(), rf.rank_path, kRemoveDepth, nullptr);
       if (s && ::unlinkat(rf.job_dir.get(), rank_name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
         s = errno_error("cannot remove directory " + rf.rank_path);
@@ -282,6 +326,12 @@ uint32_t RankStore::chunk_bytes() const noexcept {
 }
 std::size_t RankStore::root_count() const noexcept {
   return impl_->roots.size();
+}
+const RankFileNames& RankStore::file_names() const noexcept {
+  return impl_->names;
+}
+bool RankStore::in_own_directory() const noexcept {
+  return impl_->own_dir;
 }
 std::vector<int> RankStore::dir_fds() const {
   std::vector<int> fds;

@@ -115,9 +115,10 @@ inline FileRange chunk_range(const BlobState& b, uint64_t ci, uint32_t chunk, st
   return {r, b.extents[r].offset + (ci / n) * chunk, length};
 }
 
-// Opens (or, with `create`, creates) a rank's data file in `rank_dir`, with O_DIRECT where the
+// Opens (or, with `create`, creates) a rank's data file `name` in `rank_dir`, with O_DIRECT where the
 // filesystem takes it (`direct_io` says whether it did); `path` names it in messages.
-Result<UniqueFd> open_data_file(int rank_dir, bool create, bool& direct_io, const std::string& path);
+Result<UniqueFd> open_data_file(int rank_dir, const std::string& name, bool create, bool& direct_io,
+                                const std::string& path);
 
 struct RankStore::Impl {
   RankIdentity id;
@@ -126,6 +127,10 @@ struct RankStore::Impl {
   std::string rank_name;
   std::string relative;
   std::string dir_path;
+  // The rank's files lie directly in one directory of its choosing (Roots::rank_chosen()), their names
+  // prefixed, instead of in rank directories of their own under the roots (RankFileNames).
+  bool own_dir = false;
+  RankFileNames names;
   std::vector<RootFiles> roots;
   ChecksumJournal journal;  // beside the manifest, on the first root
   std::vector<BlobState> blobs;
@@ -148,6 +153,13 @@ struct RankStore::Impl {
   bool holes_punched = true;
 
   Status open_dirs(std::size_t i, int root_fd, bool create);
+  // The directory rf's files go in, opened (and with `create`, made) into rf.rank_dir: the rank
+  // directory under the root, or the directory of the rank's choosing.
+  Status enter_rank_dir(RootFiles& rf, bool create);
+  Status enter_own_dir(RootFiles& rf, bool create);
+  // Files of this rank's name found in `dir` (at `dir_path`; `what` names them): an error unless their
+  // owner is gone.
+  Status check_leftovers(int dir, const std::string& dir_path, const std::string& what) const;
   Status remove_locked();
   Status reserve_locked(std::span<const BlobSize> set, std::span<const ChunkRun> zero_runs,
                         std::span<const ChunkRun> host_runs, std::span<const uint64_t> carry);

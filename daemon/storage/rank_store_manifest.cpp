@@ -102,7 +102,8 @@ Status RankStore::Impl::write_manifest_of(const std::vector<BlobState>& set, con
   std::string bytes = encode_manifest(mf);
   if (hash) *hash = XXH3_64bits(bytes.data(), bytes.size());
   RootFiles& first = roots[0];
-  return write_file_atomic(first.rank_dir.get(), kManifestTmpName, kManifestName, bytes, true, first.rank_path);
+  return write_file_atomic(first.rank_dir.get(), names.manifest_tmp.c_str(), names.manifest.c_str(), bytes, true,
+                           first.rank_path);
 }
 
 namespace {
@@ -131,7 +132,7 @@ std::string RankStore::Impl::kept_files_text() const {
   std::string files;
   for (std::size_t r = 0; r < roots.size(); ++r) {
     if (r) files += r + 1 == roots.size() ? " and " : ", ";
-    files += fmt::format("{} ({} bytes)", join_path(roots[r].rank_path, kDataName), sizes[r]);
+    files += fmt::format("{} ({} bytes)", join_path(roots[r].rank_path, names.data), sizes[r]);
   }
   return fmt::format("the data file{} {} {} kept untouched", roots.size() > 1 ? "s" : "", files,
                      roots.size() > 1 ? "are" : "is");
@@ -151,8 +152,8 @@ void RankStore::Impl::lose_record(const std::string& what) {
 // record_problem, which refuses every use of the files until the rank commits a resume (issue 11).
 Status RankStore::Impl::load_manifest() {
   RootFiles& first = roots[0];
-  std::string path = join_path(first.rank_path, kManifestName);
-  auto bytes = read_small_file(first.rank_dir.get(), kManifestName, kMaxManifestBytes, path);
+  std::string path = join_path(first.rank_path, names.manifest);
+  auto bytes = read_small_file(first.rank_dir.get(), names.manifest.c_str(), kMaxManifestBytes, path);
   if (!bytes) {
     if (bytes.error().errnum() != ENOENT) {
       lose_record(
@@ -196,7 +197,7 @@ Status RankStore::Impl::load_manifest() {
       lose_record(
           fmt::format("the data file {} is shorter ({} bytes) than its pause record {} says ({} bytes): it "
                       "was truncated outside tmsdiskd, and the paused memory it held is lost",
-                      join_path(roots[r].rank_path, kDataName), st.st_size, path, mf->data_end[r]));
+                      join_path(roots[r].rank_path, names.data), st.st_size, path, mf->data_end[r]));
       return {};
     }
     allocs.push_back(ExtentAllocator::with_free_file(kIoAlignment, mf->data_end[r]));

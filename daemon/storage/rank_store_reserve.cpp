@@ -601,15 +601,15 @@ Result<bool> RankStore::Impl::follow_replaced_files(bool carrying) {
   bool opened = false;
   for (std::size_t r = 0; r < roots.size(); ++r) {
     RootFiles& rf = roots[r];
-    const std::string path = join_path(rf.rank_path, kDataName);
+    const std::string path = join_path(rf.rank_path, names.data);
     struct stat open_st {};
     struct stat named {};
     if (::fstat(rf.data.get(), &open_st) != 0) return errno_error("cannot stat the data file " + path);
-    const bool named_exists = ::fstatat(rf.rank_dir.get(), kDataName, &named, AT_SYMLINK_NOFOLLOW) == 0;
+    const bool named_exists = ::fstatat(rf.rank_dir.get(), names.data.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0;
     if (!named_exists && errno != ENOENT) return errno_error("cannot stat " + path);
     if (named_exists && named.st_dev == open_st.st_dev && named.st_ino == open_st.st_ino) continue;
     bool direct_io = true;
-    auto data = open_data_file(rf.rank_dir.get(), !named_exists, direct_io, path);
+    auto data = open_data_file(rf.rank_dir.get(), names.data, !named_exists, direct_io, path);
     if (!data) return std::move(data).error();
     spdlog::warn(
         "{}: {} is no longer the file tmsdiskd had open ({} outside it): the file now at that name is "
@@ -637,14 +637,14 @@ void RankStore::Impl::check_files(bool before_change) {
     // The name too: the store goes on writing the file it has open, which a daemon restarted later
     // would not find.
     struct stat named {};
-    const bool replaced = !now || ::fstatat(rf.rank_dir.get(), kDataName, &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+    const bool replaced = !now || ::fstatat(rf.rank_dir.get(), names.data.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
                           static_cast<uint64_t>(named.st_ino) != now->ino ||
                           static_cast<uint64_t>(named.st_dev) != now->dev;
     if (!now || replaced || !(*now == *rf.known)) {
       spdlog::warn(
           "{}: the data file {} changed since tmsdiskd last wrote it ({}): its chunks are written again "
           "at the next pause instead of being taken as unchanged",
-          relative, join_path(rf.rank_path, kDataName),
+          relative, join_path(rf.rank_path, names.data),
           !now                                                                 ? "it cannot be stat'ed"
           : replaced || now->ino != rf.known->ino || now->dev != rf.known->dev ? "another file is in its place"
           : now->size != rf.known->size                                        ? "its size differs"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Storage roots: opening and checking them (tmpfs, symlinks, duplicates), placing a client's
-// TMS_DISK_BACKUP_DIR under one, free space (storage.h).
+// TMS_DISK_BACKUP_DIR under one or taking the directory a rank handed over, free space (storage.h).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/magic.h>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <new>
 
 #include "root_probe.h"
@@ -22,6 +23,8 @@ namespace tmsdisk::storage {
 using namespace detail;
 
 namespace {
+
+Status check_root(Root& root, const std::string& what, bool allow_tmpfs);
 
 Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
   std::string abs = configured;
@@ -55,27 +58,44 @@ Result<Root> open_root(const std::string& configured, bool allow_tmpfs) {
     return make_error(err, "cannot open storage root " + root.path);
   }
   root.dir.reset(fd);
+  if (auto st = check_root(root, "storage root " + root.path, allow_tmpfs); !st) return std::move(st).error();
+  return root;
+}
 
+// What every directory files go in must be: not in memory (unless allowed), writable by tmsdiskd;
+// and whether O_DIRECT works there. `what` names it in messages ("storage root /nvme/x").
+Status check_root(Root& root, const std::string& what, bool allow_tmpfs) {
+  const int fd = root.dir.get();
   auto type = filesystem_type(fd, root.path);
   if (!type) return std::move(type).error();
   const unsigned long magic = *type;
   root.in_memory = in_memory_filesystem(magic);
   if (root.in_memory && !allow_tmpfs) {
-    return make_error(EINVAL, "storage root " + root.path + " is on " + (magic == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
+    return make_error(EINVAL, what + " is on " + (magic == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
                                   ": paused GPU memory would sit in RAM, which defeats moving it to disk. Use a "
                                   "directory on local NVMe, or pass --allow-tmpfs (allow-tmpfs = true in the config "
                                   "file) to accept this anyway");
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return errno_error("cannot stat storage root " + root.path);
+  if (::fstat(fd, &st) != 0) return errno_error("cannot stat " + what);
   root.dev = st.st_dev;
 
   // If O_TMPFILE itself is unsupported the probe cannot tell: the first data file decides.
   const DirectIoProbe probe = probe_direct_io(fd);
   if (probe.outcome == DirectIoProbe::Outcome::Buffered) root.direct_io = false;
   if (probe.error == EROFS || probe.error == EACCES)
-    return make_error(probe.error, "storage root " + root.path + " is not writable by tmsdiskd");
-  return root;
+    return make_error(probe.error, what + " is not writable by tmsdiskd");
+  return {};
+}
+
+// The path of directory `fd` as the kernel names it, for messages and `tmsctl status` only (nothing
+// is ever opened by it); `fallback` where it cannot be read.
+std::string path_of_dir(int fd, const std::string& fallback) {
+  char buf[4096];
+  const std::string link = fmt::format("/proc/self/fd/{}", fd);
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf));
+  if (n <= 0 || static_cast<std::size_t>(n) >= sizeof(buf)) return fallback;
+  return std::string(buf, static_cast<std::size_t>(n));
 }
 
 }  // namespace
@@ -105,6 +125,45 @@ Result<Roots> Roots::open(const std::vector<std::string>& paths, bool allow_tmpf
   } catch (const std::bad_alloc&) {
     return out_of_memory("opening storage roots");
   }
+}
+
+Result<Roots> Roots::open_rank_directory(UniqueFd dir, uid_t uid, const std::string& named, bool allow_tmpfs) {
+  try {
+    struct stat st {};
+    if (!dir || ::fstat(dir.get(), &st) != 0) return errno_error("cannot stat the directory " + named);
+    Root root;
+    root.path = path_of_dir(dir.get(), named);
+    const std::string what = "the rank's directory " + root.path;
+    if (!S_ISDIR(st.st_mode)) return make_error(ENOTDIR, what + " is not a directory");
+    // The rank's own, or root's: a directory the rank may write, and nobody else may change under it
+    // (swap its files for links, fill it): other users' files are never the daemon's to touch.
+    if (uid != 0 && st.st_uid != uid)
+      return make_error(EACCES, fmt::format("{} belongs to uid {}, not to the rank's user (uid {}): name a "
+                                            "directory of your own",
+                                            what, st.st_uid, uid));
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+      return make_error(EACCES, fmt::format("{} is writable by others (mode {:o}): another user could replace the "
+                                            "files of a paused rank there; chmod go-w it or name another directory",
+                                            what, st.st_mode & 07777));
+    root.dir = std::move(dir);
+    if (auto s = check_root(root, what, allow_tmpfs); !s) return std::move(s).error();
+    Roots roots;
+    roots.rank_chosen_ = true;
+    roots.roots_.push_back(std::move(root));
+    return roots;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("opening the rank's directory");
+  }
+}
+
+bool Roots::holds(int dir) const {
+  struct stat st {};
+  if (::fstat(dir, &st) != 0) return false;
+  for (const auto& r : roots_) {
+    struct stat rs {};
+    if (::fstat(r.dir.get(), &rs) == 0 && rs.st_dev == st.st_dev && rs.st_ino == st.st_ino) return true;
+  }
+  return false;
 }
 
 Result<std::size_t> Roots::root_for(std::string_view client_path) const {

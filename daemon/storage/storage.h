@@ -74,6 +74,15 @@ class Roots {
   // filesystem supports that, else decided when a rank's data file is opened. Roots on the same filesystem are allowed
   // but logged by the caller (no striping benefit).
   static Result<Roots> open(const std::vector<std::string>& paths, bool allow_tmpfs);
+  // The one directory a rank chose for its files and handed over by descriptor (TMS_DISK_BACKUP_DIR
+  // outside the roots; `named` is what it called it, for messages only: nothing is opened by a path a
+  // client sent). Refused unless it is a directory owned by `uid` (the rank's user; root may name any),
+  // not writable by group or others, and, as a root, not in memory unless allow_tmpfs. A rank store
+  // made on it keeps the rank's files directly in it, beside anything else (rank_chosen()).
+  static Result<Roots> open_rank_directory(UniqueFd dir, uid_t uid, const std::string& named, bool allow_tmpfs);
+  bool rank_chosen() const noexcept { return rank_chosen_; }
+  // Whether directory `dir` is one of these roots (same device and inode).
+  bool holds(int dir) const;
 
   std::size_t size() const noexcept { return roots_.size(); }
   const Root& operator[](std::size_t i) const { return roots_[i]; }
@@ -88,6 +97,7 @@ class Roots {
 
  private:
   std::vector<Root> roots_;
+  bool rank_chosen_ = false;
 };
 
 // One rank's files on all roots: directories, data files, blob extents, checksums, manifest.
@@ -120,7 +130,10 @@ class RankStore {
  public:
   // Creates <root>/<uid>/<job>/rank<R>-<pid>/ on every root (replacing a stale directory of the same
   // name left by a dead process; EEXIST if its owner is alive), writes `owner`, opens `data` on each
-  // root (O_DIRECT where the filesystem allows it; else roots[i].direct_io becomes false). chunk_bytes
+  // root. On roots a rank chose (Roots::open_rank_directory) the files go directly in that one
+  // directory, named "tmsdisk-<job>-rank<R>-<pid>.owner" and so on, and the files of dead ranks found
+  // there go first (sweep_rank_files); the directory itself is never removed. Data files are opened
+  // O_DIRECT where the filesystem allows it (else roots[i].direct_io becomes false). chunk_bytes
   // is the chunk size (a non-zero multiple of kIoAlignment). On failure nothing is left behind.
   static Result<std::unique_ptr<RankStore>> create(Roots& roots, const RankIdentity& id, uint32_t chunk_bytes);
 
@@ -144,6 +157,9 @@ class RankStore {
   // The rank's directory on each root, in root order (O_PATH; valid until remove() or destruction):
   // the rank's object store (object_store.h) keeps its files there too.
   std::vector<int> dir_fds() const;
+  // The names of its files there (prefixed in a directory the rank chose), and whether it is one.
+  const RankFileNames& file_names() const noexcept;
+  bool in_own_directory() const noexcept;
 
   // Makes `blobs` the exact set this rank stores: new or resized blobs get extents, blobs not listed
   // are dropped and their extents recycled, unchanged blobs keep theirs (overwritten in place).
@@ -309,5 +325,12 @@ struct SweepStats {
 // create() retries once for that, but running both from the daemon's one event loop avoids it.
 Result<SweepStats> sweep_dead_ranks(Roots& roots, const std::function<bool(const std::string& relative_dir)>& in_use,
                                     const std::function<void(const std::string&)>& warn = {});
+
+// In directory `dir` (`path` names it in messages), one that ranks chose for their files
+// (Roots::rank_chosen()): removes the files of every rank whose owner process is gone, each rank's
+// known names under the prefix its owner file gives (RankFileNames); nothing else there is touched.
+// A rank that died while no daemon held its directory leaves files no sweep of the roots finds: the
+// next rank to use that directory removes them. removed_dirs counts ranks.
+SweepStats sweep_rank_files(int dir, const std::string& path, const std::function<void(const std::string&)>& warn = {});
 
 }  // namespace tmsdisk::storage

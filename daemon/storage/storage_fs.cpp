@@ -197,6 +197,13 @@ Status empty_dir(int dirfd, const std::string& path, int depth, uint64_t* bytes)
 // ranks still use it).
 // Failure is fine: ENOTEMPTY/EEXIST means still in use, ENOENT already gone, and anything else
 // only leaves an empty directory behind, which the next sweep retries.
+Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names) {
+  for (const std::string* name : names.all())
+    if (::unlinkat(dirfd, name->c_str(), 0) != 0 && errno != ENOENT)
+      return errno_error("cannot remove " + join_path(path, *name));
+  return {};
+}
+
 void remove_if_empty(int dirfd, const char* name) {
   (void)::unlinkat(dirfd, name, AT_REMOVEDIR);
 }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rank_identity.h"
 #include "tmsdisk/common/result.h"
 
 namespace tmsdisk::storage::detail {
@@ -30,7 +31,10 @@ inline constexpr const char* kOwnerTmpName = "owner.tmp";
 inline constexpr const char* kDataName = "data";
 inline constexpr const char* kManifestName = "manifest";
 inline constexpr const char* kManifestTmpName = "manifest.tmp";
-inline constexpr const char* kSumsName = "sums";  // checksum journal (checksum_journal.h)
+inline constexpr const char* kSumsName = "sums";           // checksum journal (checksum_journal.h)
+inline constexpr const char* kObjectDataName = "objects";  // the object store's (object_store_log.h)
+inline constexpr const char* kObjectLogName = "objects.log";
+inline constexpr const char* kObjectLogTmpName = "objects.log.tmp";
 
 Error out_of_memory(std::string_view what);
 
@@ -74,6 +78,10 @@ Result<std::vector<std::string>> list_dir(int dirfd, const std::string& path);
 // is removed, never followed, and nothing outside the directory is touched. Adds the disk usage of
 // removed files (st_blocks * 512) to *bytes when given.
 Status empty_dir(int dirfd, const std::string& path, int depth, uint64_t* bytes);
+
+// Removes the files `names` lists from directory `dirfd` (`path` names it in messages), those that are
+// there: a rank's files in a directory it shares with others.
+Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names);
 
 // Removes directory `name` below `dirfd` if it is empty; a non-empty one is fine (other jobs or
 // ranks still use it).

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The sweep: removes rank directories whose owner process is gone (storage.h, sweep_dead_ranks).
+// The sweep: removes rank directories, and ranks' files in directories of their choosing, whose owner
+// process is gone (storage.h, sweep_dead_ranks and sweep_rank_files).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -92,6 +94,46 @@ struct Sweeper {
     remove_if_empty(uid_fd, name.c_str());
   }
 
+  // The files of dead ranks in a directory ranks chose (Roots::rank_chosen()): each rank's are named
+  // by the prefix its owner file carries, which must be the one its contents give.
+  void shared_directory(int dir, const std::string& path) {
+    UniqueFd fd(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    auto names = fd ? list_dir(fd.get(), path) : Result<std::vector<std::string>>(errno_error("cannot open " + path));
+    if (!names) {
+      say("sweep: " + names.error().describe());
+      return;
+    }
+    constexpr std::string_view kPrefix = "tmsdisk-";
+    const std::string owner_suffix = kOwnerName;
+    for (const auto& n : *names) {
+      if (n.size() <= kPrefix.size() + owner_suffix.size() || !n.starts_with(kPrefix) || !n.ends_with(owner_suffix))
+        continue;
+      const std::string prefix = n.substr(0, n.size() - owner_suffix.size());
+      auto text = read_small_file(dir, n.c_str(), kMaxOwnerBytes, join_path(path, n));
+      std::optional<Owner> owner = text ? parse_owner(*text) : std::nullopt;
+      if (!owner) continue;  // not an owner file tmsdiskd wrote: not ours to judge
+      RankIdentity id;
+      id.uid = owner->uid;
+      id.job = owner->job;
+      id.rank = owner->rank;
+      id.pid = owner->pid;
+      if (rank_file_prefix(id) != prefix || process_alive(owner->pid, owner->start_time)) continue;
+      uint64_t bytes = 0;
+      const RankFileNames files(prefix);
+      for (const std::string* f : files.all()) {
+        struct stat st {};
+        if (::fstatat(dir, f->c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0)
+          bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+      }
+      if (auto st = remove_rank_files(dir, path, files); !st) {
+        say("sweep: " + st.error().describe());
+        continue;
+      }
+      stats.removed_bytes += bytes;
+      ++stats.removed_dirs;
+    }
+  }
+
   void root(const Root& r) {
     UniqueFd fd(::openat(r.dir.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd) {
@@ -126,6 +168,17 @@ struct Sweeper {
 };
 
 }  // namespace
+
+SweepStats sweep_rank_files(int dir, const std::string& path, const std::function<void(const std::string&)>& warn) {
+  try {
+    const std::function<bool(const std::string&)> none;
+    Sweeper s{none, warn, {}};
+    s.shared_directory(dir, path);
+    return s.stats;
+  } catch (const std::bad_alloc&) {
+    return {};
+  }
+}
 
 Result<SweepStats> sweep_dead_ranks(Roots& roots, const std::function<bool(const std::string& relative_dir)>& in_use,
                                     const std::function<void(const std::string&)>& warn) {

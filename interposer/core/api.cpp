@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "api_outcome.h"
 #include "config.h"
 #include "driver.h"
 #include "engine.h"
@@ -102,6 +103,18 @@ int api_status(struct tmsdisk_status* status, std::size_t size) noexcept {
     std::memcpy(out.last_message, s.last_message.data(), n);
     std::memcpy(status, &out, std::min(size, sizeof(out)));
     return 0;
+  } catch (...) {
+    return -ENOMEM;
+  }
+}
+
+int api_set_backup_dir(const char* path) noexcept {
+  if (!path || !*path) return -EINVAL;
+  ensure_init();
+  Engine* e = Engine::instance();
+  if (!e) return -ENOMEM;
+  try {
+    return api_outcome(e->set_backup_dir(path), "tmsdisk_set_backup_dir");
   } catch (...) {
     return -ENOMEM;
   }

@@ -3,6 +3,7 @@
 #include "daemon_session.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -105,6 +106,14 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   timeval tv{kHandshakeTimeoutS, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
+  // TMS_DISK_BACKUP_DIR is handed over as a directory; one this process cannot open goes as a path
+  // alone, which the daemon takes only under one of its roots (and otherwise refuses, saying why).
+  int dir_error = 0;
+  if (!backup_dir_ && !cfg.backup_dir.empty()) {
+    backup_dir_.reset(::open(cfg.backup_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!backup_dir_) dir_error = errno;
+    backup_dir_path_ = cfg.backup_dir;
+  }
   proto::Hello h;
   h.role = static_cast<uint8_t>(proto::Role::Shim);
   h.rank = cfg.rank;
@@ -112,13 +121,20 @@ Result<DaemonSession::Welcomed> DaemonSession::hello() {
   if (driver().api.cuDeviceGetCount && driver().api.cuDeviceGetCount(&devices) != CUDA_SUCCESS) devices = 0;
   h.device_count = static_cast<uint32_t>(std::max(devices, 0));
   h.job = cfg.job;
-  h.backup_dir = cfg.backup_dir.size() <= proto::kMaxPathLength ? cfg.backup_dir : std::string();
+  h.backup_dir = proto::wire_text(backup_dir_path_, proto::kMaxPathLength);
+  if (backup_dir_) h.flags |= proto::kHelloRankDir;
   h.token = token_;
   h.staging_budget_bytes = cfg.staging_budget_bytes;
-  proto::HelloReply reply = proto::say_hello(fd, h, kHandshakeTimeoutS * 1000, next_id());
+  proto::HelloReply reply = proto::say_hello(fd, h, kHandshakeTimeoutS * 1000, next_id(), backup_dir_.get());
   if (!reply) {
-    return make_error(reply.error, reply.refused ? "tmsdiskd refused the session: " + reply.message
-                                                 : "no session with tmsdiskd: " + reply.message);
+    std::string why =
+        reply.refused ? "tmsdiskd refused the session: " + reply.message : "no session with tmsdiskd: " + reply.message;
+    if (dir_error)
+      why += fmt::format(
+          " (TMS_DISK_BACKUP_DIR={} cannot be opened: {}; create it, or unset it to keep this rank's "
+          "files under tmsdiskd's root)",
+          cfg.backup_dir, errtext(dir_error));
+    return make_error(reply.error, why);
   }
   out.memfd.reset(std::exchange(reply.fd, -1));
   out.welcome = std::move(reply.welcome);
@@ -206,6 +222,31 @@ Status DaemonSession::await_reply(uint64_t request_id, proto::Envelope& reply, U
     }
     other(reply);
   }
+}
+
+Status DaemonSession::set_backup_dir(const std::string& path) {
+  UniqueFd dir(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return make_error(errno, fmt::format("cannot open the directory {}: {}", path, errtext(errno)));
+  if (!connected()) {
+    UniqueFd before = std::exchange(backup_dir_, std::move(dir));
+    std::string before_path = std::exchange(backup_dir_path_, path);
+    Status st = connect();
+    if (st) return st;
+    // No daemon to ask now: the next HELLO hands the directory over. One that refused it: the rank
+    // keeps the directory it had, and the caller hears why.
+    const int e = st.error().errnum();
+    if (e == ECONNREFUSED || e == ENOENT || e == ETIMEDOUT || e == ECONNRESET) return {};
+    backup_dir_ = std::move(before);
+    backup_dir_path_ = std::move(before_path);
+    return st;
+  }
+  proto::SetRankDir m;
+  m.path = proto::wire_text(path, proto::kMaxPathLength);
+  proto::Envelope reply;
+  if (Status st = exchange(m, dir.get(), reply, nullptr); !st) return st;
+  backup_dir_ = std::move(dir);
+  backup_dir_path_ = path;
+  return {};
 }
 
 Status DaemonSession::exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd) {

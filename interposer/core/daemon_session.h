@@ -79,6 +79,11 @@ class DaemonSession {
   // one that comes back. An ErrorReply becomes an error with its code and message; `reply` holds an
   // ErrorReply only when the daemon sent one (not when the answer never came).
   Status exchange(const proto::Message& m, int fd, proto::Envelope& reply, UniqueFd* reply_fd);
+  // The directory this rank's files go in from now on (torch_memory_saver's set_disk_backup_dir),
+  // opened here as the rank's user and handed over by descriptor: with a session, moved there by
+  // SET_RANK_DIR (refused while anything is paused, saying why); without one, the next HELLO takes it
+  // (and it is given up again if the daemon refuses that HELLO). TMS_DISK_BACKUP_DIR names the first.
+  Status set_backup_dir(const std::string& path);
   // Hands a message that answers nothing awaited to the OtherHandler.
   void other(const proto::Envelope& env) {
     if (other_) other_(env);
@@ -89,6 +94,10 @@ class DaemonSession {
 
   int sock_ = -1;
   uint64_t token_ = 0;
+  // The directory the rank chose for its files (O_PATH), handed over with every HELLO; none: the
+  // daemon's roots.
+  UniqueFd backup_dir_;
+  std::string backup_dir_path_;
   uint64_t next_request_ = 1;
   uint64_t attached_ = 0;
   int64_t next_connect_ms_ = 0;

@@ -151,6 +151,10 @@ Status Engine::prefetch(const std::string& tag, bool wait) noexcept {
   }
 }
 
+Status Engine::set_backup_dir(const std::string& path) noexcept {
+  return control_.call([&]() -> Status { return session_.set_backup_dir(path); });
+}
+
 EngineStatus Engine::status() const {
   return report_.status();
 }

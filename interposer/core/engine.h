@@ -74,6 +74,9 @@ class Engine {
   // Starts reading the paused memory of `tag` (empty: all of it) into the host tier ahead of its
   // resume (prefetch.h); with `wait`, returns once that is done. A tag nothing carries: nothing to do.
   Status prefetch(const std::string& tag, bool wait) noexcept;
+  // The directory the rank's files go in from now on (tmsdisk_set_backup_dir), on the control thread
+  // (DaemonSession::set_backup_dir).
+  Status set_backup_dir(const std::string& path) noexcept;
   // Whether a resume leaves the host chunks it copied back in the host-tier memory, readable as the
   // allocation's retained copy until that memory is used again (tmsdisk_retain_host_copy; TMS's
   // retain_cpu_backup). Off by default.

@@ -40,5 +40,6 @@ int api_read_paused(const void* ptr, uint64_t length, void* dst) noexcept;
 int api_paused_view(const void* ptr, uint64_t length, const void** view) noexcept;
 int api_prefetch(const char* tag, int wait) noexcept;
 int api_retain_host_copy(int on) noexcept;
+int api_set_backup_dir(const char* path) noexcept;
 
 }  // namespace tmsdisk::shim

@@ -99,15 +99,19 @@ bool tms_get_enable_disk_backup() noexcept {
   return tms_region().disk_backup;
 }
 
+// As TMS, the directory is made when missing (its own part 0700: it must be writable by no one else).
 void tms_set_disk_backup_dir(const char* dir) noexcept {
   try {
-    std::error_code ec;
-    const std::string& current = config().backup_dir;
-    if (dir && !current.empty() &&
-        std::filesystem::weakly_canonical(dir, ec) == std::filesystem::weakly_canonical(current, ec) && !ec)
+    if (!dir || !*dir) {
+      TMS_WARN("tms_set_disk_backup_dir(NULL): ignored");
       return;
-    TMS_WARN("tms_set_disk_backup_dir(%s): ignored; this rank's files stay in %s (TMS_DISK_BACKUP_DIR at start)",
-             dir ? dir : "NULL", current.empty() ? "the daemon's first root" : current.c_str());
+    }
+    std::error_code ec;
+    if (std::filesystem::create_directories(dir, ec) && !ec)
+      std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+    if (const int rc = api_set_backup_dir(dir); rc != 0)
+      TMS_WARN("tms_set_disk_backup_dir(%s): refused (%s); this rank's files stay where they were", dir,
+               std::strerror(-rc));
   } catch (...) {
   }
 }

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TMSDISK_API_VERSION 7
+#define TMSDISK_API_VERSION 8
 
 #if defined(__cplusplus)
 #define TMSDISK_NOEXCEPT noexcept
@@ -239,6 +239,17 @@ int tmsdisk_prefetch(const char* tag, int wait) TMSDISK_NOEXCEPT;
  * used again (the next pause, a prefetch, or the daemon asking for it back). on = 0: off (the default);
  * on < 0: leaves it as it is. Returns the setting before (1 or 0). (API version 7) */
 int tmsdisk_retain_host_copy(int on) TMSDISK_NOEXCEPT;
+/* The directory this process's files go in from now on (torch_memory_saver's set_disk_backup_dir;
+ * TMS_DISK_BACKUP_DIR names the first): a directory of the caller's own, writable by no one else, on
+ * a disk (tmpfs is refused unless tmsdiskd allows it). The shim opens it and hands tmsdiskd the
+ * descriptor; the rank's files are then named "tmsdisk-<job>-rank<R>-<pid>.*" in it, beside anything
+ * else there, and removed when the process exits. One of tmsdiskd's roots brings back its usual layout.
+ * Returns 0; -EBUSY while any memory of the process is paused (or being paused or resumed), or while
+ * it stores objects (tmsdisk_store_open): its files stay where they are; -EACCES (not the caller's
+ * directory, or writable by others), -EINVAL (tmpfs), -ENOENT/-ENOTDIR (no such directory)... The
+ * message is in the shim's log. Without a daemon to ask, the next connection hands it over. (API
+ * version 8) */
+int tmsdisk_set_backup_dir(const char* path) TMSDISK_NOEXCEPT;
 /* "tmsdisk <version>"; static storage. */
 const char* tmsdisk_version(void) TMSDISK_NOEXCEPT;
 

@@ -96,7 +96,7 @@ HelloReply::~HelloReply() {
   close_if_open(sock);
 }
 
-HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t request_id) noexcept {
+HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t request_id, int fd) noexcept {
   std::vector<uint8_t> buf;
   try {
     buf = encode(request_id, hello);
@@ -104,7 +104,7 @@ HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t requ
     return failure(ENOMEM, "no memory to encode HELLO");
   }
   if (buf.empty()) return failure(EINVAL, "HELLO does not fit in a protocol message");
-  if (int rc = send_message(sock, buf); rc < 0) {
+  if (int rc = send_message(sock, buf, fd); rc < 0) {
     if (rc == -EPIPE || rc == -ECONNRESET)
       if (auto refused = refusal_waiting(sock, buf)) return std::move(*refused);
     return failure(-rc, std::string("cannot send HELLO: ") + std::strerror(-rc));
@@ -142,7 +142,7 @@ HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t requ
   return r;
 }
 
-HelloReply connect_and_hello(const std::string& path, const Hello& hello, int timeout_ms) noexcept {
+HelloReply connect_and_hello(const std::string& path, const Hello& hello, int timeout_ms, int fd) noexcept {
   const int sock = connect_seqpacket(path);
   if (sock < 0) {
     try {
@@ -151,7 +151,7 @@ HelloReply connect_and_hello(const std::string& path, const Hello& hello, int ti
       return failure(-sock, {});
     }
   }
-  HelloReply r = say_hello(sock, hello, timeout_ms);
+  HelloReply r = say_hello(sock, hello, timeout_ms, 1, fd);
   r.sock = sock;  // closed with the reply on failure, the caller's on success
   return r;
 }

@@ -387,6 +387,10 @@ bool Hello::check(std::string& why) const {
     why = "job or backup dir has control characters";
     return false;
   }
+  if (flags & ~kHelloRankDir) {
+    why = "unknown HELLO flags";
+    return false;
+  }
   return true;
 }
 
@@ -774,6 +778,13 @@ bool StoreCommit::check(std::string& why) const {
 bool StoreRemove::check(std::string& why) const {
   return valid_object_name(name, why);
 }
+bool SetRankDir::check(std::string& why) const {
+  if (path.empty() || !printable(path)) {
+    why = "the directory's name is empty or has control characters";
+    return false;
+  }
+  return true;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Names
@@ -822,6 +833,7 @@ const char* type_name(MsgType type) noexcept {
     case MsgType::StoreRead: return "STORE_READ";
     case MsgType::StoreCommit: return "STORE_COMMIT";
     case MsgType::StoreRemove: return "STORE_REMOVE";
+    case MsgType::SetRankDir: return "SET_RANK_DIR";
   }
   return "UNKNOWN";
 }

@@ -55,6 +55,7 @@ __all__ = [
     "region",
     "retain_host_copy",
     "resume",
+    "set_backup_dir",
     "status",
     "store",
     "tags",
@@ -62,8 +63,9 @@ __all__ = [
 ]
 
 #: The C API version this package is written against (TMSDISK_API_VERSION; tags came with 4, a tag's
-#: resume with accept_loss with 5, the store of named objects with 6, paused memory read in place with 7).
-API_VERSION = 7
+#: resume with accept_loss with 5, the store of named objects with 6, paused memory read in place with 7,
+#: the rank's directory of its own choosing with 8).
+API_VERSION = 8
 
 #: Policies (TMSDISK_POLICY_*): what a pause does with a tag's allocations.
 BACKUP = "backup"  # saved (host tier, disk) and restored bit for bit
@@ -169,6 +171,8 @@ _PROTOTYPES = {
     "tmsdisk_paused_view": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]),
     "tmsdisk_prefetch": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "tmsdisk_retain_host_copy": (ctypes.c_int, [ctypes.c_int]),
+    # API version 8
+    "tmsdisk_set_backup_dir": (ctypes.c_int, [ctypes.c_char_p]),
 }
 
 # The API version each function came with (the others were there from the first): what a library
@@ -185,6 +189,7 @@ _SINCE = {
     "tmsdisk_paused_view": 7,
     "tmsdisk_prefetch": 7,
     "tmsdisk_retain_host_copy": 7,
+    "tmsdisk_set_backup_dir": 8,
 }
 
 _NOT_LOADED = (
@@ -389,6 +394,26 @@ def prefetch(tag: Optional[str] = None, wait: bool = False) -> bool:
         hints = {_errno.ENOTSUP: "the host tier is off for this process (TMSDISK_HOST_TIER=0)"}
         raise Error(-rc, call, hints.get(-rc, "the process's tmsdisk log (stderr) says why"))
     return True
+
+
+def set_backup_dir(path: str) -> None:
+    """The directory this process's files go in from now on (tmsdisk_set_backup_dir; torch_memory_saver's
+    set_disk_backup_dir): one of the caller's own, writable by no one else, on a disk. The process opens
+    it and hands tmsdiskd the descriptor; its files are then named "tmsdisk-<job>-rank<R>-<pid>.*" in it,
+    beside anything else there, and removed when the process exits. Raises Error: EBUSY while any of its
+    memory is paused or it stores objects (its files stay where they are), EACCES (not the caller's
+    directory, or writable by others), EINVAL (on tmpfs, which tmsdiskd refuses unless allowed),
+    ENOENT/ENOTDIR."""
+    call = "tmsdisk.set_backup_dir(%r)" % (path,)
+    rc = _function(call, "tmsdisk_set_backup_dir")(os.fsencode(path))
+    if rc < 0:
+        hints = {
+            _errno.EBUSY: "resume first, and choose the directory before the first object is stored",
+            _errno.EACCES: "name a directory of your own that only you may write (chmod go-w)",
+            _errno.EINVAL: "tmsdiskd refuses a directory in memory (tmpfs): name one on a disk",
+            _errno.ENOENT: "create the directory first",
+        }
+        raise Error(-rc, call, hints.get(-rc, "the process's tmsdisk log (stderr) says why"))
 
 
 def retain_host_copy(on: Optional[bool] = None) -> bool:

@@ -239,6 +239,9 @@ void fill_sample(proto::StoreCommit& m, const SampleContext&) {
 void fill_sample(proto::StoreRemove& m, const SampleContext&) {
   m.name = "adam.b0";
 }
+void fill_sample(proto::SetRankDir& m, const SampleContext& c) {
+  m.path = c.root;  // a path alone, without the directory's descriptor: refused, never opened
+}
 
 template <std::size_t... I>
 std::vector<proto::Message> all_samples(const SampleContext& c, std::index_sequence<I...>) {
@@ -305,7 +308,8 @@ bool shim_sends_only(MsgType t) {
     case MsgType::StoreWrite:
     case MsgType::StoreRead:
     case MsgType::StoreCommit:
-    case MsgType::StoreRemove: return true;
+    case MsgType::StoreRemove:
+    case MsgType::SetRankDir: return true;
     default: return false;
   }
 }

@@ -62,20 +62,10 @@ TEST_CASE("a client that vanishes mid-transfer leaves no files and does not dist
 TEST_CASE("killing a client with SIGKILL removes its directory") {
   Daemon d;
   d.start();
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  pid_t child = ::fork();
-  if (child == 0) {
+  const pid_t child = fork_client([&] {
     auto c = ShimClient::connect(d.socket, {.job = "killed", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
-    if (!c || !c->reserve({{1, 8 * MiB}}) || !c->write_all({{1, 8 * MiB}}, fill_pattern)) ::_exit(1);
-    char x = 1;
-    (void)!::write(ready[1], &x, 1);
-    for (;;) ::pause();
-  }
-  ::close(ready[1]);
-  char x = 0;
-  REQUIRE(::read(ready[0], &x, 1) == 1);
-  ::close(ready[0]);
+    return c && c->reserve({{1, 8 * MiB}}) && c->write_all({{1, 8 * MiB}}, fill_pattern);
+  });
   const std::string dir = d.rank_dir(0, "killed", 0, child);
   REQUIRE(fs::exists(dir + "/data"));
   ::kill(child, SIGKILL);

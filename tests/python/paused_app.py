@@ -63,7 +63,7 @@ def expect_error(err, fn, *args, **kwargs):
         fn(*args, **kwargs)
     except tmsdisk.Error as e:
         assert e.errno == err, "expected %s, got %s" % (errno.errorcode[err], e)
-        return
+        return e
     raise AssertionError("expected %s" % errno.errorcode[err])
 
 
@@ -170,6 +170,65 @@ def scenario_tms_get_cpu_backup():
     assert drv.read(ptr, SIZE) == data, "resumed after a preload"
     assert torch_memory_saver.get_cpu_backup(Device(ptr, SIZE)) is None, "resumed"
     say("OK tms-get-cpu-backup")
+
+
+def scenario_tms_backup_dir():
+    """torch_memory_saver's set_disk_backup_dir as TMS's disk_backup example uses it: a directory made
+    for the purpose, where the paused tag's files are listed (data, owner, manifest...) while paused;
+    moving elsewhere refused while paused and done once resumed; a directory others may write refused,
+    and one in memory (tmpfs) too. BACKUP_PARENT: a directory on a disk for it to make them in."""
+    import tempfile
+
+    from torch_memory_saver import torch_memory_saver
+
+    parent = os.environ["BACKUP_PARENT"]
+    first = tempfile.mkdtemp(prefix="tms_disk_backup_", dir=parent)
+    torch_memory_saver.set_disk_backup_dir(first)
+    drv = Driver()
+    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        ptr, data = allocate(drv)
+    torch_memory_saver.pause("weights")
+    names = sorted(os.listdir(first))
+    total = sum(os.path.getsize(os.path.join(first, n)) for n in names)
+    assert len(names) >= 2 and all(n.startswith("tmsdisk-optim-tms-backup-dir-") for n in names), names
+    assert total >= 4 * CHUNK, "the paused tag's bytes are in %s: %d bytes in %s" % (first, total, names)
+    second = os.path.join(parent, "second")  # made by the call, 0700
+    e = expect_error(errno.EBUSY, torch_memory_saver.set_disk_backup_dir, second)  # paused: not moved
+    assert "set_disk_backup_dir" in str(e), e
+    assert sorted(os.listdir(first)) == names, "refused: the files stay"
+    torch_memory_saver.resume("weights")
+    assert drv.read(ptr, SIZE) == data, "resumed from the directory of its choosing"
+
+    torch_memory_saver.set_disk_backup_dir(second)
+    assert os.listdir(first) == [], os.listdir(first)
+    assert os.stat(second).st_mode & 0o777 == 0o700
+    torch_memory_saver.pause("weights")
+    assert any(n.endswith(".data") for n in os.listdir(second)), os.listdir(second)
+    torch_memory_saver.resume("weights")
+    assert drv.read(ptr, SIZE) == data, "resumed from the second directory"
+
+    shared = tempfile.mkdtemp(dir=parent)
+    os.chmod(shared, 0o775)
+    expect_error(errno.EACCES, torch_memory_saver.set_disk_backup_dir, shared)  # its group may write it
+    if os.path.isdir("/dev/shm") and _on_tmpfs("/dev/shm"):
+        ram = tempfile.mkdtemp(dir="/dev/shm")
+        try:
+            expect_error(errno.EINVAL, torch_memory_saver.set_disk_backup_dir, ram)  # in memory
+        finally:
+            os.rmdir(ram)
+    assert sorted(os.listdir(second)) and all(n.startswith("tmsdisk-") for n in os.listdir(second))
+    say("OK tms-backup-dir")
+
+
+def _on_tmpfs(path):
+    with open("/proc/self/mounts") as mounts:
+        best, kind = "", ""
+        for line in mounts:
+            fields = line.split()
+            where = fields[1]
+            if (path == where or path.startswith(where.rstrip("/") + "/")) and len(where) >= len(best):
+                best, kind = where, fields[2]
+    return kind in ("tmpfs", "ramfs")
 
 
 def scenario_prefetch_command():

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """tmsdisk.read_paused() and tmsdisk_paused_view(): paused memory read without resuming it, from disk,
 from the node's host tier, from both, and after a daemon restart; and torch_memory_saver's C entry
-points, which show paused memory the same way.
+points, which show paused memory the same way, and its set_disk_backup_dir.
 
 paused_app.py's scenarios under libtmsdisk.so on simcuda, against a tmsdiskd of their own (the harness
 of test_optim.py's real-store cases).
@@ -125,6 +125,34 @@ class TmsEntryPoints(RealStoreCase):
 
     def test_region_state_pause_resume_and_host_copy(self):
         self.run_scenario("tms-entry-points")
+
+
+class BackupDir(RealStoreCase):
+    """torch_memory_saver's set_disk_backup_dir: the rank's files in a directory of its choosing, handed
+    to the daemon by descriptor, and removed with the process."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-ahead=false",)
+
+    def test_files_in_the_directory_set_and_gone_with_the_process(self):
+        built = os.environ.get("PYTHON_DIR")
+        compat = os.path.join(built, "tms-compat") if built else os.path.join(HERE, "..", "..", "python", "compat")
+        path = ":".join([compat] + self.child_env("unused")["PYTHONPATH"].split(":"))
+        parent = os.path.join(self.work, "backups")
+        os.mkdir(parent, 0o700)
+        self.run_scenario("tms-backup-dir", {"PYTHONPATH": path, "BACKUP_PARENT": parent})
+        # The process is gone: its files go with it (once the daemon sees its connection end), the
+        # directories stay.
+        import time
+
+        def leftover():
+            return [n for d in os.listdir(parent) for n in os.listdir(os.path.join(parent, d))]
+
+        deadline = time.monotonic() + 30
+        while leftover() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(leftover(), [], "files left behind in %s; daemon log:\n%s" % (parent, self.daemon.log()))
+        self.assertTrue(os.path.isdir(os.path.join(parent, "second")))
 
 
 class Retain(RealStoreCase):

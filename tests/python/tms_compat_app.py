@@ -8,6 +8,7 @@ allocations made through ctypes, and the refusals). python3 tms_compat_app.py SC
 import errno
 import os
 import subprocess
+import tempfile
 import sys
 import threading
 
@@ -192,9 +193,13 @@ def scenario_refusals():
     e = expect(NotImplementedError, setattr, torch_memory_saver, "memory_margin_bytes", 1 << 30)
     assert "memory_margin_bytes" in str(e), e
     expect(NotImplementedError, getattr, torch_memory_saver, "memory_margin_bytes")
-    e = expect(NotImplementedError, torch_memory_saver.set_disk_backup_dir, "/somewhere/else")
-    assert "set_disk_backup_dir('/somewhere/else')" in str(e) and "TMS_DISK_BACKUP_DIR" in str(e), e
-    torch_memory_saver.set_disk_backup_dir(os.environ["TMS_DISK_BACKUP_DIR"])  # the one in use: fine
+    # A directory its group may write: refused by the daemon, the rank's files staying where they are.
+    shared = tempfile.mkdtemp()
+    os.chmod(shared, 0o775)
+    e = expect(OSError, torch_memory_saver.set_disk_backup_dir, shared)
+    assert e.errno == errno.EACCES and "set_disk_backup_dir(%r)" % shared in str(e), e
+    os.rmdir(shared)
+    torch_memory_saver.set_disk_backup_dir(os.environ["TMS_DISK_BACKUP_DIR"])  # the daemon's root: fine
     e = expect(ValueError, enter, torch_memory_saver.region(tag="has space"))
     assert "region(tag='has space'" in str(e) and "A-Z a-z 0-9" in str(e), e
     e = expect(ValueError, enter, torch_memory_saver.region(cpu_backup_backend="mmap"))
@@ -225,7 +230,9 @@ def scenario_retain_env():
     """TMS_RETAIN_CPU_BACKUP=1 turns retaining on at the first call, as retain_cpu_backup = True."""
     from torch_memory_saver import torch_memory_saver
 
-    torch_memory_saver.pause()  # nothing in regions: nothing to do, but the first call
+    # Read first, as TMS's run_retain_from_env does: the read is the first call.
+    assert torch_memory_saver.retain_cpu_backup is True
+    torch_memory_saver.pause()  # nothing in regions: nothing to do
     assert torch_memory_saver.retain_cpu_backup is True
     print("OK retain-env", flush=True)
 

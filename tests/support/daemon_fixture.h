@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -75,6 +76,28 @@ inline uint64_t dir_bytes(const std::string& dir) {
 }
 
 // A session of two 64 KiB chunks (128 KiB of staging).
+// A child process that runs `work` (a client's requests) and then waits to be killed; returns its
+// pid once `work` succeeded (a failed one fails the test).
+inline pid_t fork_client(const std::function<bool()>& work) {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    if (!work()) ::_exit(1);
+    char x = 1;
+    (void)!::write(ready[1], &x, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char x = 0;
+  const bool ok = ::read(ready[0], &x, 1) == 1;
+  ::close(ready[0]);
+  REQUIRE(ok);
+  return child;
+}
+
 inline ShimClient::Options small_session(const std::string& job, int64_t rank = 0) {
   return {.job = job, .rank = rank, .staging_budget_bytes = 128 << 10, .chunk_bytes = 64 << 10};
 }

@@ -51,8 +51,9 @@ Result<ShimClient> ShimClient::connect(const std::string& socket, const Options&
   h.chunk_bytes = o.chunk_bytes;
   h.token = o.token;
   h.backup_dir = o.backup_dir;
+  if (o.dir_fd >= 0) h.flags |= proto::kHelloRankDir;
   // A generous limit: a daemon that never answers fails the test with a reason, not a CTest timeout.
-  auto reply = proto::connect_and_hello(socket, h, 60'000);
+  auto reply = proto::connect_and_hello(socket, h, 60'000, o.dir_fd);
   if (!reply) return make_error(reply.error, reply.message);
   UniqueFd staging_fd(std::exchange(reply.fd, -1));
   if (!staging_fd) return make_error(EPROTO, "WELCOME without the staging memfd");

@@ -23,6 +23,7 @@ class ShimClient {
     uint32_t chunk_bytes = 0;
     uint64_t token = 0;
     std::string backup_dir;
+    int dir_fd = -1;  // not -1: HELLO hands this directory over as the rank's own (kHelloRankDir)
   };
   static Result<ShimClient> connect(const std::string& socket, const Options& options);
   ShimClient(ShimClient&&) noexcept;

@@ -66,7 +66,8 @@ struct Rank {
   std::string data_path(std::size_t i = 0) const { return dir(i) + "/objects"; }
 
   Result<std::unique_ptr<ObjectStore>> try_open(uint32_t chunk = kChunkSize) {
-    return ObjectStore::open(roots, dirs, chunk, [this](const std::string& w) { warnings.push_back(w); });
+    return ObjectStore::open(roots, dirs, RankFileNames{}, chunk,
+                             [this](const std::string& w) { warnings.push_back(w); });
   }
   std::unique_ptr<ObjectStore> open(uint32_t chunk = kChunkSize) {
     auto s = try_open(chunk);
@@ -532,13 +533,13 @@ TEST_CASE("two roots stripe the chunks: chunk i on root i % 2") {
   REQUIRE_OK(one);
   const std::vector<int> first{rank.dirs[0]};
   const uint64_t log_size = file_size(rank.log_path());
-  auto refused = ObjectStore::open(*one, first, kChunkSize);
+  auto refused = ObjectStore::open(*one, first, RankFileNames{}, kChunkSize);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().errnum() == EINVAL);
   CHECK(file_size(rank.log_path()) == log_size);
   // Nor may two roots be given one rank directory: they would share one objects file.
   const std::vector<int> twice{rank.dirs[0], rank.dirs[0]};
-  CHECK(errnum_of(ObjectStore::open(rank.roots, twice, kChunkSize)) == EINVAL);
+  CHECK(errnum_of(ObjectStore::open(rank.roots, twice, RankFileNames{}, kChunkSize)) == EINVAL);
 }
 
 TEST_CASE("a log of another chunk size is refused, its files left as they are") {

@@ -132,7 +132,7 @@ TEST_CASE("the checksum journal records 128-bit sums in 40-byte records, and rea
   TempDir dir;
   UniqueFd d(::open(dir.path().c_str(), O_PATH | O_DIRECTORY));
   REQUIRE(d);
-  auto j = detail::ChecksumJournal::open(d.get(), true, dir.path() + "/sums");
+  auto j = detail::ChecksumJournal::open(d.get(), "sums", true, dir.path() + "/sums");
   REQUIRE(j);
   j->set_seed(99);
   REQUIRE(j->record(1, 5, 1, Checksum128{0x1111, 0x2222}));
@@ -481,7 +481,7 @@ TEST_CASE("a pause in progress under a version-1 record continues with XXH3-64 u
   write_text(dir + "/manifest", v1);
   {
     UniqueFd d(::open(dir.c_str(), O_PATH | O_DIRECTORY));
-    auto j = detail::ChecksumJournal::open(d.get(), false, dir + "/sums");
+    auto j = detail::ChecksumJournal::open(d.get(), "sums", false, dir + "/sums");
     REQUIRE(j);
     REQUIRE(j->reset());
     j->set_seed(XXH3_64bits(v1.data(), v1.size()));

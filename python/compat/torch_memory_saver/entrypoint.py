@@ -19,9 +19,11 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
 - preload(tag) (a fork's addition): tmsdisk.prefetch of that tag, or of every region's tag.
 - retain_cpu_backup = True (or TMS_RETAIN_CPU_BACKUP=1): tmsdisk.retain_host_copy(True): a resume leaves
   the host tier's copy readable with get_cpu_backup until that memory is used again.
+- set_disk_backup_dir(path): tmsdisk.set_backup_dir: the process's files go in that directory, handed to
+  tmsdiskd by descriptor.
 What tmsdisk cannot honour is refused with an exception naming the call: a memory_margin_bytes other than 0,
-set_disk_backup_dir to another directory than TMS_DISK_BACKUP_DIR, tag names tmsdisk does not accept,
-ROCm and XPU.
+set_disk_backup_dir while anything is paused or to a directory that is not the caller's (or is writable
+by others, or on tmpfs), tag names tmsdisk does not accept, ROCm and XPU.
 """
 
 import contextlib
@@ -183,8 +185,12 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        """Whether a resume keeps the host copy (tmsdisk.retain_host_copy: the chunks the host tier held)."""
-        return tmsdisk.loaded() and tmsdisk.retain_host_copy()
+        """Whether a resume keeps the host copy (tmsdisk.retain_host_copy: the chunks the host tier held).
+        TMS_RETAIN_CPU_BACKUP=1 counts from the first call, this one included."""
+        if not tmsdisk.loaded():
+            return False
+        self._ensure_initialized("torch_memory_saver.retain_cpu_backup")
+        return tmsdisk.retain_host_copy()
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool):
@@ -203,18 +209,17 @@ class TorchMemorySaver:
             raise _renamed(e, "torch_memory_saver.get_cpu_backup()") from None
 
     def set_disk_backup_dir(self, path: str):
-        """Accepted for the directory the process already uses (TMS_DISK_BACKUP_DIR); refused otherwise."""
+        """As TMS: this process's disk backups go in `path` from now on (made when missing, 0700). tmsdisk
+        keeps its files there, "tmsdisk-<job>-rank<R>-<pid>.*", and removes them when the process exits.
+        Refused while anything is paused (its files stay where they are), and for a directory that is
+        not the caller's, is writable by others, or lies in memory (tmpfs)."""
         call = "torch_memory_saver.set_disk_backup_dir(%r)" % (path,)
-        current = os.environ.get("TMS_DISK_BACKUP_DIR")
-        if current and os.path.realpath(path) == os.path.realpath(current):
-            os.makedirs(path, exist_ok=True)
-            return
-        raise _refuse(
-            call,
-            "the backup directory is chosen when the process starts, from TMS_DISK_BACKUP_DIR (%s), and must lie "
-            "under one of tmsdiskd's roots; set it before the program starts (tmsctl run sets it to the daemon's "
-            "first root)" % (current or "unset"),
-        )
+        try:
+            if not os.path.isdir(path):
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            tmsdisk.set_backup_dir(path)
+        except tmsdisk.Error as e:
+            raise _renamed(e, call) from None
 
     # --- initialization ----------------------------------------------------------------------------
 

@@ -36,10 +36,11 @@ struct HelloReply {
 // whatever happens. Errors: those of send_message()/recv_message(), ECONNRESET when the daemon closed
 // the connection instead of answering, ETIMEDOUT, the decoder's code for a malformed answer, EPROTO
 // for an answer other than WELCOME or ERROR, and the daemon's own code (refused) for an ERROR.
-HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t request_id = 1) noexcept;
+// `fd`, when not -1, rides along (the rank's directory, with kHelloRankDir).
+HelloReply say_hello(int sock, const Hello& hello, int timeout_ms, uint64_t request_id = 1, int fd = -1) noexcept;
 
 // connect_seqpacket(path), then say_hello(); on success the reply owns the socket in `sock`. A
 // failure to connect reports connect's errno with a message naming `path`.
-HelloReply connect_and_hello(const std::string& path, const Hello& hello, int timeout_ms) noexcept;
+HelloReply connect_and_hello(const std::string& path, const Hello& hello, int timeout_ms, int fd = -1) noexcept;
 
 }  // namespace tmsdisk::proto

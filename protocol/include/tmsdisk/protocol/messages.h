@@ -69,7 +69,11 @@ inline constexpr uint32_t kMagic = 0x444d5354u;  // "TSMD" in the first four byt
 //    DMA and the object takes no disk space. After a daemon restart the rank hands that memfd back with
 //    kStoreOpenHeld. Sessions say how much of their objects' bytes live in host memory. COMMAND and
 //    CONTROL take CommandOp::Prefetch: paused memory read into the host tier ahead of its resume.
-inline constexpr uint16_t kVersion = 10;
+// 11: a directory of the rank's choosing (TMS_DISK_BACKUP_DIR outside the roots, torch_memory_saver's
+//    set_disk_backup_dir). HELLO with kHelloRankDir hands over its descriptor, SET_RANK_DIR moves the
+//    rank's files to another one while nothing of it is paused; the daemon keeps the rank's files
+//    directly in that directory, never resolving a path the rank sent.
+inline constexpr uint16_t kVersion = 11;
 
 // Requests the daemon starts on a shim's session (COMMAND, TIER_RECLAIM) carry request ids with this
 // bit set: the shim numbers its own requests from 1, and a command that arrives while the shim awaits
@@ -151,6 +155,8 @@ enum class MsgType : uint16_t {
   StoreRead = 53,    // shim: read one chunk of an object's current version (answered with READ_DONE)
   StoreCommit = 54,  // shim: a written range becomes the object's current version, or is dropped (OK)
   StoreRemove = 55,  // shim: delete an object (OK)
+  // The rank's directory: shim -> daemon.
+  SetRankDir = 60,  // shim: the rank's files go in the directory whose descriptor rides along (OK)
 };
 
 enum class Role : uint8_t { Shim = 1, Control = 2 };
@@ -404,20 +410,29 @@ struct OkReply {
   void fields(F&&) {}
 };
 
+// Hello.flags.
+// The descriptor of a directory rides along: the rank's files go there (TMS_DISK_BACKUP_DIR as the
+// rank opened it), unless it is one of the daemon's roots, which keeps its usual layout. A directory
+// owned by the rank's user and writable by no one else; refused on tmpfs as roots are.
+inline constexpr uint8_t kHelloRankDir = 1;
+
 struct Hello {
   static constexpr MsgType kType = MsgType::Hello;
   uint8_t role = 0;  // Role
   int64_t rank = -1;
   uint32_t device_count = 0;
   std::string job;
-  std::string backup_dir;             // TMS_DISK_BACKUP_DIR as the rank sees it; honored only under a root
+  // TMS_DISK_BACKUP_DIR as the rank names it: for messages, and without kHelloRankDir checked to lie
+  // under a root. The daemon never opens it.
+  std::string backup_dir;
   uint64_t token = 0;                 // non-zero: reconnect to the session this token was issued for
   uint64_t staging_budget_bytes = 0;  // 0: the daemon's default staging budget
   uint32_t chunk_bytes = 0;           // 0: the daemon's default chunk size
+  uint8_t flags = 0;                  // kHello*
   template <class F>
   void fields(F&& f) {
     f(role), f(rank), f(device_count), f(job, kMaxNameLength), f(backup_dir, kMaxPathLength), f(token),
-        f(staging_budget_bytes), f(chunk_bytes);
+        f(staging_budget_bytes), f(chunk_bytes), f(flags);
   }
   bool check(std::string& why) const;
 };
@@ -918,12 +933,27 @@ struct StoreRemove {
   bool check(std::string& why) const;
 };
 
+// The directory the rank's files go in from now on (torch_memory_saver's set_disk_backup_dir); its
+// descriptor rides along (O_PATH will do). Answered with OK once the rank's files are there; refused
+// while anything of the rank is paused or being paused or resumed, or while it stores objects
+// (STORE_*), saying so; the rank's files stay where they were then. A root of the daemon's brings its
+// usual layout back.
+struct SetRankDir {
+  static constexpr MsgType kType = MsgType::SetRankDir;
+  std::string path;  // as the rank named it, for messages only: the daemon never opens it
+  template <class F>
+  void fields(F&& f) {
+    f(path, kMaxPathLength);
+  }
+  bool check(std::string& why) const;
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, Hello, Welcome, Reserve, Write, Written, Read, ReadDone, Commit, PauseState,
                  PauseStateReply, TierAsk, TierGrant, TierRelease, TierAdopt, TierKeep, TierReclaim, Report, Command,
                  CommandDone, Progress, ListSessions, Sessions, Control, ControlResult, Gc, GcResult, ControlTargets,
                  IpcExport, IpcExported, IpcRevoke, IpcOpen, IpcOpened, IpcClose, IpcUsers, StoreOpen, StoreOpened,
-                 StoreWrite, StoreRead, StoreCommit, StoreRemove>;
+                 StoreWrite, StoreRead, StoreCommit, StoreRemove, SetRankDir>;
 
 struct Envelope {
   uint64_t request_id = 0;
