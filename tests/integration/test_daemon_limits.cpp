@@ -229,3 +229,22 @@ TEST_CASE("chunks reserved are bounded per user, zero chunks included, with the 
           return 0;
         }) == 0);
 }
+
+TEST_CASE("a staging budget too small for two of the daemon's chunks gets chunks of half of it") {
+  Daemon d;
+  d.start();
+  // 1 MiB of staging (TMS_DISK_BACKUP_CHUNK_MB=1), the chunk size left to the daemon (its default: 8 MiB).
+  auto c = ShimClient::connect(d.socket, {.job = "small", .staging_budget_bytes = 1 * MiB, .chunk_bytes = 0});
+  INFO((c ? "" : c.error().describe()));
+  REQUIRE(c);
+  CHECK(c->welcome().chunk_bytes == 512u << 10);
+  CHECK(c->welcome().slot_count == 2);
+  const std::vector<proto::BlobSize> blobs = {{1, 3 * MiB + 4096}};
+  REQUIRE(c->reserve(blobs));
+  REQUIRE(c->write_all(blobs, fill_pattern));
+  REQUIRE(c->read_all(blobs, check_pattern));
+  // A chunk size the rank asks for itself is still held to the rule.
+  auto fixed = ShimClient::connect(d.socket, {.job = "fixed", .staging_budget_bytes = 1 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE_FALSE(fixed);
+  CHECK(fixed.error().errnum() == EINVAL);
+}

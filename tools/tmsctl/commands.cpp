@@ -27,7 +27,6 @@
 #include "tmsdisk/common/plain_integer.h"
 #include "tmsdisk/common/private_daemon.h"
 #include "tmsdisk/common/sizes.h"
-#include "tmsdisk/common/staging_budget.h"
 #include "tmsdisk/common/unique_fd.h"
 
 namespace tmsdisk::ctl {
@@ -660,8 +659,8 @@ std::optional<Refusal> check_launch(const LaunchOptions& launch, const std::stri
   return std::nullopt;
 }
 
-// The staging budget against the daemon's limits (from its WELCOME): two chunks at least
-// (staging_budget.h), and no more than it allows.
+// The staging budget against the daemon's limits (from its WELCOME): no more than it allows. One
+// smaller than two of its chunks is not refused: the daemon gives such a rank smaller chunks.
 std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const proto::Welcome& daemon) {
   uint64_t mib = launch.staging_budget_mb;
   std::string named = "--staging-budget-mb " + std::to_string(mib);
@@ -671,10 +670,6 @@ std::optional<Refusal> check_staging_budget(const LaunchOptions& launch, const p
     mib = *inherited;
     named = "TMS_DISK_BACKUP_CHUNK_MB=" + std::to_string(mib);
   }
-  const uint64_t least = min_staging_budget_mib(daemon.chunk_bytes);
-  if (daemon.chunk_bytes && mib < least)
-    return Refusal{named + " is too small: the staging budget must hold two of this daemon's chunks (2 x " +
-                   human_bytes(daemon.chunk_bytes) + "); use " + std::to_string(least) + " or more"};
   if (daemon.max_staging_budget_bytes && mib * kMiB > daemon.max_staging_budget_bytes)
     return Refusal{named + " is more than this daemon allows per rank (max-staging-budget-mb = " +
                    std::to_string(daemon.max_staging_budget_bytes / kMiB) + ")"};

@@ -212,8 +212,8 @@ void add_launch_options(CLI::App& sub, LaunchOptions& launch) {
   sub.add_option("--job", launch.job, "job name given to the ranks (TMSDISK_JOB; default: the launcher's job id)")
       ->type_name("JOB");
   sub.add_option("--staging-budget-mb", launch.staging_budget_mb,
-                 "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; at least two of the "
-                 "daemon's chunks; default: the daemon's staging-budget-mb)")
+                 "pinned host memory each rank streams through, MiB (TMS_DISK_BACKUP_CHUNK_MB; below two of the "
+                 "daemon's chunks, the rank's chunks are half of it; default: the daemon's staging-budget-mb)")
       ->type_name("MIB")
       ->check(whole_number(1, 1 << 20, "a size in MiB"));
   // Its old name said "chunk", which is the unit of one request (the daemon's chunk-mb): refuse it
