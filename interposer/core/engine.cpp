@@ -130,6 +130,12 @@ Engine::Engine()
   session_.on_other([this](const proto::Envelope& env) { handle_other(env); });
   session_.on_lost([this](const char* why) { session_lost(why); });
   session_.on_connect([this] { return connect_session(); });
+  // An object's host-tier memory before the memory a pause to come would use. The op lock is only
+  // tried: a thread that holds it may be waiting for this control thread.
+  objects_.on_host_open([this] {
+    std::unique_lock lock(op_lock_, std::try_to_lock);
+    if (lock.owns_lock()) (void)host_tier_.yield_to_objects();
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -273,6 +273,18 @@ bool HostTierClient::in_use() const {
   return false;
 }
 
+bool HostTierClient::yield_to_objects() {
+  // The objects of a step are opened one after another: the ask ahead waits until they are quiet too.
+  ahead_quiet_since_ms_ = now_ms();
+  if (!memory_.held() || in_use()) return false;
+  TMS_INFO("host tier: %llu bytes held for a pause given back first: the rank's objects come first in its share",
+           static_cast<unsigned long long>(memory_.bytes()));
+  give_back();
+  ahead_asked_bytes_ = 0;
+  ahead_decided_version_ = ~0ull;
+  return true;
+}
+
 void HostTierClient::give_back() {
   ++generation_;
   memory_.release();

@@ -87,6 +87,12 @@ class HostTierClient {
   // Between requests on the control thread: gives back what a TIER_RECLAIM asked for (another rank's
   // pause waits for it), then asks ahead of a first pause (ask_ahead).
   void tick(int64_t now);
+  // Before the rank's object asks for host-tier memory (STORE_OPEN with kStoreOpenHost): the rank's
+  // objects come first in its share of the node's tier, so memory held for a pause that holds nothing
+  // of one (asked ahead of a pause, or kept since the last) is given back, and asked for again ahead
+  // of the next pause once allocations and object opens are quiet (what the share then leaves). Not
+  // while paused chunks, or a prefetch, use it. Returns whether it gave memory back. Op lock held.
+  bool yield_to_objects();
   // TIER_RECLAIM came: given back by settle() once no operation runs.
   void reclaim() noexcept { reclaimed_ = true; }
   // A new session: what the daemon counts of this rank's memory is made to agree with what it holds.

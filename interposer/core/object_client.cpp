@@ -117,6 +117,7 @@ Result<uint64_t> ObjectClient::open(std::string_view name, uint64_t size) noexce
 
 Status ObjectClient::open_on_daemon(Object& o, bool host, CUcontext ctx) {
   const uint8_t flags = host ? proto::kStoreOpenHost : 0;
+  if (host && before_host_open_) before_host_open_();
   proto::Envelope reply;
   UniqueFd memory;
   if (Status x =

@@ -22,6 +22,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +66,9 @@ class ObjectClient {
   // Waits for every write queued so far: the first error among the writes since the last flush,
   // whether waited for or not. Tickets of writes done by then need no wait().
   Status flush() noexcept;
+  // Runs on the control thread before an object asks for host-tier memory (the engine makes room for
+  // it in the rank's share: HostTierClient::yield_to_objects).
+  void on_host_open(std::function<void()> fn) { before_host_open_ = std::move(fn); }
   // A new session (on the control thread, once connected): the daemon is handed the host-tier memory
   // of every object that lives there, at once rather than at its next range, so that it counts it
   // before it grants more. What it refuses goes to disk at the object's next range.
@@ -125,6 +129,7 @@ class ObjectClient {
   ControlThread& control_;
   TransferPipeline& pipeline_;
   StagingSlots& slots_;
+  std::function<void()> before_host_open_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

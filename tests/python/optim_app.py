@@ -97,6 +97,31 @@ def scenario_matches_torch():
     say("OK matches-torch")
 
 
+def scenario_objects_first():
+    """Device memory a pause would back up, and host-tier memory asked for it ahead of a pause (the
+    daemon's host-tier-ahead): the test waits for that grant, then the objects opened here get the
+    rank's share first: the shim gives the idle grant back before asking for their memory."""
+    chunk = store.chunk_bytes()  # the session opens: only then does the shim ask ahead of a pause
+    drv = Driver()
+    ptr = drv.alloc(24 * MiB)
+    drv.write(ptr, bytes([3]) * (24 * MiB))
+    say("ALLOCATED")
+    expect("open")
+    handles = [store.open("first.%d" % i, chunk) for i in range(4)]
+    written = [pattern_tensor(chunk, 20 + i) for i in range(4)]  # alive until the flush: the writes read them
+    for h, t in zip(handles, written):
+        store.write(h, 0, t)
+    store.flush()
+    for i, (h, t) in enumerate(zip(handles, written)):
+        got = torch.zeros_like(t)
+        store.read(h, 0, got).wait()
+        bit_equal(got, t, "object %d" % i)
+    say("OPENED")
+    expect("exit")
+    assert drv.read(ptr, 24 * MiB) == bytes([3]) * (24 * MiB)
+    say("OK objects-first")
+
+
 def scenario_checkpoint():
     """save() after 10 steps, load() into a fresh optimizer over fresh identical parameters, 10 more
     steps: bit-identical to the uninterrupted one and to torch's; a tampered file refused."""

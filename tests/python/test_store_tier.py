@@ -103,5 +103,30 @@ class ObjectsInTheHostTier(RealStoreCase):
         self.run_scenario("pause-between-steps")
 
 
+class ObjectsBeforePauseMemory(ObjectsInTheHostTier):
+    """With host-tier-ahead on, the rank holds memory for a pause to come; its objects still come first."""
+
+    daemon_args = ("--host-tier-mb", str(BUDGET_MB), "--log-level", "info")
+
+    def test_idle_pause_memory_yields_to_the_rank_objects(self):
+        import time
+
+        child = self.start("objects-first")
+        self.read_until(child, "ALLOCATED")
+        # 24 MiB to back up: the shim asks for it once its allocations are quiet (2 s).
+        deadline = time.monotonic() + 60
+        while self.session_of(child)["host_tier_bytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(self.session_of(child)["host_tier_bytes"], 24 << 20, self.daemon.log())
+        # Four objects of 4 MiB: 16 of the 32 MiB share, which only 8 MiB of is free while that grant holds.
+        self.tell(child, "open")
+        self.read_until(child, "OPENED")
+        session = self.session_of(child)
+        self.assertEqual(session["object_host_bytes"], 4 * 4 << 20, session)
+        self.assertEqual(session["object_bytes"], 0, session)
+        self.tell(child, "exit")
+        self.finish(child, "objects-first")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
