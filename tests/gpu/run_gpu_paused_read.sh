@@ -224,10 +224,12 @@ if [[ $cases == *" prefetch "* ]]; then
   echo "== 2. prefetch: $pf_gib GiB of fp32 in a tag; tier-only resume, resume from disk, resume after a prefetch" |
     tee -a "$report"
   pf_args=(--gib "$pf_gib" --tensor-mib "$pf_tensor_mib" --repeats "$pf_repeats")
+  # The filler is as large as the tier: paused first, it holds all of the rank's tier memory, so the
+  # data's pause finds none free (a second tag's pause takes only the free end of what the rank holds).
   run_program prefetch-full prefetch-full "--host-tier-mb $((pf_gib * 1024 + 2048))" - torch_prefetch_resume.py \
-    --phase full "${pf_args[@]}"
+    --phase full --filler-mib $((pf_gib * 1024 + 2048)) "${pf_args[@]}"
   run_program prefetch-half prefetch-half "--host-tier-mb $((pf_gib * 512))" - torch_prefetch_resume.py \
-    --phase half "${pf_args[@]}"
+    --phase half --filler-mib $((pf_gib * 512)) "${pf_args[@]}"
   python3 - "$out" >>"$report" 2>&1 <<'PY'
 import json, os, sys
 out = sys.argv[1]

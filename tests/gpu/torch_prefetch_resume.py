@@ -14,9 +14,10 @@
 # torch.cuda.synchronize(); the shim's own figures are kept beside them):
 #   tier      pause("data") with the daemon's tier holding all of it (the daemon's host-tier-mb is the
 #             data and more); resume("data"): the tier-only resume.
-#   disk      pause("filler"), then pause("data"): the filler's chunks hold the rank's host-tier memory,
-#             so the data goes to disk, all of it (a pause whose rank holds tier memory in use goes to
-#             disk: README "Tags"); resume("filler"), which leaves that memory kept and empty; the page
+#   disk      pause("filler"), then pause("data"): the filler's chunks hold the rank's host-tier memory
+#             (--filler-mib as large as the tier), so the data goes to disk, all of it (a second tag's
+#             pause takes only the free end of the tier memory its rank holds: README "Tags");
+#             resume("filler"), which leaves that memory kept and empty; the page
 #             cache dropped (root); resume("data"): all of it from disk, no prefetch.
 #   prefetch  as disk, then tmsdisk.prefetch("data", wait=True) (timed too): the data's disk chunks read
 #             into the tier, as far as the rank's share goes (the memory the filler held is not in use
