@@ -235,27 +235,22 @@ if part examples "2. torch_memory_saver's examples, unmodified, under tmsctl run
     # Two backed-up tags paused one after the other, then resumed together.
     example cpu_backup_multi_device_mmap_restore-preload multi pass - cpu_backup run_multi_device_mmap_restore preload
     example cpu_backup_multi_device_mmap_restore-torch multi pass - cpu_backup run_multi_device_mmap_restore torch
-    # Expected to fail: what tmsdisk's torch_memory_saver refuses by design; or not known yet (the
+    # Expected to fail: what tmsdisk's torch_memory_saver does otherwise by design, or not yet (the
     # report says "PASS, though expected to fail": then make them expected to pass).
-    retain="sets retain_cpu_backup = True, refused (get_cpu_backup before it answers from read_paused)"
-    rss="checks that the process's RSS grows by a host copy at the pause and shrinks at the resume (tmsdisk keeps none)"
-    maybe="get_cpu_backup answers from read_paused now (it was refused when last run): may pass"
+    retain="after a retaining resume, get_cpu_backup(x, zero_copy=True) must keep the paused view's pointer (retained copies are read by copy)"
+    rss="checks that the process's RSS drops after the resume (host-tier-keep keeps the copy mapped: README)"
     example cpu_backup-preload "" "$retain" - cpu_backup run preload
     example cpu_backup-torch "" "$retain" - cpu_backup run torch
     example cpu_backup_rss-torch "" "$rss" - cpu_backup run_rss torch
-    example cpu_backup_backend_from_env-preload "" "$maybe" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env preload
-    example cpu_backup_backend_from_env-torch "" "$maybe" TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env torch
+    example cpu_backup_backend_from_env-preload "" pass TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env preload
+    example cpu_backup_backend_from_env-torch "" pass TMS_INIT_CPU_BACKUP_BACKEND=mmap cpu_backup run_backend_from_env torch
     example cpu_backup_preload_backend_from_env-preload "" "$rss" \
       "TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1 TMS_INIT_CPU_BACKUP_BACKEND=mmap" cpu_backup run_preload_backend_from_env preload
-    example cpu_backup_retain_from_env-preload "" "TMS_RETAIN_CPU_BACKUP=1 is refused (retain_cpu_backup stays False)" \
-      TMS_RETAIN_CPU_BACKUP=1 cpu_backup run_retain_from_env preload
-    example cpu_backup_retain_from_env-torch "" "TMS_RETAIN_CPU_BACKUP=1 is refused (retain_cpu_backup stays False)" \
-      TMS_RETAIN_CPU_BACKUP=1 cpu_backup run_retain_from_env torch
+    example cpu_backup_retain_from_env-preload "" pass TMS_RETAIN_CPU_BACKUP=1 cpu_backup run_retain_from_env preload
+    example cpu_backup_retain_from_env-torch "" pass TMS_RETAIN_CPU_BACKUP=1 cpu_backup run_retain_from_env torch
     example disk_backup-preload "" pass - disk_backup run preload
     example disk_backup-torch "" pass - disk_backup run torch
-    example cuda_vmm_granularity-preload "" \
-      "tms_pause/tms_resume are exported by libtmsdisk.so now (they were not when last run): may pass" \
-      TMS_INIT_ENABLE=1 cuda_vmm_granularity run preload
+    example cuda_vmm_granularity-preload "" pass TMS_INIT_ENABLE=1 cuda_vmm_granularity run preload
     for x in disable_unsupported resume_failure cleanup_failure free_failure multi_device_sync memory_margin_unsupported; do
       echo "-- xpu_scenarios $x: SKIPPED (XPU only)" | tee -a "$report"
       skipped=$((skipped + 1))
@@ -278,15 +273,15 @@ import xml.etree.ElementTree as ET
 xml_path, log_path = sys.argv[1], sys.argv[2]
 MUST_PASS = {"test_simple[preload]", "test_simple[torch]", "test_cuda_graph[preload]", "test_cuda_graph[torch]",
              "test_rl_example[preload]", "test_rl_example[torch]", "test_training_engine", "test_nested_region",
-             "test_disk_backup[preload]", "test_disk_backup[torch]"}
+             "test_disk_backup[preload]", "test_disk_backup[torch]", "test_cuda_vmm_granularity",
+             "test_cpu_backup_backend_from_env[preload]", "test_cpu_backup_backend_from_env[torch]",
+             "test_cpu_backup_retain_from_env[preload]", "test_cpu_backup_retain_from_env[torch]"}
 PASS_OR_SKIP = ("test_multi_device", "test_multi_device_torch_mode", "test_cpu_backup_multi_device_mmap_restore")
 WHY = {
-    "test_cpu_backup": "sets retain_cpu_backup = True, refused (its get_cpu_backup checks before that answer from read_paused)",
-    "test_cpu_backup_rss": "checks the process's RSS grows by a host copy at the pause and shrinks at the resume",
+    "test_cpu_backup": "after a retaining resume, get_cpu_backup(x, zero_copy=True) must return the paused view's "
+                       "pointer, and the same pointer across the tag's later pauses: retained copies are read by copy",
+    "test_cpu_backup_rss": "checks the process's RSS drops after a resume: host-tier-keep keeps the copy mapped (README)",
     "test_cpu_backup_preload_backend_from_env": "the same RSS checks",
-    "test_cpu_backup_backend_from_env": "get_cpu_backup answers from read_paused now: may pass",
-    "test_cpu_backup_retain_from_env": "TMS_RETAIN_CPU_BACKUP=1 is refused",
-    "test_cuda_vmm_granularity": "tms_pause/tms_resume are exported now: may pass (needs cudaMalloc through CDLL(None))",
 }
 outcomes = {}
 try:
