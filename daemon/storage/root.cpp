@@ -6,6 +6,7 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,6 +146,15 @@ Result<Roots> Roots::open_rank_directory(UniqueFd dir, uid_t uid, const std::str
       return make_error(EACCES, fmt::format("{} is writable by others (mode {:o}): another user could replace the "
                                             "files of a paused rank there; chmod go-w it or name another directory",
                                             what, st.st_mode & 07777));
+    // The daemon's event loop makes its files there (openat, fallocate, the manifest): a filesystem
+    // whose operations the user can make wait (FUSE) or that waits on a network would stall it for
+    // every rank of the node. Roots are the administrator's choice; this directory is the user's.
+    struct statfs fs {};
+    if (::fstatfs(dir.get(), &fs) != 0) return errno_error("cannot stat the filesystem of " + what);
+    if (const char* kind = blocking_filesystem(static_cast<unsigned long>(fs.f_type)))
+      return make_error(EINVAL, fmt::format("{} is on {}, whose operations can hold up tmsdiskd for every rank of the "
+                                            "node: name a directory on a local disk",
+                                            what, kind));
     root.dir = std::move(dir);
     if (auto s = check_root(root, what, allow_tmpfs); !s) return std::move(s).error();
     Roots roots;

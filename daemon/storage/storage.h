@@ -77,7 +77,8 @@ class Roots {
   // The one directory a rank chose for its files and handed over by descriptor (TMS_DISK_BACKUP_DIR
   // outside the roots; `named` is what it called it, for messages only: nothing is opened by a path a
   // client sent). Refused unless it is a directory owned by `uid` (the rank's user; root may name any),
-  // not writable by group or others, and, as a root, not in memory unless allow_tmpfs. A rank store
+  // not writable by group or others, on no filesystem that can hold up the daemon (FUSE, network
+  // filesystems), and, as a root, not in memory unless allow_tmpfs. A rank store
   // made on it keeps the rank's files directly in it, beside anything else (rank_chosen()).
   static Result<Roots> open_rank_directory(UniqueFd dir, uid_t uid, const std::string& named, bool allow_tmpfs);
   bool rank_chosen() const noexcept { return rank_chosen_; }

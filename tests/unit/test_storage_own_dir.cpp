@@ -13,6 +13,7 @@
 #include "object_store.h"
 #include "storage.h"
 #include "storage_fixtures.h"
+#include "tmsdisk/common/memory_filesystem.h"
 
 using namespace tmsdisk;
 using namespace tmsdisk::storage;
@@ -110,6 +111,15 @@ TEST_CASE("a directory of the rank's choosing must be a directory, the rank's us
     CHECK((*r)[0].path == std::filesystem::canonical(dir.path()).string());
   }
   CHECK(entries(dir.path()).size() <= 1);  // nothing made in it but the section's own file
+}
+
+TEST_CASE("filesystems that can hold up the daemon are named, and disks are not") {
+  CHECK(std::string(blocking_filesystem(FUSE_SUPER_MAGIC)) == "FUSE");
+  CHECK(std::string(blocking_filesystem(NFS_SUPER_MAGIC)) == "NFS");
+  CHECK(std::string(blocking_filesystem(V9FS_MAGIC)) == "9p");
+  CHECK(blocking_filesystem(EXT4_SUPER_MAGIC) == nullptr);
+  CHECK(blocking_filesystem(XFS_SUPER_MAGIC) == nullptr);
+  CHECK(blocking_filesystem(TMPFS_MAGIC) == nullptr);  // in memory: refused otherwise, unless allowed
 }
 
 TEST_CASE("the next rank in a directory removes a dead rank's files there, and nothing else") {
