@@ -69,6 +69,12 @@ Result<UniqueFd> open_data_file(int rank_dir, const std::string& name, bool crea
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error("cannot stat " + path);
   if (!S_ISREG(st.st_mode)) return make_error(EINVAL, path + " is not a regular file");
+  // One tmsdiskd made: in a directory its user may write (one a rank chose), another file, or a hard
+  // link to one, could have been put at that name for the daemon to write into.
+  if (st.st_nlink != 1 || st.st_uid != ::geteuid())
+    return make_error(EPERM, fmt::format("{} is not a file of tmsdiskd's own ({} link(s), owned by uid {}): it was "
+                                         "put there by someone else; remove it",
+                                         path, st.st_nlink, st.st_uid));
   return out;
 }
 

@@ -113,6 +113,23 @@ TEST_CASE("a directory of the rank's choosing must be a directory, the rank's us
   CHECK(entries(dir.path()).size() <= 1);  // nothing made in it but the section's own file
 }
 
+TEST_CASE("a file put at the rank's data file's name in its directory is never written") {
+  TempDir dir;
+  Roots roots = rank_directory(dir.path());
+  const RankIdentity id = my_identity("job1", 0);
+  auto store = make_store(roots, id);
+  const std::string data = dir / (rank_file_prefix(id) + "data");
+  // The user may write the directory: the data file replaced by one of theirs, linked elsewhere too.
+  REQUIRE(::unlink(data.c_str()) == 0);
+  write_text(data, "planted");
+  REQUIRE(::link(data.c_str(), (dir / "elsewhere").c_str()) == 0);
+  auto reserved = store->reserve(std::vector<storage::BlobSize>{{1, kChunk}});
+  REQUIRE_FALSE(reserved);
+  CHECK(reserved.error().errnum() == EPERM);
+  CHECK_THAT(reserved.error().message, Catch::Contains("not a file of tmsdiskd's own"));
+  CHECK(read_text(dir / "elsewhere") == "planted");
+}
+
 TEST_CASE("filesystems that can hold up the daemon are named, and disks are not") {
   CHECK(std::string(blocking_filesystem(FUSE_SUPER_MAGIC)) == "FUSE");
   CHECK(std::string(blocking_filesystem(NFS_SUPER_MAGIC)) == "NFS");
