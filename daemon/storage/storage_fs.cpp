@@ -197,10 +197,16 @@ Status empty_dir(int dirfd, const std::string& path, int depth, uint64_t* bytes)
 // ranks still use it).
 // Failure is fine: ENOTEMPTY/EEXIST means still in use, ENOENT already gone, and anything else
 // only leaves an empty directory behind, which the next sweep retries.
-Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names) {
-  for (const std::string* name : names.all())
-    if (::unlinkat(dirfd, name->c_str(), 0) != 0 && errno != ENOENT)
+Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names, uint64_t* bytes) {
+  for (const std::string* name : names.all()) {
+    struct stat st {};
+    const bool there = bytes && ::fstatat(dirfd, name->c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (::unlinkat(dirfd, name->c_str(), 0) != 0) {
+      if (errno == ENOENT) continue;
       return errno_error("cannot remove " + join_path(path, *name));
+    }
+    if (there) *bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
   return {};
 }
 

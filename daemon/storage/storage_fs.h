@@ -80,8 +80,9 @@ Result<std::vector<std::string>> list_dir(int dirfd, const std::string& path);
 Status empty_dir(int dirfd, const std::string& path, int depth, uint64_t* bytes);
 
 // Removes the files `names` lists from directory `dirfd` (`path` names it in messages), those that are
-// there: a rank's files in a directory it shares with others.
-Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names);
+// there: a rank's files in a directory it shares with others. Adds the disk usage of removed files
+// (st_blocks * 512) to *bytes when given, as empty_dir() does.
+Status remove_rank_files(int dirfd, const std::string& path, const RankFileNames& names, uint64_t* bytes = nullptr);
 
 // Removes directory `name` below `dirfd` if it is empty; a non-empty one is fine (other jobs or
 // ranks still use it).

@@ -2,7 +2,6 @@
 // The sweep: removes rank directories, and ranks' files in directories of their choosing, whose owner
 // process is gone (storage.h, sweep_dead_ranks and sweep_rank_files).
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -119,17 +118,12 @@ struct Sweeper {
       id.pid = owner->pid;
       if (rank_file_prefix(id) != prefix || process_alive(owner->pid, owner->start_time)) continue;
       uint64_t bytes = 0;
-      const RankFileNames files(prefix);
-      for (const std::string* f : files.all()) {
-        struct stat st {};
-        if (::fstatat(dir, f->c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0)
-          bytes += static_cast<uint64_t>(st.st_blocks) * 512;
-      }
-      if (auto st = remove_rank_files(dir, path, files); !st) {
+      Status st = remove_rank_files(dir, path, RankFileNames(prefix), &bytes);
+      stats.removed_bytes += bytes;
+      if (!st) {
         say("sweep: " + st.error().describe());
         continue;
       }
-      stats.removed_bytes += bytes;
       ++stats.removed_dirs;
     }
   }
