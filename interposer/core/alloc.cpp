@@ -272,8 +272,10 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) noexcept {
     if (a->base != dptr) return CUDA_ERROR_INVALID_VALUE;  // inside an allocation, as the driver says
     a = registry().remove(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;  // freed concurrently by another thread
-    if (a->export_id)
-      if (Engine* e = Engine::existing()) e->ipc().forget(a->export_id);  // importers keep what they mapped
+    if (Engine* e = Engine::existing()) {
+      if (a->export_id) e->ipc().forget(a->export_id);  // importers keep what they mapped
+      e->views().drop(*a);                              // a view of its host copy goes with it
+    }
     const bool was_paused = a->state.load() == AllocState::Paused;
     // Before the range is returned: the driver may hand it out again at once, and calls on the new
     // memory must not be held as lost.

@@ -136,6 +136,7 @@ Engine::Engine()
     std::unique_lock lock(op_lock_, std::try_to_lock);
     if (lock.owns_lock()) (void)host_tier_.yield_to_objects();
   });
+  host_tier_.on_reuse([this] { views_.before_tier_reuse(); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -526,6 +527,7 @@ OpResult Engine::pause_all(std::vector<std::shared_ptr<Allocation>> resident, Pr
     if (Status st = release_memory(a); !st) return st;
     a.placement = j.place;  // copied: the pipeline still walks j.place
     a.retained.clear();     // paused anew: this pause's chunks are the ones to read
+    views_.moved(a, host_tier_.memory().fd(), chunk);
     a.state.store(AllocState::Paused);
     released_bytes += a.size;
     released_zero += a.size - data_bytes(j, chunk);
@@ -612,6 +614,7 @@ OpResult Engine::resume_all(std::vector<std::shared_ptr<Allocation>> paused, Pro
     j.a->retained = host && retain_host_copy() ? std::move(j.a->placement) : std::vector<ChunkPlace>{};
     j.a->retained_offset = j.a->host_offset;
     j.a->retained_generation = host_tier_.generation();
+    if (j.a->retained.empty()) views_.drop(*j.a);  // no copy kept: a view of it goes, as TMS frees its copy
     j.a->placement.clear();
     j.a->state.store(AllocState::Resident);
     resumed_bytes += j.a->size;

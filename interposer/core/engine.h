@@ -27,6 +27,7 @@
 #include "cuda_api.h"
 #include "daemon_session.h"
 #include "host_tier.h"
+#include "host_view.h"
 #include "ipc_broker.h"
 #include "object_client.h"
 #include "op_result.h"
@@ -84,6 +85,8 @@ class Engine {
   bool retain_host_copy() const noexcept { return retain_host_copy_.load(); }
   // Paused memory read in place, for the C API (tmsdisk_read_paused, tmsdisk_paused_view).
   PausedReader& paused_reader() noexcept { return paused_reader_; }
+  // The views of host copies that zero-copy reads made (cuMemFree drops a freed allocation's).
+  HostViews& views() noexcept { return views_; }
 
   // Frees of managed memory hold this shared; a pause or resume holds it exclusively.
   std::shared_mutex& op_lock() noexcept { return op_lock_; }
@@ -152,7 +155,8 @@ class Engine {
   ControlThread control_;
   IpcBroker ipc_{session_, control_, op_lock_};
   ObjectClient objects_{session_, control_, pipeline_, staging_};
-  PausedReader paused_reader_{session_, control_, pipeline_, staging_, host_tier_, op_lock_};
+  HostViews views_;
+  PausedReader paused_reader_{session_, control_, pipeline_, staging_, host_tier_, views_, op_lock_};
   Prefetcher prefetch_{session_, pipeline_, staging_, host_tier_, op_lock_};
   PauseRecord record_{session_};
   RankReport report_{session_};

@@ -79,7 +79,7 @@ void HostTierClient::place(std::vector<TransferJob>& jobs, CUcontext ctx) {
       TMS_DEBUG("the host-tier memory is full of an earlier pause's chunks; this one goes to disk");
       return;
     }
-    ++generation_;  // retained copies after those chunks are overwritten
+    next_generation();  // retained copies after those chunks are overwritten
     slots = (memory_.bytes() - end) / chunk;
     next = end / chunk;
     placed_ += std::min(slots * chunk, wanted);
@@ -117,7 +117,7 @@ uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint6
   if (!config().host_tier || wanted == 0 || chunk == 0) return 0;
   if (memory_.held() && in_use()) {
     // After the paused chunks; what lies beyond (resumed allocations' retained copies) is overwritten.
-    ++generation_;
+    next_generation();
     const uint64_t end = paused_end();
     *offset = end;
     return memory_.bytes() > end ? (memory_.bytes() - end) / chunk * chunk : 0;
@@ -129,7 +129,7 @@ uint64_t HostTierClient::room_for_prefetch(uint64_t wanted, CUcontext ctx, uint6
 }
 
 uint64_t HostTierClient::obtain(uint64_t wanted, uint8_t ask_flags, CUcontext ctx) {
-  ++generation_;  // whatever the memory is used for next overwrites what it held
+  next_generation();  // whatever the memory is used for next overwrites what it held
   const bool ahead = ask_flags & proto::kTierAskAhead;
   const char* fallback = ahead ? "its first pause asks again" : "every chunk goes to disk";
   // Twice at most: a rank told to release what it kept (kTierReleaseFirst) asks again.
@@ -285,8 +285,13 @@ bool HostTierClient::yield_to_objects() {
   return true;
 }
 
-void HostTierClient::give_back() {
+void HostTierClient::next_generation() {
+  if (before_reuse_) before_reuse_();
   ++generation_;
+}
+
+void HostTierClient::give_back() {
+  next_generation();
   memory_.release();
   kept_told_ = false;
   reclaimed_ = false;
@@ -300,7 +305,7 @@ void HostTierClient::give_back() {
 void HostTierClient::session_started(bool adopted) {
   if (memory_.held() && !adopted && !in_use()) {
     // Kept for a pause to come, by a daemon that is gone: the new one never counted it.
-    ++generation_;
+    next_generation();
     memory_.release();
     kept_told_ = false;
   }

@@ -99,8 +99,13 @@ class HostTierClient {
   void session_started(bool adopted);
   // A fork child: the mapping and its registration are the parent's.
   void forget_after_fork() noexcept { memory_.forget_after_fork(); }
+  // Called each time the generation is about to move on, before anything the memory held is
+  // overwritten or given back (the views of retained copies keep their bytes: host_view.h).
+  void on_reuse(std::function<void()> before) { before_reuse_ = std::move(before); }
 
  private:
+  // What the memory holds may now be overwritten or go: the generation moves on (on_reuse first).
+  void next_generation();
   // TIER_ASK for `wanted` bytes (kTierAsk* `ask_flags`): kept memory reused, or released and asked
   // again, or new memory mapped and registered from `ctx`. Returns the bytes usable now (0: none).
   uint64_t obtain(uint64_t wanted, uint8_t ask_flags, CUcontext ctx);
@@ -136,6 +141,7 @@ class HostTierClient {
   uint64_t resize_bytes_ = 0;               // kept memory went back oversized: asked for ahead at this size
   uint64_t generation_ = 1;                 // generation()
   bool prefetching_ = false;                // set_prefetching()
+  std::function<void()> before_reuse_;      // on_reuse()
 };
 
 }  // namespace tmsdisk::shim

@@ -25,14 +25,18 @@ Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t len
     return make_error(EINVAL, fmt::format("[{:#x}, {:#x}) passes the end of its allocation ({} bytes at {:#x})", ptr,
                                           ptr + length, a->size, a->base));
   const bool paused = a->state.load() == AllocState::Paused;
-  // Resumed with its host copy retained, still in the memory the resume copied it from.
-  const bool retained =
-      !paused && !a->retained.empty() && a->retained_generation == tier_.generation() && tier_.memory().held();
-  if (!paused && !retained) return make_error(ENODATA, "the range is resident: the device holds its bytes");
+  // Resumed with its host copy retained: in its view, which keeps it whatever the host tier does, or
+  // still in the memory the resume copied it from.
+  const bool viewed = !paused && views_.has(*a);
+  const bool retained = !paused && !viewed && !a->retained.empty() && a->retained_generation == tier_.generation() &&
+                        tier_.memory().held();
+  if (!paused && !retained && !viewed)
+    return make_error(ENODATA, "the range is resident: the device holds its bytes");
   if (a->policy == Policy::Discard)
     return make_error(ENODATA, "the range was paused without a backup (its tag discards): there are no bytes to read");
   const uint32_t chunk = slots_.chunk_bytes();
   if (chunk == 0) return make_error(ENOTCONN, "no session with tmsdiskd");
+  if (viewed) return Located{.a = a, .offset = offset, .chunk = chunk, .viewed = true};
   Located at{.a = a,
              .offset = offset,
              .chunk = chunk,
@@ -128,6 +132,10 @@ Status PausedReader::read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept 
       std::shared_lock lock(op_lock_);
       Result<Located> at = locate(ptr, length);
       if (!at) return std::move(at).error();
+      if (at->viewed)
+        return views_.copy(*at->a, at->offset, length, static_cast<uint8_t*>(dst))
+                   ? Status{}
+                   : make_error(ENODATA, "the range is resident and its retained copy holds only what the host tier held");
       return copy(*at, length, static_cast<uint8_t*>(dst));
     });
   } catch (...) {
@@ -141,19 +149,14 @@ Result<const void*> PausedReader::view(CUdeviceptr ptr, uint64_t length) noexcep
     std::shared_lock lock(op_lock_);
     Result<Located> at = locate(ptr, length);
     if (!at) return std::move(at).error();
-    // Resident memory's retained copy lies in memory this thread may give back at any time (another
-    // rank's pause asks for it): read by copy only.
-    if (at->retained) return make_error(ENODATA, "the range is resident: its retained copy is read by copy only");
-    const Allocation& a = *at->a;
-    const uint64_t first = at->offset / at->chunk;
-    for (uint64_t c = first; c * at->chunk < at->offset + length; ++c)
-      if (at->place_of(c) != ChunkPlace::Host)
-        return make_error(ENODATA,
-                          fmt::format("bytes at {:#x} are {}, not in the host tier: read them", a.base + c * at->chunk,
-                                      at->place_of(c) == ChunkPlace::Zero ? "zero" : "on disk"));
-    if (!tier_.memory().held()) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
-    // The host chunks of an allocation lie one after another: a run of them is contiguous memory.
-    view = tier_.memory().base() + at->host_offset + at->host_before * at->chunk + (at->offset - first * at->chunk);
+    static const std::vector<ChunkPlace> kNone;
+    const std::vector<ChunkPlace>& placement = at->viewed ? kNone : *at->placement;
+    if (!at->viewed && host_chunks(placement) > 0 && !tier_.memory().held())
+      return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
+    Result<const uint8_t*> shown =
+        views_.of(at->a, at->offset, length, tier_.memory().fd(), at->host_offset, placement, at->chunk);
+    if (!shown) return std::move(shown).error();
+    view = *shown;
     return {};
   });
   if (!st) return std::move(st).error();

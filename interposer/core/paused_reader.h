@@ -20,6 +20,7 @@
 #include "cuda_api.h"
 #include "daemon_session.h"
 #include "host_tier.h"
+#include "host_view.h"
 #include "registry.h"
 #include "staging_slots.h"
 #include "tmsdisk/common/result.h"
@@ -30,18 +31,25 @@ namespace tmsdisk::shim {
 class PausedReader {
  public:
   PausedReader(DaemonSession& session, ControlThread& control, TransferPipeline& pipeline, StagingSlots& slots,
-               const HostTierClient& tier, std::shared_mutex& op_lock)
-      : session_(session), control_(control), pipeline_(pipeline), slots_(slots), tier_(tier), op_lock_(op_lock) {}
+               const HostTierClient& tier, HostViews& views, std::shared_mutex& op_lock)
+      : session_(session),
+        control_(control),
+        pipeline_(pipeline),
+        slots_(slots),
+        tier_(tier),
+        views_(views),
+        op_lock_(op_lock) {}
 
   // Copies the paused bytes of [ptr, ptr + length) into host memory dst. ENODATA: the range is not
-  // paused (resident: the device holds its bytes) or was paused without a backup (a discard tag:
-  // nothing to read); EINVAL: it is not inside one allocation tmsdisk manages; EBADMSG: a chunk on
-  // disk failed its seal; EIO: the host-tier memory or the daemon is gone.
+  // paused (resident: the device holds its bytes, and no host copy was retained) or was paused
+  // without a backup (a discard tag: nothing to read); EINVAL: it is not inside one allocation
+  // tmsdisk manages; EBADMSG: a chunk on disk failed its seal; EIO: the host-tier memory or the
+  // daemon is gone.
   Status read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept;
-  // The paused bytes of [ptr, ptr + length) where all of them lie in the host tier: read-only memory
-  // mapped in the process, valid while the range stays paused (a resume empties it, and the next
-  // pause reuses it). ENODATA where any chunk of it lies elsewhere (read() copies those), and as
-  // read() says.
+  // The host copy of [ptr, ptr + length) where none of it lies on disk, without a copy: the
+  // allocation's view (host_view.h), read-only, at an address that stays the same while it has a host
+  // copy (paused, or resumed retaining it) and goes once it is freed or resumed without retaining.
+  // ENODATA where any chunk of it lies on disk (read() copies those), and as read() says.
   Result<const void*> view(CUdeviceptr ptr, uint64_t length) noexcept;
 
  private:
@@ -54,6 +62,7 @@ class PausedReader {
     const std::vector<ChunkPlace>* placement = nullptr;
     uint64_t host_offset = 0;
     bool retained = false;
+    bool viewed = false;  // resident, its host copy kept in its view (host_view.h): read from there
     uint64_t host_before = 0;  // host chunks of the allocation before the range's first chunk
     ChunkPlace place_of(uint64_t chunk_index) const noexcept { return place_at(*placement, chunk_index); }
   };
@@ -67,6 +76,7 @@ class PausedReader {
   TransferPipeline& pipeline_;
   StagingSlots& slots_;
   const HostTierClient& tier_;
+  HostViews& views_;
   std::shared_mutex& op_lock_;
 };
 

@@ -19,6 +19,8 @@
 
 namespace tmsdisk::shim {
 
+class HostView;
+
 // Where a chunk of an allocation goes on a pause, and comes back from on a resume.
 enum class ChunkPlace : uint8_t {
   Disk = 0,  // staged and written to tmsdiskd, read back through the staging slots
@@ -88,6 +90,9 @@ struct Allocation {
   std::vector<ChunkPlace> retained;
   uint64_t retained_offset = 0;
   uint64_t retained_generation = 0;
+  // Its host copy at an address of its own, once a zero-copy read asked for it (host_view.h): kept
+  // while it has a host copy, whatever the host-tier memory does. Only under HostViews' lock.
+  std::shared_ptr<HostView> view;
   // The allocating thread's innermost tag and its policy (tags.h), for good.
   TagId tag = kUntagged;
   Policy policy = Policy::Backup;

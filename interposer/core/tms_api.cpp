@@ -139,13 +139,13 @@ int tms_resume(const char* tag) noexcept {
 }
 
 uint8_t* tms_get_cpu_backup_pointer(const uint8_t* gpu_ptr, uint64_t size) noexcept {
-  // TMS's host copy while paused; none for resident memory (a retained copy is read by copy only) nor, as in TMS, for
-  // memory backed up to disk: here, a range whose chunks do not all lie in the host tier.
+  // TMS's host copy, while paused or retained, at the address TMS would keep it at (host_view.h); none for
+  // resident memory nor, as in TMS, for memory backed up to disk: here, a range with a chunk on disk.
   ensure_init();
   Engine* e = Engine::instance();
   if (!e) return nullptr;
   Result<const void*> view = e->paused_reader().view(reinterpret_cast<CUdeviceptr>(gpu_ptr), size);
-  // TMS hands its copy out writable; writing into it changes what the resume brings back, there too.
+  // TMS hands its copy out writable (writing into it changes what its resume brings back); ours is read-only.
   return view ? static_cast<uint8_t*>(const_cast<void*>(*view)) : nullptr;
 }
 

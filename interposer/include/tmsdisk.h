@@ -218,10 +218,14 @@ int tmsdisk_store_flush(void) TMSDISK_NOEXCEPT;
  * them there) or was paused without a backup (a discard tag); -EINVAL (not in one managed allocation),
  * -EBADMSG (a chunk on disk failed verification), -EIO, -ECONNREFUSED (no daemon)... */
 int tmsdisk_read_paused(const void* ptr, uint64_t length, void* dst) TMSDISK_NOEXCEPT;
-/* *view = the paused bytes of [ptr, ptr + length) where all of them lie in the node's host tier:
- * read-only memory mapped in the process, no copy. Valid until the range is resumed (the memory is
- * then reused). Returns 0; -ENODATA when any chunk of the range lies on disk or was zero (copy it with
- * tmsdisk_read_paused), or as tmsdisk_read_paused. */
+/* *view = the host copy of [ptr, ptr + length) where none of it lies on disk, no copy: read-only
+ * memory mapped in the process (the node's host tier, zero pages for zero chunks), pinned with CUDA
+ * where the whole allocation is in it. Its address stays the same for as long as the allocation has a
+ * host copy: while paused, after a resume that retains it (tmsdisk_retain_host_copy) and in the
+ * allocation's later pauses, which it then shows. It goes (unmapped) when the allocation is freed or
+ * resumed without retaining, as torch_memory_saver's pinned copy does. Returns 0; -ENODATA when any
+ * chunk of the range lies on disk (copy it with tmsdisk_read_paused), or as tmsdisk_read_paused
+ * (API version 8: before, views were of paused memory only, valid until its resume). */
 int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMSDISK_NOEXCEPT;
 /* Starts reading the paused memory of tag `tag` (NULL: all paused memory) from disk into the node's
  * host tier ahead of its resume, in the order the resume wants it, as far as the rank's share of the
@@ -234,10 +238,11 @@ int tmsdisk_paused_view(const void* ptr, uint64_t length, const void** view) TMS
 int tmsdisk_prefetch(const char* tag, int wait) TMSDISK_NOEXCEPT;
 /* on = 1: from now on, a resume leaves the host chunks it copied back in the node's host tier, as
  * the resumed memory's retained copy (torch_memory_saver's retain_cpu_backup): tmsdisk_read_paused
- * then copies resident memory from it (tmsdisk_paused_view shows none: the shim may give that memory
- * back at any time), as it was when paused, until that memory is
- * used again (the next pause, a prefetch, or the daemon asking for it back). on = 0: off (the default);
- * on < 0: leaves it as it is. Returns the setting before (1 or 0). (API version 7) */
+ * then copies resident memory from it, as it was when paused, until that memory is used again (the
+ * next pause, a prefetch, or the daemon asking for it back); an allocation whose copy has a view
+ * (tmsdisk_paused_view) keeps it there, in memory of the process's own once the tier's is reused,
+ * until it is freed or resumed without retaining. on = 0: off (the default); on < 0: leaves it as it
+ * is. Returns the setting before (1 or 0). (API version 7) */
 int tmsdisk_retain_host_copy(int on) TMSDISK_NOEXCEPT;
 /* The directory this process's files go in from now on (torch_memory_saver's set_disk_backup_dir;
  * TMS_DISK_BACKUP_DIR names the first): a directory of the caller's own, writable by no one else, on

@@ -420,7 +420,9 @@ def retain_host_copy(on: Optional[bool] = None) -> bool:
     """Whether a resume leaves the host chunks it copied back in the node's host tier, readable with
     read_paused() as the resumed memory's retained copy (as it was when paused) until that memory is
     used again: the next pause, a prefetch, or the daemon asking for it back (tmsdisk_retain_host_copy;
-    torch_memory_saver's retain_cpu_backup). on=True/False sets it; returns the setting before."""
+    torch_memory_saver's retain_cpu_backup). A copy read with zero_copy=True is kept in its view past
+    that, until the memory is freed or resumed without retaining. on=True/False sets it; returns the
+    setting before."""
     return _function("tmsdisk.retain_host_copy()", "tmsdisk_retain_host_copy")(-1 if on is None else int(on)) == 1
 
 
@@ -430,9 +432,11 @@ def read_paused(tensor, zero_copy: bool = False):
     or was paused without a backup (a discard tag).
 
     Its chunks come from the node's host tier, from disk (verified against their seals) or are zero.
-    zero_copy=True returns, where every chunk of the tensor lies in the host tier, a tensor over that
-    memory itself, valid only until the tensor is resumed (the memory is reused then); elsewhere a copy,
-    as without it. A tensor being paused or resumed is read once that is done. (torch_memory_saver's
+    zero_copy=True returns, where no chunk of the tensor lies on disk, a read-only tensor over the host
+    copy itself (pinned where the whole allocation has one), at an address that stays the same while
+    the tensor has a host copy: paused, resumed with retain_host_copy(), and in its later pauses; it
+    goes when the memory is freed or resumed without retaining (do not read it after). Elsewhere a
+    copy, as without it. A tensor being paused or resumed is read once that is done. (torch_memory_saver's
     get_cpu_backup.)"""
     import torch  # pylint: disable=import-outside-toplevel
 

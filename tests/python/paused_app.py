@@ -92,9 +92,9 @@ def check_reads(ptr, data):
 
 def check_views(ptr, data, tier):
     first, at = view_of(ptr + 100, CHUNK - 100)
-    zero, _ = view_of(ptr + CHUNK, 4096)
+    zero, zero_at = view_of(ptr + CHUNK, 4096)
     last, _ = view_of(ptr + 4 * CHUNK, 4096)
-    assert zero == -errno.ENODATA, "a zero chunk lies in no memory: %d" % zero
+    assert zero == 0 and ctypes.string_at(zero_at, 4096) == bytes(4096), "a zero chunk shows zero pages: %d" % zero
     if tier == "none":
         assert first == -errno.ENODATA and last == -errno.ENODATA, (first, last)
     else:
@@ -263,33 +263,61 @@ def scenario_prefetch_command():
     say("OK prefetch-command")
 
 
+def host_registered(address):
+    """Whether CUDA knows `address` as pinned host memory (what TMS's test asks cudaHostGetFlags)."""
+    flags = ctypes.c_uint()
+    return Driver().cuda.cuMemHostGetFlags(ctypes.byref(flags), ctypes.c_void_p(address)) == 0
+
+
 def scenario_retain():
-    """tmsdisk.retain_host_copy(True): a resume leaves the host tier's copy readable, as it was when
-    paused, until that memory is used again; off, resident memory has nothing to read. Run with a tier
-    that holds all of it."""
+    """tmsdisk.retain_host_copy(True): a resume leaves the host copy readable, as it was when paused; a
+    view of it (TMS's get_cpu_backup(zero_copy=True)) stays at one address, pinned, while paused, after
+    a retaining resume and across the next pauses, its bytes kept when the host-tier memory under it is
+    used again; it goes when the memory is resumed without retaining or freed. Run with a tier that
+    holds all of it."""
     drv = Driver()
     with tmsdisk.region("weights"):
         ptr, data = allocate(drv)
     assert tmsdisk.retain_host_copy(True) is False, "off by default"
     tmsdisk.pause("weights")
+    rc, view = view_of(ptr + 100, CHUNK - 100)
+    assert rc == 0 and ctypes.string_at(view, CHUNK - 100) == data[100:CHUNK], "the view while paused"
+    assert host_registered(view), "pinned, as TMS's backup is"
+    zero_rc, zero_at = view_of(ptr + CHUNK, 4096)
+    assert zero_rc == 0 and zero_at == view - 100 + CHUNK and ctypes.string_at(zero_at, 4096) == bytes(4096), \
+        "a zero chunk shows zero pages, in its place in the view"
     tmsdisk.resume("weights")
     got = tmsdisk.read_paused(Device(ptr, SIZE))
     assert got is not None and got.numpy().tobytes() == data, "the retained copy of resumed memory"
-    # Copied only: the memory may be given back at any time (another rank's pause asks for it).
-    assert view_of(ptr + 100, CHUNK - 100)[0] == -errno.ENODATA, "no view of a retained copy"
+    assert view_of(ptr + 100, CHUNK - 100) == (0, view), "the same view after a retaining resume"
     # The device changes; the copy stays what it was when paused (as TMS's retained backup).
     drv.write(ptr, bytes([1]) * 4096)
     assert tmsdisk.read_paused(Device(ptr, 4096)).numpy().tobytes() == data[:4096], "the copy as paused"
-    # The next pause uses the memory again: the new bytes are what it holds, paused and then retained.
+    # The next pause puts the new bytes in the host tier: the view shows them, at the same address.
     newer = bytes([1]) * 4096 + data[4096:]
     tmsdisk.pause("weights")
+    assert view_of(ptr, CHUNK) == (0, view - 100), "the same view in the next pause"
+    assert ctypes.string_at(view - 100, CHUNK) == newer[:CHUNK] and host_registered(view)
     tmsdisk.resume("weights")
     assert tmsdisk.read_paused(Device(ptr, SIZE)).numpy().tobytes() == newer, "retained from the second pause"
     assert drv.read(ptr, SIZE) == newer
+    # Another tag's pause takes the host-tier memory the retained copy lay in: the view keeps its bytes.
+    with tmsdisk.region("other"):
+        other, other_data = allocate(drv)
+    tmsdisk.pause("other")
+    rc, other_view = view_of(other, CHUNK)
+    assert rc == 0 and ctypes.string_at(other_view, CHUNK) == other_data[:CHUNK], "the other tag's view"
+    assert ctypes.string_at(view - 100, SIZE) == newer and host_registered(view), "the retained view kept"
+    assert tmsdisk.read_paused(Device(ptr, SIZE)).numpy().tobytes() == newer, "the retained copy kept"
+    # Freed while paused: the view goes with it.
+    assert host_registered(other_view)
+    drv.free(other)
+    assert not host_registered(other_view), "the view of freed memory is gone"
     assert tmsdisk.retain_host_copy(False) is True
     tmsdisk.pause("weights")
     tmsdisk.resume("weights")
     assert tmsdisk.read_paused(Device(ptr, SIZE)) is None, "not retained: resident memory has nothing to read"
+    assert view_of(ptr, CHUNK)[0] == -errno.ENODATA and not host_registered(view), "nor a view"
     say("OK retain")
 
 

@@ -5,6 +5,7 @@ allocations made through ctypes, and the refusals). python3 tms_compat_app.py SC
 "OK SCENARIO" last, or fails with a traceback.
 """
 
+import ctypes
 import errno
 import os
 import subprocess
@@ -274,6 +275,29 @@ def scenario_torch_pools():
             kept = cuda.alloc(2 * MiB)
         cuda.free(kept)
     assert None not in pools and pools[0] is not pools[1] and kv1 not in pools
+
+    # TMS's private names, which its tests use: the pools by (tag, cpu, disk, backend, device), a region's
+    # state without its pool, and the CUDA runtime's pinned-memory query through its binary.
+    impl = torch_memory_saver._impl
+    assert impl._mem_pools[("kv_cache", True, False, "pinned", 0)] is kv_backed, "TMS's key for a region's pool"
+    with impl._with_region_config(tag="weights", enable_cpu_backup=True):
+        assert torch.cuda.active_pool() is None, "a region's state without its pool"
+        f = cuda.alloc(2 * MiB)
+    assert row("weights", "backup").allocations == 2, "allocated in the region's state"
+    cdll = impl._binary_wrapper.cdll
+    host_get_flags = cdll.cudaHostGetFlags
+    host_get_flags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
+    host_get_flags.restype = ctypes.c_int
+    get_last_error = cdll.cudaGetLastError
+    get_last_error.argtypes, get_last_error.restype = [], ctypes.c_int
+    pinned, flags = ctypes.c_void_p(), ctypes.c_uint()
+    assert cuda.cuda.cuMemAllocHost_v2(ctypes.byref(pinned), ctypes.c_size_t(4096)) == 0
+    assert host_get_flags(ctypes.byref(flags), pinned) == 0, "pinned host memory"
+    plain = ctypes.create_string_buffer(4096)
+    assert host_get_flags(ctypes.byref(flags), ctypes.c_void_p(ctypes.addressof(plain))) != 0, "pageable memory"
+    assert get_last_error() == 0
+    assert cuda.cuda.cuMemFreeHost(pinned) == 0
+    cuda.free(f)
 
     graph = object()
     with torch_memory_saver.cuda_graph(graph, tag="graph"):

@@ -925,6 +925,10 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int 
   return call([&](Driver& d) { return host_device_pointer(d, pdptr, p, Flags); });
 }
 
+CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  return call([&](Driver& d) { return host_get_flags(d, pFlags, p); });
+}
+
 // ---- streams and events ----
 
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
@@ -1273,6 +1277,7 @@ namespace {
   R(cuMemHostRegister, 6050, cuMemHostRegister_v2)                                         \
   R(cuMemHostUnregister, 4000, cuMemHostUnregister)                                        \
   R(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)                         \
+  R(cuMemHostGetFlags, 2030, cuMemHostGetFlags)                                            \
   R(cuStreamCreate, 2000, cuStreamCreate)                                                  \
   R(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority)                          \
   R(cuStreamDestroy, 2000, cuStreamDestroy)                                                \

@@ -332,6 +332,7 @@ CUresult host_free(Driver& d, void* p);
 CUresult host_register(Driver& d, void* p, size_t bytes, unsigned flags);
 CUresult host_unregister(Driver& d, void* p);
 CUresult host_device_pointer(Driver& d, CUdeviceptr* out, void* p, unsigned flags);
+CUresult host_get_flags(Driver& d, unsigned* flags, void* p);
 
 // Copies and sets. `dev` is the device that executes them (the stream's).
 enum class Side { Host, Device, Unified };

@@ -1015,6 +1015,15 @@ CUresult host_device_pointer(Driver& d, CUdeviceptr* out, void* p, unsigned flag
   return CUDA_SUCCESS;
 }
 
+CUresult host_get_flags(Driver& d, unsigned* flags, void* p) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_lock<std::shared_mutex> lk(d.mem_mu);
+  auto it = containing(d.hosts, reinterpret_cast<uintptr_t>(p));
+  if (it == d.hosts.end()) return CUDA_ERROR_INVALID_VALUE;  // neither allocated nor registered with CUDA
+  *flags = it->second.flags;
+  return CUDA_SUCCESS;
+}
+
 // ---- copies, sets, kernels ----
 
 CUresult check_copy(Driver& d, uintptr_t dst, Side dst_side, uintptr_t src, Side src_side, size_t n, int dev) {

@@ -13,12 +13,17 @@ What maps to what (README.md, "torch_memory_saver compatibility"):
 - disable(): tmsdisk's disabled() (never paused), in a MemPool of its own dropped on exit, as TMS does.
 - cuda_graph(...): torch.cuda.graph(...) with the tag active during capture.
 - _ensure_initialized() and _impl._binary_wrapper.cdll.tms_get_*(): TMS's view of the calling thread's
-  region state (in region or not, CPU backup, tag, backend), answered from this module's own state.
+  region state (in region or not, CPU backup, tag, backend), answered from this module's own state; the
+  same object's cudaHostGetFlags (the driver's cuMemHostGetFlags) and cudaGetLastError, which TMS's tests
+  reach through its binary, linked with the CUDA runtime. _impl._mem_pools and _impl._with_region_config
+  are TMS's names for the regions' MemPools and for a region's state without one (its tests use both).
 - get_cpu_backup(x, zero_copy): tmsdisk.read_paused(x, zero_copy): the paused bytes of x from the host
-  tier or the disk without resuming it; None while x is resident.
+  tier or the disk without resuming it; None while x is resident. zero_copy: a read-only view at an
+  address that stays the same while x has a host copy (paused, retained), pinned, gone once x is freed.
 - preload(tag) (a fork's addition): tmsdisk.prefetch of that tag, or of every region's tag.
 - retain_cpu_backup = True (or TMS_RETAIN_CPU_BACKUP=1): tmsdisk.retain_host_copy(True): a resume leaves
-  the host tier's copy readable with get_cpu_backup until that memory is used again.
+  the host tier's copy readable with get_cpu_backup until that memory is used again (a zero-copy view of
+  it keeps its bytes then: until x is freed or resumed without retaining, as TMS's pinned copy).
 - set_disk_backup_dir(path): tmsdisk.set_backup_dir: the process's files go in that directory, handed to
   tmsdiskd by descriptor.
 What tmsdisk cannot honour is refused with an exception naming the call: a memory_margin_bytes other than 0,
@@ -27,6 +32,7 @@ by others, or on tmpfs), tag names tmsdisk does not accept, ROCm and XPU.
 """
 
 import contextlib
+import ctypes
 import logging
 import os
 import sys
@@ -201,8 +207,9 @@ class TorchMemorySaver:
 
     def get_cpu_backup(self, x, zero_copy: bool = False):
         """As TMS: a CPU tensor of paused x's bytes, None while x is resident (or was paused without a
-        backup). They come from the daemon's host tier or its disk, without a resume; with zero_copy, a
-        tensor over the host-tier memory itself where all of x lies there (valid until x is resumed)."""
+        backup; with retain_cpu_backup, a resumed x has its copy). They come from the daemon's host tier
+        or its disk, without a resume; with zero_copy, where none of x lies on disk, a read-only tensor
+        over the host copy itself, at the same address for as long as x has one (tmsdisk.read_paused)."""
         try:
             return tmsdisk.read_paused(x, zero_copy=zero_copy)
         except tmsdisk.Error as e:
@@ -272,6 +279,27 @@ class _RegionStateView:
     def tms_get_cpu_backup_backend(self):
         return self._impl.region_state()[3].encode()
 
+    @property
+    def cudaHostGetFlags(self):  # noqa: N802 (the CUDA runtime's name)
+        """cudaHostGetFlags(unsigned int*, void*) -> 0 for pinned host memory: the driver's own
+        cuMemHostGetFlags, which takes the same arguments and answers the same."""
+        return self._impl.libcuda().cuMemHostGetFlags
+
+    @property
+    def cudaGetLastError(self):  # noqa: N802
+        """The runtime's sticky error, which the driver call above never sets: always 0."""
+        return _NoRuntimeError()
+
+
+class _NoRuntimeError:
+    """A ctypes-like function (callers set argtypes and restype) that returns cudaSuccess."""
+
+    argtypes = []
+    restype = None
+
+    def __call__(self, *args):
+        return 0
+
 
 class _Impl:
     """The initialized state: the environment read once, torch if any, the regions' tags and pools."""
@@ -301,7 +329,10 @@ class _Impl:
         self.torch = _cuda_torch(call)
         self._lock = threading.Lock()
         self._tags = set()  # tmsdisk tags that regions opened through this module used
-        self._pools = {}  # (tag, cpu, disk, backend, device) -> torch.cuda.MemPool, kept for good as TMS does
+        # (tag, cpu, disk, backend, device) -> torch.cuda.MemPool, kept for good as TMS does (its name: its
+        # tests take a pool out to free its memory).
+        self._mem_pools = {}
+        self._libcuda = None
         self._outside = _RegionState(self.init_enable, self.init_enable and init_cpu, _TAG_DEFAULT,
                                      self.cpu_backup_backend)
         self._thread = threading.local()  # .regions: this thread's stack of _RegionState
@@ -339,10 +370,27 @@ class _Impl:
     def _pool(self, key):
         key = key + (self.torch.cuda.current_device(),)  # a MemPool belongs to the device it was made on
         with self._lock:
-            pool = self._pools.get(key)
+            pool = self._mem_pools.get(key)
             if pool is None:
-                pool = self._pools[key] = self.torch.cuda.MemPool()
+                pool = self._mem_pools[key] = self.torch.cuda.MemPool()
         return pool
+
+    @contextlib.contextmanager
+    def _with_region_config(self, tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False,
+                            cpu_backup_backend=None):
+        """TMS's name: the thread in a region's state (its tag and policy) without the region's MemPool,
+        which TMS's tests use to free a pool's memory as its region would."""
+        backend = cpu_backup_backend or self.cpu_backup_backend
+        with self.region("torch_memory_saver._impl._with_region_config()", tag,
+                         bool(enable_cpu_backup or enable_disk_backup), pool_key=None,
+                         state=_RegionState(True, bool(enable_cpu_backup), tag, backend)):
+            yield
+
+    def libcuda(self):
+        """The CUDA driver library this process uses (ctypes), loaded once."""
+        if self._libcuda is None:
+            self._libcuda = ctypes.CDLL("libcuda.so.1")
+        return self._libcuda
 
     def _ours(self):
         """The tmsdisk tags this module stands for: every region's, and with TMS_INIT_ENABLE=1 the memory
