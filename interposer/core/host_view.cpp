@@ -129,7 +129,8 @@ void HostView::pin() noexcept {
       std::find(shown_.begin(), shown_.end(), ChunkPlace::Disk) != shown_.end())
     return;
   CtxScope scope(api, ctx_);
-  const CUresult r = api.cuMemHostRegister_v2(base_, bytes_, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+  const CUresult r =
+      api.cuMemHostRegister_v2(base_, bytes_, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
   registered_ = r == CUDA_SUCCESS;
   if (!registered_)
     TMS_DEBUG("a view of a host copy is not pinned (CUresult %d): copies from it go through the driver's buffers",

@@ -61,7 +61,7 @@ class HostView {
   uint64_t bytes_;
   uint32_t chunk_ = 0;
   std::vector<ChunkPlace> shown_;  // per chunk (Disk: no access)
-  bool private_ = false;        // keep_private() copied it: it no longer shows host-tier memory
+  bool private_ = false;           // keep_private() copied it: it no longer shows host-tier memory
   bool registered_ = false;
   CUcontext ctx_ = nullptr;
 };

@@ -30,8 +30,7 @@ Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t len
   const bool viewed = !paused && views_.has(*a);
   const bool retained = !paused && !viewed && !a->retained.empty() && a->retained_generation == tier_.generation() &&
                         tier_.memory().held();
-  if (!paused && !retained && !viewed)
-    return make_error(ENODATA, "the range is resident: the device holds its bytes");
+  if (!paused && !retained && !viewed) return make_error(ENODATA, "the range is resident: the device holds its bytes");
   if (a->policy == Policy::Discard)
     return make_error(ENODATA, "the range was paused without a backup (its tag discards): there are no bytes to read");
   const uint32_t chunk = slots_.chunk_bytes();
@@ -135,7 +134,8 @@ Status PausedReader::read(CUdeviceptr ptr, uint64_t length, void* dst) noexcept 
       if (at->viewed)
         return views_.copy(*at->a, at->offset, length, static_cast<uint8_t*>(dst))
                    ? Status{}
-                   : make_error(ENODATA, "the range is resident and its retained copy holds only what the host tier held");
+                   : make_error(ENODATA,
+                                "the range is resident and its retained copy holds only what the host tier held");
       return copy(*at, length, static_cast<uint8_t*>(dst));
     });
   } catch (...) {

@@ -62,7 +62,7 @@ class PausedReader {
     const std::vector<ChunkPlace>* placement = nullptr;
     uint64_t host_offset = 0;
     bool retained = false;
-    bool viewed = false;  // resident, its host copy kept in its view (host_view.h): read from there
+    bool viewed = false;       // resident, its host copy kept in its view (host_view.h): read from there
     uint64_t host_before = 0;  // host chunks of the allocation before the range's first chunk
     ChunkPlace place_of(uint64_t chunk_index) const noexcept { return place_at(*placement, chunk_index); }
   };
