@@ -251,6 +251,7 @@ OpResult Engine::execute(proto::CommandOp op, uint8_t flags, uint64_t command_re
           if (which.tag == kUntagged) untagged_held_ = false;
         }
       }
+      if (!pausing) host_tier_.after_resume();
       gated = true;
     }
   }

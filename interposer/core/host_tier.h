@@ -93,6 +93,13 @@ class HostTierClient {
   // of the next pause once allocations and object opens are quiet (what the share then leaves). Not
   // while paused chunks, or a prefetch, use it. Returns whether it gave memory back. Op lock held.
   bool yield_to_objects();
+  // After a resume, before its answer: memory the daemon lets nobody keep (host-tier-keep = false)
+  // goes back now, so that the process's memory (its RSS, the device's mappings of pinned memory)
+  // shows it gone once the resume returns, as torch_memory_saver frees its copy. Memory that may be
+  // kept waits for settle(). Takes the op lock.
+  void after_resume() {
+    if (memory_.held() && !keep_) settle();
+  }
   // TIER_RECLAIM came: given back by settle() once no operation runs.
   void reclaim() noexcept { reclaimed_ = true; }
   // A new session: what the daemon counts of this rank's memory is made to agree with what it holds.

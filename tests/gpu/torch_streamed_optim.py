@@ -2,13 +2,16 @@
 """On a GPU, under `tmsctl run`: tmsdisk.optim.StreamedAdamW against torch.optim.AdamW on the same model.
 
 Two copies of one model (fp32, PARAMS million parameters in square linear layers) take the same
-gradients for STEPS steps: one with torch.optim.AdamW (its default kernel on CUDA, foreach), one with
-StreamedAdamW whose state streams through the daemon's store in buckets of BUCKET million elements.
-Prints PASS/FAIL for bit-identical parameters, the optimizer state's peak device memory for both, and
-the streamed step's wall time beside the bytes it moved (read + written), as JSON on the last line.
+gradients for STEPS steps: one with torch.optim.AdamW (its default kernel on CUDA, foreach; with
+STREAM_FUSED=1 both take fused=True), one with StreamedAdamW whose state streams through the daemon's
+store in buckets of BUCKET million elements. Prints PASS/FAIL for bit-identical parameters and for the
+optimizer state's peak device memory (at most DEPTH buckets: DEPTH x BUCKET x 8 bytes of moments), the
+peak of both, and the streamed step's wall time beside the bytes it moved (read + written), as JSON on
+the last line.
     tmsctl run -- python3 torch_streamed_optim.py [PARAMS_M [STEPS [BUCKET_M [DEPTH]]]]
 """
 import json
+import os
 import sys
 import time
 
@@ -33,11 +36,12 @@ def model():
 
 ref, streamed = model(), model()
 n_params = sum(p.numel() for p in ref.parameters())
-opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
+fused = {"fused": True} if os.environ.get("STREAM_FUSED") == "1" else {}
+opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1, **fused)
 torch.cuda.synchronize()
 base = torch.cuda.memory_allocated()
 opt = StreamedAdamW(streamed.parameters(), lr=1e-3, weight_decay=0.1, bucket_elements=bucket_m * 1_000_000,
-                    depth=depth)
+                    depth=depth, **fused)
 
 ref_peak = streamed_peak = 0
 times = []
@@ -71,6 +75,7 @@ result = {
     "steps": steps,
     "bucket_elements": bucket_m * 1_000_000,
     "depth": depth,
+    "fused": bool(fused),
     "bit_identical": same,
     "state_bytes": state_bytes,
     "resident_adamw_state_peak_bytes": ref_peak,
@@ -81,6 +86,9 @@ result = {
     "later_step_gb_s": round(moved / (sum(later) / len(later)) / 1e9, 2),
 }
 print("PASS: parameters bit-identical to torch.optim.AdamW" if same else "FAIL: parameters differ from torch.optim.AdamW")
+within = streamed_peak <= result["depth_x_bucket_bytes"]
+print(f"{'PASS' if within else 'FAIL'}: the streamed state's peak device memory {streamed_peak} bytes, depth x bucket "
+      f"{result['depth_x_bucket_bytes']} (resident AdamW's {ref_peak})")
 print(json.dumps(result))
 opt.close()
-sys.exit(0 if same else 1)
+sys.exit(0 if same and within else 1)

@@ -321,6 +321,45 @@ def scenario_retain():
     say("OK retain")
 
 
+def rss_shmem():
+    """What the process's RSS holds of the host tier's memory (the daemon's memfds it maps), bytes. (Not
+    RssShmem: simcuda's device memory is shared memory too.)"""
+    total, tier = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(None, 1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header line
+                tier = "memfd:tmsdisk-host-tier" in line
+            elif tier and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def scenario_not_kept():
+    """With host-tier-keep = false, resume() returns once the host copy's memory is unmapped (RSS shows
+    it), as TMS frees its copy; a retained copy's view outlives that memory with its bytes."""
+    drv = Driver()
+    with tmsdisk.region("weights"):
+        ptr, data = allocate(drv)
+    data_bytes = 4 * CHUNK + 3 * 4096  # the data chunks (the zero one takes no memory)
+    before = rss_shmem()
+    tmsdisk.pause("weights")
+    paused = rss_shmem()
+    assert paused - before >= data_bytes, "the host copy in the process while paused: %d" % (paused - before)
+    tmsdisk.resume("weights")
+    resumed = rss_shmem()
+    assert paused - resumed >= data_bytes, "gone when resume() returned: %d" % (paused - resumed)
+    assert drv.read(ptr, SIZE) == data
+    tmsdisk.retain_host_copy(True)
+    tmsdisk.pause("weights")
+    rc, view = view_of(ptr, CHUNK)
+    assert rc == 0
+    tmsdisk.resume("weights")
+    assert rss_shmem() - resumed < data_bytes, "the tier's memory unmapped though retained"
+    assert view_of(ptr, CHUNK) == (0, view) and ctypes.string_at(view, SIZE) == data, "the view kept its bytes"
+    say("OK not-kept")
+
+
 def scenario_tms_entry_points():
     """torch_memory_saver's C functions, looked up in the process as its tests do (ctypes.CDLL(None)),
     with its signatures: the thread's region state tags allocations, tms_pause/tms_resume act on the

@@ -165,5 +165,16 @@ class Retain(RealStoreCase):
         self.run_scenario("retain")
 
 
+class TierNotKept(RealStoreCase):
+    """host-tier-keep = false: the host copy's memory is gone from the process when resume() returns (TMS's
+    cpu_backup_rss), and a retained copy's view keeps its bytes in memory of the process's own."""
+
+    app = "paused_app.py"
+    daemon_args = ("--host-tier-mb", "64", "--host-tier-ahead=false", "--host-tier-keep=false")
+
+    def test_host_copy_unmapped_by_the_time_resume_returns(self):
+        self.run_scenario("not-kept")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
