@@ -387,7 +387,7 @@ uint64_t get_le(const std::vector<uint8_t>& b, std::size_t at, std::size_t width
   return v;
 }
 
-// Header offsets (messages.h: magic u32, version u16, type u16, length u32, flags u32, request u64).
+// Header offsets (wire.h: magic u32, version u16, type u16, length u32, flags u32, request u64).
 constexpr std::size_t kVersionAt = 4, kTypeAt = 6, kLengthAt = 8, kFlagsAt = 12;
 
 // `payload` behind the sample's header, with the header's length made to match.
