@@ -8,59 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "driver.h"
 
 namespace tmsdisk::shim {
-namespace {
-
-struct HostCopy {
-  uint8_t* to;
-  const uint8_t* from;
-  uint64_t length;
-};
-
-// One memcpy on one thread moves about 1.5 GB/s into memory the caller just allocated (each first
-// touch of a page faults): a weight sync reads GiBs. Large copies are cut into slices of about equal
-// size, each on a thread of its own (the caller's memory faults in in parallel), started at once and
-// joined by the jthreads' destructors; a thread that cannot be started leaves its slice to the next.
-std::vector<std::jthread> copy_in_parallel(const std::vector<HostCopy>& parts) {
-  constexpr uint64_t kSlice = uint64_t{64} << 20;  // below this a thread costs more than it saves
-  constexpr unsigned kMaxThreads = 8;
-  uint64_t total = 0;
-  for (const HostCopy& p : parts) total += p.length;
-  const unsigned threads = static_cast<unsigned>(
-      std::min<uint64_t>({total / kSlice, kMaxThreads, std::max(1u, std::thread::hardware_concurrency())}));
-  auto copy_slice = [&parts](uint64_t begin, uint64_t end) {
-    uint64_t at = 0;
-    for (const HostCopy& p : parts) {
-      const uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.length);
-      if (lo < hi) std::memcpy(p.to + (lo - at), p.from + (lo - at), hi - lo);
-      at += p.length;
-    }
-  };
-  std::vector<std::jthread> running;
-  if (threads <= 1) {
-    copy_slice(0, total);
-    return running;
-  }
-  const uint64_t slice = (total + threads - 1) / threads;
-  uint64_t begin = 0;
-  try {
-    running.reserve(threads);
-    for (; begin < total; begin += slice) {
-      const uint64_t end = std::min(total, begin + slice);
-      running.emplace_back(copy_slice, begin, end);
-    }
-  } catch (...) {  // no thread (or no memory for one): the rest here
-    copy_slice(begin, total);
-  }
-  return running;
-}
-
-}  // namespace
 Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t length) const {
   if (length == 0) return make_error(EINVAL, "a read of paused memory reads at least one byte");
   std::shared_ptr<Allocation> a = registry().find(ptr);
@@ -117,24 +69,17 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
   };
   std::vector<Edge> edges;
   edges.reserve(2);
-  std::vector<HostCopy> host;  // runs of host chunks, copied once the walk is done
   for (uint64_t c = at.offset / chunk; c * chunk < end; ++c) {
     const uint64_t cs = c * chunk, ce = std::min(cs + chunk, uint64_t{a.size});
     const uint64_t lo = std::max(cs, at.offset), hi = std::min(ce, end);
     uint8_t* out = dst + (lo - at.offset);
     switch (at.place_of(c)) {
       case ChunkPlace::Zero: std::memset(out, 0, hi - lo); break;
-      case ChunkPlace::Host: {
+      case ChunkPlace::Host:
         if (!tier) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
-        const uint8_t* from = tier + host_index * chunk + (lo - cs);
-        if (!host.empty() && host.back().to + host.back().length == out &&
-            host.back().from + host.back().length == from)
-          host.back().length += hi - lo;
-        else
-          host.push_back({out, from, hi - lo});
+        std::memcpy(out, tier + host_index * chunk + (lo - cs), hi - lo);
         ++host_index;
         break;
-      }
       case ChunkPlace::Disk: {
         CUdeviceptr into = reinterpret_cast<CUdeviceptr>(out);
         if (lo != cs || hi != ce) {
@@ -155,8 +100,6 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
       }
     }
   }
-  // Copied while the disk chunks are read (the copying threads are joined when this returns).
-  const std::vector<std::jthread> copying = copy_in_parallel(host);
   if (jobs.empty()) return {};
   if (!session_.connected())
     if (Status c = session_.connect(); !c) return c;
