@@ -184,6 +184,10 @@ struct Engine::Impl {
       s.result = res;
       return true;
     }
+    if (s.req.op == Op::Sync) {  // moves no bytes: done
+      s.result = 0;
+      return true;
+    }
     auto moved = static_cast<uint32_t>(res);
     // 0 bytes is EOF on a read; on a write it is no progress, and retrying it would spin forever.
     if (moved == 0 || moved > s.req.length) {
@@ -211,7 +215,9 @@ struct Engine::Impl {
 
   void prep(io_uring_sqe* sqe, uint32_t idx) noexcept {
     const Request& r = slots[idx].req;
-    if (r.buf_index >= 0) {
+    if (r.op == Op::Sync) {
+      io_uring_prep_fsync(sqe, r.fd, IORING_FSYNC_DATASYNC);
+    } else if (r.buf_index >= 0) {
       if (r.op == Op::Read)
         io_uring_prep_read_fixed(sqe, r.fd, r.buf, r.length, r.offset, r.buf_index);
       else
@@ -251,8 +257,9 @@ struct Engine::Impl {
       uint32_t idx = pop(backlog);
       for (;;) {
         const Request& r = slots[idx].req;
-        ssize_t n = r.op == Op::Read ? ::pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
-                                     : ::pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
+        ssize_t n = r.op == Op::Sync   ? ::fdatasync(r.fd)
+                    : r.op == Op::Read ? ::pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
+                                       : ::pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
         int raw = n < 0 ? -errno : static_cast<int>(n);  // Linux moves at most 0x7ffff000 bytes per call
         if (settle(idx, raw)) break;
       }
@@ -454,7 +461,7 @@ void Engine::queue(const Request& request) {
   Impl::Slot& s = m.slots[idx];
   s.req = request;
   s.retries = 0;
-  if (request.length == 0)
+  if (request.length == 0 && request.op != Op::Sync)
     m.finish(idx, 0);
   else if (request.buf_index >= 0 && !m.fixed_range_ok(request))
     m.finish(idx, -EINVAL);

@@ -27,7 +27,9 @@
 
 namespace tmsdisk::io {
 
-enum class Op : uint8_t { Read, Write };
+// Sync: fdatasync of `fd` (no buffer, no length): what was written to the file is on its device once
+// it completes, without the caller's thread waiting for the device.
+enum class Op : uint8_t { Read, Write, Sync };
 
 struct Request {
   Op op = Op::Write;

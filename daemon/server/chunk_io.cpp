@@ -249,6 +249,95 @@ std::optional<proto::Message> ChunkIo::start(Session& s, uint64_t request_id, co
   return std::nullopt;
 }
 
+std::optional<proto::Message> ChunkIo::commit_object(Session& s, uint64_t request_id, const proto::StoreCommit& m) {
+  auto files = s.objects->begin_commit(m.handle, m.offset, m.length);
+  if (!files) {
+    spdlog::warn("session {}: {}", s.id, files.error().describe());
+    return error_reply(files.error().errnum(), files.error().describe());
+  }
+  const uint64_t id = next_tag_++;
+  try {
+    ObjectCommit& c = commits_[id];
+    c.session_id = s.id;
+    c.request_id = request_id;
+    c.range = m;
+    for (const auto& f : *files) queue_flush(s, id, c, f);
+  } catch (const std::bad_alloc&) {
+    // Flushes already queued complete into a commit that is gone (on_completions() skips them).
+    commits_.erase(id);
+    return error_reply(ENOMEM, "daemon out of memory queueing a commit's flushes");
+  }
+  ++s.io_in_flight;
+  return std::nullopt;
+}
+
+void ChunkIo::queue_flush(Session& s, uint64_t id, ObjectCommit& c, const storage::ObjectStore::FileToFlush& file) {
+  const uint64_t tag = next_tag_++;
+  c.files.emplace_back(tag, file.path);
+  Pending p;
+  p.session_id = s.id;
+  p.request_id = c.request_id;
+  p.op = io::Op::Sync;
+  p.commit = id;
+  pending_.emplace(tag, p);
+  try {
+    engine_.queue(io::Request{.op = io::Op::Sync, .fd = file.fd, .tag = tag});
+  } catch (...) {
+    pending_.erase(tag);
+    throw;
+  }
+  ++c.flushes;
+}
+
+void ChunkIo::flushed(Session& s, uint64_t tag, const Pending& p, int result,
+                      const std::function<void(Session&, uint64_t, const proto::Message&)>& reply) {
+  auto it = commits_.find(p.commit);
+  if (it == commits_.end()) return;
+  ObjectCommit& c = it->second;
+  if (result < 0 && c.error == 0) {
+    c.error = result;
+    for (const auto& [t, path] : c.files)
+      if (t == tag) c.failed = path;
+  }
+  if (--c.flushes > 0) return;
+  const proto::StoreCommit& r = c.range;
+  std::optional<proto::Message> answer;
+  if (!c.log && c.error != 0) {
+    // The new versions may not be on disk: nothing is recorded, they stay pending (commit again or discard).
+    answer = error_reply(-c.error, fmt::format("cannot flush {}: {}", c.failed, std::strerror(-c.error)));
+  } else if (!c.log) {
+    auto log = s.objects->write_commit(r.handle, r.offset, r.length);
+    if (!log) {
+      answer = error_reply(log.error().errnum(), log.error().describe());
+    } else {
+      c.log = true;
+      c.files.clear();
+      try {
+        queue_flush(s, p.commit, c, *log);
+        return;
+      } catch (const std::bad_alloc&) {
+        c.error = -ENOMEM;  // the record is cut off the log below, as after a failed flush
+      }
+    }
+  }
+  if (!answer) {
+    Status st = s.objects->end_commit(r.handle, r.offset, r.length, c.error);
+    answer =
+        st ? proto::Message{proto::OkReply{}} : proto::Message{error_reply(st.error().errnum(), st.error().describe())};
+  }
+  if (const auto* refused = std::get_if<proto::ErrorReply>(&*answer))
+    spdlog::warn("session {}: committing [{}, +{}) of object {}: {}", s.id, r.offset, r.length, r.handle,
+                 refused->message);
+  const uint64_t request_id = c.request_id;
+  commits_.erase(it);
+  --s.io_in_flight;
+  if (s.conn_id == 0) {
+    sessions_.maybe_destroy(s.id);
+    return;
+  }
+  reply(s, request_id, *answer);
+}
+
 std::optional<proto::Message> ChunkIo::queue_io(Session& s, uint64_t tag, Pending p) {
   auto loc = locate(s, p.blob, p.offset, p.length, p.op, p.object);
   if (!loc) return error_reply(loc.error().errnum(), loc.error().describe());
@@ -342,6 +431,10 @@ void ChunkIo::on_completions(const std::function<void(Session&, uint64_t, const 
     pending_.erase(it);
     Session* s = sessions_.find(p.session_id);
     if (!s) continue;
+    if (p.op == io::Op::Sync) {
+      flushed(*s, done.tag, p, done.result, reply);
+      continue;
+    }
     if (p.op == io::Op::Read && done.result >= 0 && s->conn_id != 0) {
       // Read: a hash worker verifies it (on_hashed() answers); the slot stays busy meanwhile.
       auto refused = queue_hash(*s, done.tag, p);

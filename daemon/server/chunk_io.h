@@ -12,6 +12,8 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "hash_workers.h"
@@ -59,6 +61,14 @@ class ChunkIo {
   // the chunk that its range's STORE_COMMIT makes current, or read from the current one.
   std::optional<proto::Message> write(Session& s, uint64_t request_id, const proto::StoreWrite& m);
   std::optional<proto::Message> read(Session& s, uint64_t request_id, const proto::StoreRead& m);
+  // STORE_COMMIT `request_id` of a range of one of the rank's objects (ObjectStore::begin_commit):
+  // the data files its new versions lie in flushed, then the objects log with the range's record,
+  // each through the engine (an fdatasync waits for the device: on the event loop, which serves every
+  // rank, it would hold up them all), and the range current once both are. nullopt when the flushes
+  // were queued (the reply comes from on_completions()), else the refusal to send now. The commit
+  // counts as I/O in flight until it is done: nothing else changes the rank's objects meanwhile
+  // (ObjectRequests refuses), and its session stays until then.
+  std::optional<proto::Message> commit_object(Session& s, uint64_t request_id, const proto::StoreCommit& m);
 
   // Reaps the engine's completions and hands each reply to `reply` (session, request id, message).
   // A session whose shim has gone is offered to SessionTable::maybe_destroy instead.
@@ -91,6 +101,18 @@ class ChunkIo {
     storage::RankStore::WriteTicket ticket;  // a WRITE's, from RankStore::open_write()
     bool read_xxh64 = false;                 // a READ's chunk is verified with XXH3-64 (RankStore::open_read())
     storage::Checksum128 sum;                // a write's, hashed before it started: sealed once it completes
+    uint64_t commit = 0;                     // a flush (op Sync): its object commit, in commits_
+  };
+  // An object commit whose files are being flushed (commit_object()).
+  struct ObjectCommit {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    proto::StoreCommit range;
+    unsigned flushes = 0;                                 // queued and not completed
+    bool log = false;                                     // the log's flush (after the data files')
+    int error = 0;                                        // the first flush that failed: -errno
+    std::string failed;                                   // ... of this file
+    std::vector<std::pair<uint64_t, std::string>> files;  // engine tag -> file, of the flushes queued
   };
 
   std::optional<proto::Message> start(Session& s, uint64_t request_id, const proto::ChunkRef& m, io::Op op,
@@ -99,6 +121,11 @@ class ChunkIo {
   // success, else the error reply (nothing recorded).
   std::optional<proto::Message> queue_io(Session& s, uint64_t tag, Pending p);
   proto::Message finish(Session& s, const Pending& p, int result);
+  // Queues the flush of `file` for object commit `id`.
+  void queue_flush(Session& s, uint64_t id, ObjectCommit& c, const storage::ObjectStore::FileToFlush& file);
+  // A flush of an object commit completed with `result`: its next step once every flush of this one is in.
+  void flushed(Session& s, uint64_t tag, const Pending& p, int result,
+               const std::function<void(Session&, uint64_t, const proto::Message&)>& reply);
   // Hands the slot of `p` to a hash worker (a WRITE's chunk before it is written, a READ's once read),
   // recording `p` under `tag`; nullopt when queued (on_hashed() goes on), else the error reply
   // (nothing recorded).
@@ -123,7 +150,8 @@ class ChunkIo {
   SessionTable& sessions_;
   uint32_t max_blobs_per_uid_;
   uint32_t max_chunks_per_uid_;
-  std::map<uint64_t, Pending> pending_;  // by tag: the engine's, or the hash worker's for a chunk being hashed
+  std::map<uint64_t, Pending> pending_;       // by tag: the engine's, or the hash worker's for a chunk being hashed
+  std::map<uint64_t, ObjectCommit> commits_;  // by id
   uint64_t next_tag_ = 1;
   std::vector<io::Completion> completions_;
   std::vector<HashWorkers::Done> hashed_;

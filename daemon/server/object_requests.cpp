@@ -80,14 +80,14 @@ proto::Message ObjectRequests::open_on_disk(Session& s, const proto::StoreOpen& 
   return proto::StoreOpened{.handle = *handle, .created = static_cast<uint8_t>(exists ? 0 : 1)};
 }
 
-proto::Message ObjectRequests::commit(Session& s, const proto::StoreCommit& m) {
+std::optional<proto::Message> ObjectRequests::commit(Session& s, uint64_t request_id, const proto::StoreCommit& m,
+                                                     ChunkIo& chunks) {
   if (!s.objects) return error_reply(ENOENT, "no object is open on this session (STORE_OPEN first)");
   // A chunk still in flight may be one of the range: its extent must stay as it is under the engine.
+  // (Another commit's flushes count as in flight too: one commit at a time.)
   if (s.io_in_flight) return error_reply(EBUSY, "STORE_COMMIT while chunks are still in flight");
-  const bool discard = m.flags & proto::kStoreDiscard;
-  Status st = discard ? s.objects->discard_range(m.handle, m.offset, m.length)
-                      : s.objects->commit_range(m.handle, m.offset, m.length);
-  if (!st) return refusal(s, st.error());
+  if (!(m.flags & proto::kStoreDiscard)) return chunks.commit_object(s, request_id, m);
+  if (Status st = s.objects->discard_range(m.handle, m.offset, m.length); !st) return refusal(s, st.error());
   return proto::OkReply{};
 }
 

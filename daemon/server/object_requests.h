@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "chunk_io.h"
 #include "object_store.h"
 #include "session_table.h"
 #include "tier_broker.h"
@@ -28,8 +29,10 @@ class ObjectRequests {
   // or counted again after a daemon restart (kStoreOpenHeld: `fd` is that memory). The reply to send
   // now; none when the tier broker answers.
   std::optional<proto::Message> open(Session& s, uint64_t request_id, const proto::StoreOpen& m, UniqueFd& fd);
-  // Each returns the reply to send now.
-  proto::Message commit(Session& s, const proto::StoreCommit& m);
+  // STORE_COMMIT `request_id`: a discard now; a commit through `chunks` (ChunkIo::commit_object), which
+  // answers once its files are flushed. The reply to send now, if any.
+  std::optional<proto::Message> commit(Session& s, uint64_t request_id, const proto::StoreCommit& m, ChunkIo& chunks);
+  // The reply to send now.
   proto::Message remove(Session& s, const proto::StoreRemove& m);  // its host-tier memory goes back too
 
  private:

@@ -600,7 +600,9 @@ struct Server::Impl {
   }
 
   // The rank's objects (object_requests.h); their chunks go through ChunkIo as a pause's do.
-  void on_shim(Connection& c, uint64_t rid, proto::StoreCommit& m) { send(c, rid, objects->commit(session_of(c), m)); }
+  void on_shim(Connection& c, uint64_t rid, proto::StoreCommit& m) {
+    if (auto reply = objects->commit(session_of(c), rid, m, *chunks)) send(c, rid, *reply);
+  }
   void on_shim(Connection& c, uint64_t rid, proto::StoreRemove& m) { send(c, rid, objects->remove(session_of(c), m)); }
   // Its memfd rides along with kStoreOpenHeld; answered now, or by the tier broker once the object's
   // host-tier memory is made.

@@ -243,7 +243,7 @@ std::string ObjectStore::Impl::snapshot() const {
 }
 
 void ObjectStore::Impl::maybe_compact() {
-  if (!log.problem().empty() || log.size() <= kCompactMinBytes) return;
+  if (!log.problem().empty() || log.flushing() || log.size() <= kCompactMinBytes) return;
   try {
     if (log.size() <= kCompactFactor * live_log_bytes()) return;
     // A failure costs only room: the log as it was stays whole and in use, unless the rename was done
@@ -439,35 +439,85 @@ Result<Checksum128> ObjectStore::settle_read(uint64_t handle, uint64_t offset, u
   }
 }
 
+// The record that makes [offset, offset + length) of `handle` current, and the roots its new versions
+// lie on; EINVAL naming the first chunk of the range not written since its last commit.
+Result<detail::LogRecord> ObjectStore::Impl::commit_record(uint64_t handle, uint64_t offset, uint64_t length,
+                                                           std::vector<bool>* touched) {
+  uint64_t first = 0, end = 0;
+  auto found = find_range(handle, offset, length, &first, &end);
+  if (!found) return std::move(found).error();
+  Object& o = **found;
+  LogRecord record = log_record(LogKind::Committed, handle);
+  record.chunks.reserve(end - first);
+  touched->assign(roots.size(), false);
+  for (uint64_t ci = first; ci < end; ++ci) {
+    auto it = o.pending.find(ci);
+    if (it == o.pending.end() || !it->second.sealed)
+      return make_error(EINVAL, fmt::format("cannot commit [{}, +{}) of {}: the chunk at offset {} {}", offset, length,
+                                            describe(o), ci * chunk,
+                                            it == o.pending.end() ? "was not written since the range's last commit"
+                                                                  : "is still being written"));
+    record.chunks.push_back({ci, it->second.offset, it->second.sum});
+    (*touched)[root_of(ci)] = true;
+  }
+  return record;
+}
+
 Status ObjectStore::commit_range(uint64_t handle, uint64_t offset, uint64_t length) {
+  auto files = begin_commit(handle, offset, length);
+  if (!files) return std::move(files).error();
+  for (const FileToFlush& f : *files)
+    if (::fdatasync(f.fd) != 0) return errno_error("cannot flush " + f.path);
+  auto log = write_commit(handle, offset, length);
+  if (!log) return std::move(log).error();
+  return end_commit(handle, offset, length, ::fdatasync(log->fd) == 0 ? 0 : -errno);
+}
+
+Result<std::vector<ObjectStore::FileToFlush>> ObjectStore::begin_commit(uint64_t handle, uint64_t offset,
+                                                                        uint64_t length) {
+  try {
+    std::vector<bool> touched;
+    auto record = impl_->commit_record(handle, offset, length, &touched);
+    if (!record) return std::move(record).error();
+    // The new versions' bytes are on disk before the record that makes them current.
+    std::vector<FileToFlush> files;
+    for (std::size_t r = 0; r < impl_->roots.size(); ++r)
+      if (touched[r]) files.push_back({impl_->roots[r].data.get(), impl_->roots[r].data_path});
+    return files;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("committing an object range");
+  }
+}
+
+Result<ObjectStore::FileToFlush> ObjectStore::write_commit(uint64_t handle, uint64_t offset, uint64_t length) {
+  try {
+    std::vector<bool> touched;
+    auto record = impl_->commit_record(handle, offset, length, &touched);
+    if (!record) return std::move(record).error();
+    std::string bytes;
+    encode_log_record(bytes, *record);
+    if (Status st = impl_->log.write(bytes); !st) return std::move(st).error();
+    return FileToFlush{impl_->log.fd(), impl_->log.path()};
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("committing an object range");
+  }
+}
+
+Status ObjectStore::end_commit(uint64_t handle, uint64_t offset, uint64_t length, int flush_result) {
+  // The range cannot have changed since write_commit(): the server commits only while none of its
+  // chunks is in flight, and nothing else writes the log meanwhile (ObjectLog::write refuses).
+  if (Status st = impl_->log.flushed(flush_result); !st) return st;
   try {
     uint64_t first = 0, end = 0;
     auto found = impl_->find_range(handle, offset, length, &first, &end);
     if (!found) return std::move(found).error();
     Object& o = **found;
-    LogRecord record = log_record(LogKind::Committed, handle);
-    record.chunks.reserve(end - first);
-    std::vector<bool> touched(impl_->roots.size());
-    for (uint64_t ci = first; ci < end; ++ci) {
-      auto it = o.pending.find(ci);
-      if (it == o.pending.end() || !it->second.sealed)
-        return make_error(EINVAL, fmt::format("cannot commit [{}, +{}) of {}: the chunk at offset {} {}", offset,
-                                              length, Impl::describe(o), ci * impl_->chunk,
-                                              it == o.pending.end() ? "was not written since the range's last commit"
-                                                                    : "is still being written"));
-      record.chunks.push_back({ci, it->second.offset, it->second.sum});
-      touched[impl_->root_of(ci)] = true;
-    }
-    // The new versions' bytes are on disk before the record that makes them current.
-    for (std::size_t r = 0; r < impl_->roots.size(); ++r)
-      if (touched[r] && ::fdatasync(impl_->roots[r].data.get()) != 0)
-        return errno_error("cannot flush " + impl_->roots[r].data_path);
     std::vector<Extent> replaced;
     replaced.reserve(end - first);
-    if (auto st = impl_->append(record); !st) return st;
     // Recorded: the new versions are current, and the old ones free once nothing names them.
     for (uint64_t ci = first; ci < end; ++ci) {
       auto it = o.pending.find(ci);
+      if (it == o.pending.end()) continue;  // not reachable: commit_record() found every one
       ObjectVersion& current = o.committed[ci];
       if (current.offset != kNoExtent)
         replaced.push_back(impl_->extent_of(o, ci, current.offset));

@@ -137,6 +137,21 @@ class ObjectStore {
   // (open_object() of a new object, remove_object(), commit_range()) is EIO until the store is
   // opened again; reads go on.
   Status commit_range(uint64_t handle, uint64_t offset, uint64_t length);
+  // commit_range() in steps, for a caller that flushes off its thread (the daemon, through its I/O
+  // engine): begin_commit() checks the range as commit_range() does and names the files to flush
+  // first (the data files its new versions lie in); once they are, write_commit() puts the range's
+  // record at the log's end, unflushed, and names the log; end_commit() takes the log's flush result
+  // (0 or -errno) and makes the range current, or leaves it as it was (a failed flush of the log
+  // makes the store refuse to write the log again, as commit_range()'s does). Between write_commit()
+  // and end_commit() whatever else would write the log is EBUSY; the caller keeps the range's chunks
+  // as they are.
+  struct FileToFlush {
+    int fd = -1;
+    std::string path;  // for messages
+  };
+  Result<std::vector<FileToFlush>> begin_commit(uint64_t handle, uint64_t offset, uint64_t length);
+  Result<FileToFlush> write_commit(uint64_t handle, uint64_t offset, uint64_t length);
+  Status end_commit(uint64_t handle, uint64_t offset, uint64_t length, int flush_result);
   // Drops the chunks written of the range and not committed, freeing their extents; the committed
   // version stays. The range is checked as commit_range()'s.
   Status discard_range(uint64_t handle, uint64_t offset, uint64_t length);

@@ -112,6 +112,9 @@ struct ObjectStore::Impl {
   void give_back_space();
 
   Status append(const detail::LogRecord& r);
+  // ObjectStore::begin_commit() and write_commit(): the range's record; `touched`: its roots.
+  Result<detail::LogRecord> commit_record(uint64_t handle, uint64_t offset, uint64_t length,
+                                          std::vector<bool>* touched);
   uint64_t live_log_bytes() const;
   std::string snapshot() const;
   void maybe_compact();

@@ -189,6 +189,7 @@ Result<ObjectLog> ObjectLog::create(int dir, const std::string& dir_path, const 
 }
 
 Status ObjectLog::replace(std::string_view content) {
+  if (flushing()) return make_error(EBUSY, "a record of " + path_ + " is still being flushed");
   const std::string tmp_path = join_path(dir_path_, tmp_name_);
   // Unlinked first and created exclusively: whatever sits under that name (a leftover, or a link
   // planted to make the daemon write another file) is never written through.
@@ -235,7 +236,13 @@ Result<std::string> ObjectLog::read_all() const {
 }
 
 Status ObjectLog::append(std::string_view records) {
+  if (Status st = write(records); !st) return st;
+  return flushed(::fdatasync(fd_.get()) == 0 ? 0 : -errno);
+}
+
+Status ObjectLog::write(std::string_view records) {
   if (!problem_.empty()) return make_error(EIO, problem_);
+  if (unflushed_ != 0) return make_error(EBUSY, "a record of " + path_ + " is still being flushed");
   std::size_t done = 0;
   Status st;
   while (done < records.size()) {
@@ -248,17 +255,26 @@ Status ObjectLog::append(std::string_view records) {
     }
     done += static_cast<std::size_t>(n);
   }
-  // After a failed flush the kernel may have dropped the pages it could not write and call them clean:
-  // what the file holds is unknown from then on, so nothing more is acknowledged through it.
-  const bool flushed = st && ::fdatasync(fd_.get()) == 0;
-  if (st && !flushed) {
-    st = errno_error("cannot flush " + path_);
-    problem_ = st.error().describe();
-  }
-  if (flushed) {
-    size_ += records.size();
+  if (!st) return cut(std::move(st));
+  unflushed_ = records.size();
+  return st;
+}
+
+Status ObjectLog::flushed(int result) {
+  const uint64_t written = unflushed_;
+  unflushed_ = 0;
+  if (result == 0) {
+    size_ += written;
     return {};
   }
+  // After a failed flush the kernel may have dropped the pages it could not write and call them clean:
+  // what the file holds is unknown from then on, so nothing more is acknowledged through it.
+  Status st = make_error(-result, "cannot flush " + path_);
+  problem_ = st.error().describe();
+  return cut(std::move(st));
+}
+
+Status ObjectLog::cut(Status st) {
   // The record is not acknowledged: cut it off, so that the next one never follows its torn bytes,
   // and flush the cut, so that a crash cannot bring back a refused commit whose extents are reused.
   while (::ftruncate(fd_.get(), static_cast<off_t>(size_)) != 0) {

@@ -117,12 +117,23 @@ class ObjectLog {
   // next append never follows a torn record; when even that fails, problem() is set and every later
   // append refused: where the log ends, and whether the record is in it, is no longer known.
   Status append(std::string_view records);
+  // append() in two steps, for a caller that flushes off its thread: write() puts `records` at the
+  // log's end, unflushed (at most one such write at a time; fd() is what to flush), and flushed()
+  // takes the flush's result (0 or -errno): the records are part of the log, or cut off as append()
+  // cuts them.
+  Status write(std::string_view records);
+  Status flushed(int result);
+  int fd() const noexcept { return fd_.get(); }
+  bool flushing() const noexcept { return unflushed_ != 0; }
 
   uint64_t size() const noexcept { return size_; }
   const std::string& path() const noexcept { return path_; }
   const std::string& problem() const noexcept { return problem_; }
 
  private:
+  // A record that is not acknowledged (`st`, returned) is cut off the log's end.
+  Status cut(Status st);
+
   int dir_ = -1;  // borrowed from the store, which outlives its log
   std::string dir_path_;
   std::string name_;      // the log's file name in dir_
@@ -130,6 +141,7 @@ class ObjectLog {
   std::string path_;
   UniqueFd fd_;
   uint64_t size_ = 0;
+  uint64_t unflushed_ = 0;  // bytes write() put after size_, waiting for flushed()
   std::string problem_;
 };
 

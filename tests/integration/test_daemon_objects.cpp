@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "daemon_fixture.h"
+#include "in_process_daemon.h"
 #include "other_user.h"
 #include "pattern.h"
 #include "test_support.h"
@@ -258,4 +260,54 @@ TEST_CASE("objects: a user's objects count against max-chunks-per-uid, refused b
           if (!open_object(*c, "b", 2 * chunk)) return 16;  // 18 more: 40 of 40
           return 0;
         }) == 0);
+}
+
+TEST_CASE("objects: a commit's flushes run off the event loop; a failed one leaves the previous version current") {
+  // The engine's fault hook fails the Sync (fdatasync) numbered `fail_sync`: a commit flushes the data
+  // file (one root), then the objects log.
+  std::atomic<int> syncs{0}, fail_sync{0};
+  FaultyDaemon d([&](const io::Request& r, int raw) {
+    if (r.op != io::Op::Sync) return raw;
+    return ++syncs == fail_sync.load() ? -EIO : raw;
+  });
+  auto c = ShimClient::connect(d.socket, {.job = "flush", .staging_budget_bytes = 16 * MiB, .chunk_bytes = 4 * MiB});
+  REQUIRE(c);
+  const uint64_t size = 2 * 4 * MiB;
+  auto h = open_object(*c, "adam.b0", size);
+  REQUIRE(h);
+  auto current_is = [&](uint64_t id) {
+    auto back = read_and_compare(*c, *h, 0, size, id);
+    INFO((back ? "" : back.error().describe()));
+    REQUIRE(back);
+    CHECK(*back == -1);
+  };
+  REQUIRE(write_chunks(*c, *h, 0, size, 1));
+  REQUIRE(commit(*c, *h, 0, size));
+  CHECK(syncs == 2);  // the data file's, then the log's
+  current_is(1);
+
+  // The data file's flush fails: nothing recorded, version 2 stays pending and a second commit takes it.
+  REQUIRE(write_chunks(*c, *h, 0, size, 2));
+  fail_sync = syncs + 1;
+  auto refused = commit(*c, *h, 0, size);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().errnum() == EIO);
+  CHECK_THAT(refused.error().message, Catch::Contains("cannot flush"));
+  current_is(1);
+  REQUIRE(commit(*c, *h, 0, size));
+  current_is(2);
+
+  // The log's flush fails: the record is cut off, version 2 stays current, and the log is written no
+  // more (whether the record reached the disk is unknown); reads go on.
+  REQUIRE(write_chunks(*c, *h, 0, size, 3));
+  fail_sync = syncs + 2;
+  auto lost = commit(*c, *h, 0, size);
+  REQUIRE_FALSE(lost);
+  CHECK(lost.error().errnum() == EIO);
+  current_is(2);
+  REQUIRE(write_chunks(*c, *h, 0, size, 4));
+  auto after = commit(*c, *h, 0, size);
+  REQUIRE_FALSE(after);
+  CHECK(after.error().errnum() == EIO);
+  current_is(2);
 }

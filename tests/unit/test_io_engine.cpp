@@ -71,6 +71,9 @@ TEST_CASE("sync: -EAGAIN is retried, within bounds") {
 TEST_CASE("sync: -EIO is surfaced once with its tag") {
   eio(sync_options());
 }
+TEST_CASE("sync: Op::Sync flushes a file, errors surfaced once") {
+  syncs(sync_options());
+}
 TEST_CASE("sync: EOF and kernel errors") {
   kernel_errors(sync_options());
 }

@@ -246,6 +246,32 @@ inline void eio(Engine::Options opts) {
   REQUIRE(calls[6] == 2);
 }
 
+// Op::Sync flushes a file without a buffer: 0 for a file written, -EBADF for a descriptor that is none,
+// and a fault (-EIO) surfaced once with its tag, -EAGAIN retried as for a transfer.
+inline void syncs(Engine::Options opts) {
+  std::map<uint64_t, int> calls;
+  opts.fault = [&](const Request& r, int raw) {
+    const int n = ++calls[r.tag];
+    if (r.op != Op::Sync) return raw;
+    if (r.tag == 3) return -EIO;
+    if (r.tag == 4 && n == 1) return -EAGAIN;
+    return raw;
+  };
+  ScratchDir dir;
+  TestFile file(dir);
+  auto engine = make_engine(opts);
+  AlignedBuffer buf(kAlign);
+  fill(buf.data(), kAlign, 0, 9);
+  require_all_ok(transfer(*engine, Op::Write, file.fd, buf.data(), -1, 1, kAlign), 1);
+  engine->queue(Request{.op = Op::Sync, .fd = file.fd, .tag = 1});
+  engine->queue(Request{.op = Op::Sync, .fd = -1, .tag = 2});
+  engine->queue(Request{.op = Op::Sync, .fd = file.fd, .tag = 3});
+  engine->queue(Request{.op = Op::Sync, .fd = file.fd, .tag = 4});
+  engine->submit();
+  REQUIRE(drain(*engine) == std::map<uint64_t, int>{{1, 0}, {2, -EBADF}, {3, -EIO}, {4, 0}});
+  REQUIRE(calls[4] == 2);
+}
+
 // The kernel's own answers: EOF inside and past the end of a file, and a write on a read-only fd.
 inline void kernel_errors(const Engine::Options& opts) {
   ScratchDir dir;

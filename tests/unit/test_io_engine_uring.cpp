@@ -134,6 +134,9 @@ TEST_CASE("uring: -EAGAIN is retried, within bounds") {
 TEST_CASE("uring: -EIO is surfaced once with its tag") {
   eio(uring_options());
 }
+TEST_CASE("uring: Op::Sync flushes a file, errors surfaced once") {
+  syncs(uring_options());
+}
 TEST_CASE("uring: EOF and kernel errors") {
   kernel_errors(uring_options());
 }
