@@ -23,7 +23,7 @@ uint64_t page_bytes() noexcept {
 
 Error mmap_error(const char* what) {
   const int e = errno;
-  return make_error(e, fmt::format("cannot map a view of the host copy ({}): {}", what, std::strerror(e)));
+  return make_error(e, fmt::format("cannot map a view of the host copy ({})", what));  // describe() adds strerror
 }
 
 }  // namespace

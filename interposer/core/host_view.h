@@ -48,7 +48,6 @@ class HostView {
   const uint8_t* data() const noexcept { return base_; }
   // Whether [offset, offset + length) shows the allocation's bytes (no chunk of it on disk).
   bool readable(uint64_t offset, uint64_t length) const noexcept;
-  bool pinned() const noexcept { return registered_; }
 
  private:
   HostView(uint8_t* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
