@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "driver.h"
+#include "host_copy.h"
 #include "log.h"
 
 namespace tmsdisk::shim {
@@ -213,7 +214,9 @@ bool HostViews::has(const Allocation& a) {
 bool HostViews::copy(const Allocation& a, uint64_t offset, uint64_t length, uint8_t* dst) {
   std::lock_guard lock(mu_);
   if (!a.view || !a.view->readable(offset, length)) return false;
-  std::memcpy(dst, a.view->data() + offset, length);
+  HostCopies copies;
+  copies.add(dst, a.view->data() + offset, length);
+  copies.start();
   return true;
 }
 

@@ -18,6 +18,11 @@
 // Operations run one after another in the order they were queued, on the one thread that also
 // pauses and resumes: a pause queued after writes waits for them, and a read queued after a write
 // of the same range reads what it wrote. The caller waits for a ticket (or for every write: flush).
+// A range waits on that thread for the caller's stream to reach it (its event) before it moves. The
+// wait stays there, not on a thread of its own ahead of the queue: a range held back elsewhere would
+// let a pause queued after it run first and find its memory paused, where a pause must wait for the
+// writes before it; and a pause must wait for the caller's queued work all the same (it synchronizes
+// the device before it copies).
 #pragma once
 
 #include <condition_variable>

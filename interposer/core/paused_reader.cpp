@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "driver.h"
+#include "host_copy.h"
 
 namespace tmsdisk::shim {
 Result<PausedReader::Located> PausedReader::locate(CUdeviceptr ptr, uint64_t length) const {
@@ -69,15 +70,18 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
   };
   std::vector<Edge> edges;
   edges.reserve(2);
+  // The host and zero chunks copied, and the disk chunks' pages made, while the disk chunks are read;
+  // joined on return.
+  HostCopies copies;
   for (uint64_t c = at.offset / chunk; c * chunk < end; ++c) {
     const uint64_t cs = c * chunk, ce = std::min(cs + chunk, uint64_t{a.size});
     const uint64_t lo = std::max(cs, at.offset), hi = std::min(ce, end);
     uint8_t* out = dst + (lo - at.offset);
     switch (at.place_of(c)) {
-      case ChunkPlace::Zero: std::memset(out, 0, hi - lo); break;
+      case ChunkPlace::Zero: copies.add(out, nullptr, hi - lo); break;
       case ChunkPlace::Host:
         if (!tier) return make_error(EIO, "the host-tier memory that holds the range's chunks is gone");
-        std::memcpy(out, tier + host_index * chunk + (lo - cs), hi - lo);
+        copies.add(out, tier + host_index * chunk + (lo - cs), hi - lo);
         ++host_index;
         break;
       case ChunkPlace::Disk: {
@@ -85,10 +89,15 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
         if (lo != cs || hi != ce) {
           Edge& e = edges.emplace_back(Edge{std::vector<uint8_t>(ce - cs), lo - cs, out, hi - lo});
           into = reinterpret_cast<CUdeviceptr>(e.bytes.data());
-        } else if (!jobs.empty() && jobs.back().blob_offset + jobs.back().size == cs &&
-                   jobs.back().base + jobs.back().size == into) {
-          jobs.back().size += ce - cs;
-          break;
+        } else {
+          // Its pages made ahead of the READs, which copy each chunk in from a staging slot on the
+          // control thread: there, a first touch of every page would hold up the next READ.
+          copies.populate(out, ce - cs);
+          if (!jobs.empty() && jobs.back().blob_offset + jobs.back().size == cs &&
+              jobs.back().base + jobs.back().size == into) {
+            jobs.back().size += ce - cs;
+            break;
+          }
         }
         TransferJob& j = jobs.emplace_back();
         j.base = into;
@@ -100,6 +109,7 @@ Status PausedReader::copy(const Located& at, uint64_t length, uint8_t* dst) {
       }
     }
   }
+  copies.start();
   if (jobs.empty()) return {};
   if (!session_.connected())
     if (Status c = session_.connect(); !c) return c;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Paused memory read without resuming it (tmsdisk_read_paused, tmsdisk_paused_view): what the weight
 // sync of a paused trainer does (torch_memory_saver's get_cpu_backup). Each chunk of the range comes
-// from where its pause put it: the host tier (a memcpy out of the memory mapped in the process), the
-// disk (READs through the transfer pipeline straight into the caller's memory, each verified by the
-// daemon against the chunk's seal), or nowhere (a zero chunk: memset). The allocation stays paused
-// and the daemon's record of the pause is untouched.
+// from where its pause put it: the host tier (copied out of the memory mapped in the process, in
+// parallel slices: host_copy.h), the disk (READs through the transfer pipeline straight into the
+// caller's memory, each verified by the daemon against the chunk's seal), or nowhere (a zero chunk:
+// zeros). The allocation stays paused and the daemon's record of the pause is untouched.
 //
 // Reads run on the control thread, one operation after another with pauses and resumes: a read of a
 // range that is being paused or resumed waits for that to finish, then finds it paused (read) or

@@ -199,3 +199,56 @@ class BlockScaledMoments:
         """A generator's seed for the update of bucket `bucket_index` (its rank in the optimizer) to step
         count `step`: the same numbers drawn whenever that update is made again."""
         return (int(step) << 24) ^ bucket_index
+
+
+# --- the dtypes accepted ------------------------------------------------------------------------------
+# The moments' dtypes: kept as they are, or (fp8) in blocks of MOMENT_BLOCK with a scale each (_moments
+# says why e4m3 for both, exp_avg_sq as its root). Torch before 2.1 has no fp8: only the name is known.
+_PLAIN_MOMENTS = (torch.float32, torch.bfloat16)
+_FP8_NAME = "float8_e4m3fn"
+_SCALED_MOMENTS = {}  # dtype -> its BlockScaledMoments; the tests add float16 to drive the codec
+if hasattr(torch, _FP8_NAME):
+    _SCALED_MOMENTS[getattr(torch, _FP8_NAME)] = BlockScaledMoments(getattr(torch, _FP8_NAME))
+# moment_dtype= may be given by name too (what TMSDISK_STREAM_OPTIMIZER says).
+_MOMENT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp8": _FP8_NAME}
+
+
+def _moments_of(cls, moment_dtype):
+    """How `moment_dtype` (a torch.dtype, or a name: fp32, bf16, fp8, float8_e4m3fn, torch.bfloat16...)
+    is kept; ValueError naming what is accepted, or that this torch lacks fp8."""
+    if isinstance(moment_dtype, str):
+        name = moment_dtype.strip()
+        name = _MOMENT_NAMES.get(name.lower(), name[len("torch."):] if name.startswith("torch.") else name)
+        found = getattr(torch, name, None)
+        if not isinstance(found, torch.dtype):
+            if name.startswith("float8"):
+                raise ValueError("%s: moment_dtype %r: this torch (%s) has no torch.%s; fp8 moments need "
+                                 "PyTorch 2.1 or later" % (cls, moment_dtype, torch.__version__, name))
+            found = None
+        moment_dtype = found if found is not None else moment_dtype
+    if moment_dtype in _PLAIN_MOMENTS:
+        return PlainMoments(moment_dtype)
+    if moment_dtype in _SCALED_MOMENTS:
+        return _SCALED_MOMENTS[moment_dtype]
+    fp8 = "torch.%s" % _FP8_NAME if hasattr(torch, _FP8_NAME) else "(with PyTorch 2.1 or later) torch.%s" % _FP8_NAME
+    raise ValueError("%s: moment_dtype must be torch.float32, torch.bfloat16 or %s, not %r" % (
+        cls, fp8, moment_dtype))
+
+
+def _moment_conversion(source, target):
+    """How moments of dtype `source` become `target`: None when they may not (ValueError upstream).
+
+    The same dtype is taken as is; widening to fp32 is exact; fp32 to bf16 rounds (what a bf16-moment
+    optimizer would have kept had it run from the start). Block-scaled targets (fp8) take fp32, bf16
+    and fp16 and round them to nearest in their blocks: their scales give them any range. Anything else
+    would lose range or precision behind the caller's back.
+    """
+    if source == target:
+        return "same"
+    if target == torch.float32 and source in (torch.bfloat16, torch.float16):
+        return "widened"
+    if source == torch.float32 and target == torch.bfloat16:
+        return "rounded"
+    if target in _SCALED_MOMENTS and source in (torch.float32, torch.bfloat16, torch.float16):
+        return "rounded"
+    return None

@@ -67,7 +67,8 @@ from . import store as _store_module
 from ._buckets import _Bucket, _cut, _is_dtensor, _listed, _local, _placed_like, _probes, layout
 from ._checkpoint_files import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, _check_file, _fsync_directory,
                                 _layout_difference, _read_file, _read_manifest, _write_file)
-from ._moments import MOMENT_BLOCK, BlockScaledMoments, PlainMoments
+from ._moments import (_PLAIN_MOMENTS, _SCALED_MOMENTS, MOMENT_BLOCK, BlockScaledMoments,  # noqa: F401 (tests)
+                       _moment_conversion, _moments_of)
 # _flush_live (what atexit runs) and _release_for_pause (what a pause runs first) are named here for the tests.
 from ._residency import _drop_buckets_before_pauses, _flush_live, _live, _Pipeline, _release_for_pause  # noqa: F401
 
@@ -91,15 +92,6 @@ _UNSUPPORTED = (
 )
 
 _SUPPORTED_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# The moments' dtypes: kept as they are, or (fp8) in blocks of MOMENT_BLOCK with a scale each (_moments
-# says why e4m3 for both, exp_avg_sq as its root). Torch before 2.1 has no fp8: only the name is known.
-_PLAIN_MOMENTS = (torch.float32, torch.bfloat16)
-_FP8_NAME = "float8_e4m3fn"
-_SCALED_MOMENTS = {}  # dtype -> its BlockScaledMoments; the tests add float16 to drive the codec
-if hasattr(torch, _FP8_NAME):
-    _SCALED_MOMENTS[getattr(torch, _FP8_NAME)] = BlockScaledMoments(getattr(torch, _FP8_NAME))
-# moment_dtype= may be given by name too (what TMSDISK_STREAM_OPTIMIZER says).
-_MOMENT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp8": _FP8_NAME}
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
 _MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 MASTER_KEY = "tmsdisk_master"  # state_dict: the fp32 master of a bf16 or fp16 parameter
@@ -108,47 +100,6 @@ MOMENT_DTYPE_KEY = "tmsdisk_moment_dtype"  # state_dict: the dtype of exp_avg an
 MOMENT_STORAGE_KEY = "tmsdisk_moment_storage"  # state_dict: how block-scaled moments were kept (a dict)
 
 _DTYPES_BY_NAME = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
-
-
-def _moments_of(cls, moment_dtype):
-    """How `moment_dtype` (a torch.dtype, or a name: fp32, bf16, fp8, float8_e4m3fn, torch.bfloat16...)
-    is kept; ValueError naming what is accepted, or that this torch lacks fp8."""
-    if isinstance(moment_dtype, str):
-        name = moment_dtype.strip()
-        name = _MOMENT_NAMES.get(name.lower(), name[len("torch."):] if name.startswith("torch.") else name)
-        found = getattr(torch, name, None)
-        if not isinstance(found, torch.dtype):
-            if name.startswith("float8"):
-                raise ValueError("%s: moment_dtype %r: this torch (%s) has no torch.%s; fp8 moments need "
-                                 "PyTorch 2.1 or later" % (cls, moment_dtype, torch.__version__, name))
-            found = None
-        moment_dtype = found if found is not None else moment_dtype
-    if moment_dtype in _PLAIN_MOMENTS:
-        return PlainMoments(moment_dtype)
-    if moment_dtype in _SCALED_MOMENTS:
-        return _SCALED_MOMENTS[moment_dtype]
-    fp8 = "torch.%s" % _FP8_NAME if hasattr(torch, _FP8_NAME) else "(with PyTorch 2.1 or later) torch.%s" % _FP8_NAME
-    raise ValueError("%s: moment_dtype must be torch.float32, torch.bfloat16 or %s, not %r" % (
-        cls, fp8, moment_dtype))
-
-
-def _moment_conversion(source, target):
-    """How moments of dtype `source` become `target`: None when they may not (ValueError upstream).
-
-    The same dtype is taken as is; widening to fp32 is exact; fp32 to bf16 rounds (what a bf16-moment
-    optimizer would have kept had it run from the start). Block-scaled targets (fp8) take fp32, bf16
-    and fp16 and round them to nearest in their blocks: their scales give them any range. Anything else
-    would lose range or precision behind the caller's back.
-    """
-    if source == target:
-        return "same"
-    if target == torch.float32 and source in (torch.bfloat16, torch.float16):
-        return "widened"
-    if source == torch.float32 and target == torch.bfloat16:
-        return "rounded"
-    if target in _SCALED_MOMENTS and source in (torch.float32, torch.bfloat16, torch.float16):
-        return "rounded"
-    return None
 
 
 # --- the optimizers --------------------------------------------------------------------------------
@@ -191,6 +142,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         self._moments = moments
         self._moment_dtype = moments.dtype
         self._generators = {}  # device -> the generator of its buckets' stochastic rounding
+        # parameter -> its step-count tensor of the step before last, counted into again (_working_step)
+        self._spare_steps = {}
         self._bucket_elements = bucket_elements
         self._buckets = []  # per param group, its buckets in order
         self._pipeline = _Pipeline(self._store, depth, self._handle)
@@ -357,12 +310,28 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             after = {}
             self._pipeline.run(work, lambda b, buffer: self._update(b, buffer, before, after), read=True,
                                write=True)
-            for p, (step, _) in before.items():
+            for p, (step, first) in before.items():
                 if p not in after:  # no elements, so in no bucket
                     after[p] = step.clone()
                     after[p] += 1
                 self.state[p]["step"] = after[p]
+                if not first:
+                    self._spare_steps[p] = step
         return loss
+
+    def _working_step(self, p, step, first):
+        """The tensor the kernel counts parameter p's step up in, this step: each of p's slices starts
+        from the count before the step (a parameter spanning buckets ends one step further, not several),
+        and the state keeps its count until the whole step is done. On p's first step the new count
+        itself (no state holds it yet); after, the count p had the step before last, written over: with
+        fused=True these are device tensors, and a step takes no device memory but its buckets'."""
+        if first:
+            return step
+        spare = self._spare_steps.pop(p, None)
+        if (spare is not None and spare is not step and spare.device == step.device and spare.dtype == step.dtype
+                and spare.shape == step.shape):
+            return spare.copy_(step)
+        return step.clone()
 
     @staticmethod
     def _step_tensor(step, device, fused):
@@ -400,8 +369,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
     def _update(self, bucket, buffer, before, after) -> None:
         """Bucket `bucket` (in `buffer`) through torch's kernel, for its slices that have gradients.
 
-        Each slice gets its own copy of its parameter's step count: the kernel counts it up once per
-        slice, and a parameter spanning buckets must end one step further, not several.
+        Each slice starts from its parameter's step count before the step (_working_step): the kernel
+        counts it up once per slice, and a parameter spanning buckets must end one step further.
         """
         group = self.param_groups[bucket.group]
         sections = bucket.views(buffer, self._moments)
@@ -416,6 +385,13 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             if entry is None:
                 continue
             step, first = entry
+            working = after.get(p)
+            if working is None:
+                working = after[p] = self._working_step(p, step, first)
+            elif first:  # a later slice of p, after the kernel counted the first one
+                working.zero_()
+            else:
+                working.copy_(step)
             n = seg.stop - seg.start
             flat = _local(p).detach().view(-1)[seg.start : seg.stop]
             grad = _local(p.grad).detach().reshape(-1)[seg.start : seg.stop]
@@ -434,8 +410,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             grads.append(grad)
             exp_avgs.append(m)
             exp_avg_sqs.append(v)
-            steps.append(step.clone())
-            after[p] = steps[-1]
+            steps.append(working)
         type(self)._kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, **self._kernel_options(group))
         for param_slice, master_slice in copy_back:
             param_slice.copy_(master_slice)
@@ -679,6 +654,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             self._pipeline.run(work, fill, read=False, write=True)
             self.param_groups = new_groups
             self.state = defaultdict(dict)
+            self._spare_steps.clear()
             for p, (step, _, _) in loaded.items():
                 self.state[p]["step"] = step
 
@@ -821,6 +797,7 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     del host
             self.param_groups = new_groups
             self.state = defaultdict(dict)
+            self._spare_steps.clear()
             params = [(p, g.get("fused")) for g in self.param_groups for p in g["params"]]
             for (p, fused), step in zip(params, manifest["steps"]):
                 if step is not None:

@@ -4,7 +4,9 @@
 # program and an unmodified PyTorch training script paused and resumed through tmsctl while a second
 # process takes the freed memory, then the shim and session benchmarks on the same directory.
 #   tests/gpu/run_gpu.sh BUNDLE_DIR OUT_DIR [TORCH_LAYERS]
-# Environment: GPU_BENCHES ("shim session": the benchmarks to run after the two programs; "" for none).
+# Environment: GPU_BENCHES ("shim session": the benchmarks to run after the two programs; "" for none),
+# BENCH_GIB (8) and BENCH_REPEAT (3): their size and passes (the shim benchmark at 8 GiB x 3 takes
+# over 5 minutes on an H200 node's disk).
 set -uo pipefail  # not -e: every section runs and reports, whatever an earlier one did
 out=$2
 layers=${3:-6}
@@ -64,10 +66,11 @@ wait $TORCH_PID 2>/dev/null || true
 benches=" ${GPU_BENCHES-shim session} "
 echo "== 3. benchmarks on $work/root:$benches" | tee "$out/bench.txt"
 # Repeated passes, each beside a raw pass of its own: the disk drifts by more than what is measured.
-[[ $benches == *" shim "* ]] && { "$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib 8 --shim "$bundle/libtmsdisk.so" --repeat 3 --json \
+[[ $benches == *" shim "* ]] && { "$bundle/tmsdisk-shim-bench" --dir "$work/root" --gib "${BENCH_GIB:-8}" --shim "$bundle/libtmsdisk.so" \
+  --repeat "${BENCH_REPEAT:-3}" --json \
   >"$out/shim-bench.json" 2>"$out/shim-bench.err" || echo "shim bench failed" >>"$out/bench.txt"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["ratios"]; print("shim bench:", json.dumps(r))' \
   "$out/shim-bench.json" >>"$out/bench.txt" 2>&1 || true; }
-[[ $benches == *" session "* ]] && { "$bundle/tmsdisk-session-bench" "$work/root" --gib 8 --repeat 3 >>"$out/bench.txt" 2>&1 ||
+[[ $benches == *" session "* ]] && { "$bundle/tmsdisk-session-bench" "$work/root" --gib "${BENCH_GIB:-8}" --repeat "${BENCH_REPEAT:-3}" >>"$out/bench.txt" 2>&1 ||
   echo "session bench failed" >>"$out/bench.txt"; }
 cat "$out/cuda.txt" "$out/torch.txt" "$out/bench.txt"

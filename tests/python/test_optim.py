@@ -337,6 +337,23 @@ class MatchesTorch(OptimTestCase):
                     self.run_pair(StreamedAdam, torch.optim.Adam, bucket_elements, foreach=foreach,
                                   weight_decay=0.01)
 
+    def test_step_counts_counted_in_the_tensors_of_the_step_before_last(self):
+        # No new count tensor per slice or per step (with fused=True they are device memory, and the
+        # step's device memory is its buckets'); the state's count stays as it was until its step is done.
+        params = make_params()
+        ours = StreamedAdamW(params, lr=1e-2, bucket_elements=10, store=make_store())  # tensors span buckets
+        counts = []
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.ones_like(p)
+            ours.step()
+            counts.append([ours.state[p]["step"] for p in params])
+        for i in range(len(params)):
+            self.assertIsNot(counts[1][i], counts[0][i])
+            self.assertIs(counts[2][i], counts[0][i])
+            self.assertEqual(float(counts[2][i]), 3.0)
+            self.assertEqual(float(counts[1][i]), 2.0)
+
     def test_buckets_cut_as_asked(self):
         _, store = self.run_pair(StreamedAdamW, torch.optim.AdamW, 10)
         first_group = sum(-(-p.numel() // 10) for p in make_params()[:3])  # no bucket spans two groups

@@ -3,6 +3,7 @@
 // resolution, the dlsym replacement, registry, settings, and the C API when libcuda is absent.
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -10,11 +11,13 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "config.h"
 #include "driver.h"
 #include "engine.h"
 #include "gate.h"
+#include "host_copy.h"
 #include "registry.h"
 #include "shim.h"
 #include "skip.h"
@@ -428,4 +431,67 @@ TEST_CASE("without libcuda the shim passes through and the C API reports it", "[
   REQUIRE(api_status(reinterpret_cast<struct tmsdisk_status*>(small), 4) == 0);
   CHECK(small[4] == 0xab);
   CHECK(std::string(api_version()).rfind("tmsdisk ", 0) == 0);
+}
+
+TEST_CASE("host copies: runs of bytes and of zeros land where asked, slices cutting through them") {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const uint64_t src_bytes = 24 * kMiB, dst_bytes = 40 * kMiB;
+  std::vector<uint8_t> src(src_bytes);
+  for (uint64_t i = 0; i < src_bytes; ++i) src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  // Fresh, never-touched pages, as the paused reader's caller hands them (torch.empty).
+  void* mapped = ::mmap(nullptr, dst_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  auto* dst = static_cast<uint8_t*>(mapped);
+  std::memset(dst + 30 * kMiB, 0xEE, 2 * kMiB);  // what the zeros must overwrite
+  {
+    HostCopies copies;
+    copies.add(dst, src.data(), 5 * kMiB);                         // two parts that merge:
+    copies.add(dst + 5 * kMiB, src.data() + 5 * kMiB, 7 * kMiB);   // src [0, 12) to dst [0, 12)
+    copies.add(dst + 12 * kMiB, src.data() + 20 * kMiB, 4 * kMiB);  // src [20, 24) to dst [12, 16)
+    copies.add(dst + 16 * kMiB, src.data() + 100, 4099);            // unaligned both ends
+    copies.add(dst + 30 * kMiB, nullptr, 2 * kMiB - 1);             // zeros, all but the last byte
+    copies.add(dst + 33 * kMiB, nullptr, 0);                        // nothing
+    copies.populate(dst + 34 * kMiB + 1, kMiB);                     // pages made, bytes left as they are
+    CHECK(copies.bytes() == 17 * kMiB + 4099 + 2 * kMiB - 1);
+    copies.start();
+    copies.wait();
+  }
+  CHECK(std::memcmp(dst, src.data(), 12 * kMiB) == 0);
+  CHECK(std::memcmp(dst + 12 * kMiB, src.data() + 20 * kMiB, 4 * kMiB) == 0);
+  CHECK(std::memcmp(dst + 16 * kMiB, src.data() + 100, 4099) == 0);
+  CHECK(dst[16 * kMiB + 4099] == 0);  // untouched around the parts
+  bool zeros = true;
+  for (uint64_t i = 30 * kMiB; i < 32 * kMiB - 1; ++i) zeros &= dst[i] == 0;
+  CHECK(zeros);
+  CHECK(dst[32 * kMiB - 1] == 0xEE);
+  CHECK(dst[30 * kMiB - 1] == 0);
+  // The whole pages inside a populated range are resident, and still read zero.
+  unsigned char resident[255] = {};
+  REQUIRE(::mincore(dst + 34 * kMiB + 4096, sizeof(resident) * 4096, resident) == 0);
+  int present = 0;
+  for (unsigned char r : resident) present += r & 1;
+#ifdef MADV_POPULATE_WRITE
+  void* probe = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(probe != MAP_FAILED);
+  const bool populates = ::madvise(probe, 4096, MADV_POPULATE_WRITE) == 0;
+  ::munmap(probe, 4096);
+#else
+  const bool populates = false;
+#endif
+  if (populates)
+    CHECK(present == static_cast<int>(sizeof(resident)));
+  else
+    WARN("this kernel has no MADV_POPULATE_WRITE (Linux 5.14): populated pages not checked");
+  CHECK(dst[34 * kMiB + 5000] == 0);
+
+  // Waiting without starting, and a copy too small for a second thread, on the caller's thread.
+  {
+    HostCopies idle;
+    idle.wait();
+    HostCopies small;
+    small.add(dst + 36 * kMiB, src.data(), 3);
+    small.start();
+  }  // the destructor waits
+  CHECK(std::memcmp(dst + 36 * kMiB, src.data(), 3) == 0);
+  ::munmap(mapped, dst_bytes);
 }
