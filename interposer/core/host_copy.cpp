@@ -66,8 +66,7 @@ void HostCopies::copy_slice(uint64_t begin, uint64_t end) const noexcept {
 
 void HostCopies::start() noexcept {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto count =
-      static_cast<unsigned>(std::clamp<uint64_t>(total_ / kMinSlice, 1, std::min(kMaxThreads, cores)));
+  const auto count = static_cast<unsigned>(std::clamp<uint64_t>(total_ / kMinSlice, 1, std::min(kMaxThreads, cores)));
   const uint64_t slice = (total_ + count - 1) / count;
   uint64_t begin = 0;
   if (count > 1) {

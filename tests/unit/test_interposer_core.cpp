@@ -445,8 +445,8 @@ TEST_CASE("host copies: runs of bytes and of zeros land where asked, slices cutt
   std::memset(dst + 30 * kMiB, 0xEE, 2 * kMiB);  // what the zeros must overwrite
   {
     HostCopies copies;
-    copies.add(dst, src.data(), 5 * kMiB);                         // two parts that merge:
-    copies.add(dst + 5 * kMiB, src.data() + 5 * kMiB, 7 * kMiB);   // src [0, 12) to dst [0, 12)
+    copies.add(dst, src.data(), 5 * kMiB);                          // two parts that merge:
+    copies.add(dst + 5 * kMiB, src.data() + 5 * kMiB, 7 * kMiB);    // src [0, 12) to dst [0, 12)
     copies.add(dst + 12 * kMiB, src.data() + 20 * kMiB, 4 * kMiB);  // src [20, 24) to dst [12, 16)
     copies.add(dst + 16 * kMiB, src.data() + 100, 4099);            // unaligned both ends
     copies.add(dst + 30 * kMiB, nullptr, 2 * kMiB - 1);             // zeros, all but the last byte
