@@ -142,8 +142,6 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         self._moments = moments
         self._moment_dtype = moments.dtype
         self._generators = {}  # device -> the generator of its buckets' stochastic rounding
-        # parameter -> its step-count tensor of the step before last, counted into again (_working_step)
-        self._spare_steps = {}
         self._bucket_elements = bucket_elements
         self._buckets = []  # per param group, its buckets in order
         self._pipeline = _Pipeline(self._store, depth, self._handle)
@@ -307,31 +305,20 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     before[p] = (self._step_tensor(step, local.device, group.get("fused")), step is None)
                     with_grad.add(index)
                 work += [b for b in buckets if any(s.param in with_grad for s in b.segments)]
-            after = {}
-            self._pipeline.run(work, lambda b, buffer: self._update(b, buffer, before, after), read=True,
-                               write=True)
-            for p, (step, first) in before.items():
+            after = {}  # parameter -> its count, counted up by the kernel (in place: _update)
+            try:
+                self._pipeline.run(work, lambda b, buffer: self._update(b, buffer, before, after), read=True,
+                                   write=True)
+            except BaseException:
+                for count in after.values():  # a step that failed counts for nothing: the counts as they were
+                    count.sub_(1)
+                raise
+            for p, (step, _) in before.items():
                 if p not in after:  # no elements, so in no bucket
-                    after[p] = step.clone()
-                    after[p] += 1
+                    after[p] = step
+                    step += 1
                 self.state[p]["step"] = after[p]
-                if not first:
-                    self._spare_steps[p] = step
         return loss
-
-    def _working_step(self, p, step, first):
-        """The tensor the kernel counts parameter p's step up in, this step: each of p's slices starts
-        from the count before the step (a parameter spanning buckets ends one step further, not several),
-        and the state keeps its count until the whole step is done. On p's first step the new count
-        itself (no state holds it yet); after, the count p had the step before last, written over: with
-        fused=True these are device tensors, and a step takes no device memory but its buckets'."""
-        if first:
-            return step
-        spare = self._spare_steps.pop(p, None)
-        if (spare is not None and spare is not step and spare.device == step.device and spare.dtype == step.dtype
-                and spare.shape == step.shape):
-            return spare.copy_(step)
-        return step.clone()
 
     @staticmethod
     def _step_tensor(step, device, fused):
@@ -369,8 +356,8 @@ class _StreamedAdamBase(torch.optim.Optimizer):
     def _update(self, bucket, buffer, before, after) -> None:
         """Bucket `bucket` (in `buffer`) through torch's kernel, for its slices that have gradients.
 
-        Each slice starts from its parameter's step count before the step (_working_step): the kernel
-        counts it up once per slice, and a parameter spanning buckets must end one step further.
+        Each slice starts from its parameter's step count before the step: the kernel counts it up once
+        per slice, and a parameter spanning buckets must end one step further, not several.
         """
         group = self.param_groups[bucket.group]
         sections = bucket.views(buffer, self._moments)
@@ -378,20 +365,20 @@ class _StreamedAdamBase(torch.optim.Optimizer):
         # Narrow moments are updated in fp32, as the kernel needs one dtype for a parameter and its state:
         # bf16 widened, fp8 scaled back (fp32 ones are updated in place).
         exp_avg32, exp_avg_sq32 = self._moments.working(sections)
-        params, grads, exp_avgs, exp_avg_sqs, steps, copy_back = [], [], [], [], [], []
+        params, grads, exp_avgs, exp_avg_sqs, steps, copy_back, counted = [], [], [], [], [], [], []
         for seg in bucket.segments:
             p = group["params"][seg.param]
             entry = before.get(p)
             if entry is None:
                 continue
             step, first = entry
-            working = after.get(p)
-            if working is None:
-                working = after[p] = self._working_step(p, step, first)
-            elif first:  # a later slice of p, after the kernel counted the first one
-                working.zero_()
-            else:
-                working.copy_(step)
+            # Counted up in place by the kernel, once per slice, as torch's counts the state's: a later
+            # slice of a parameter spanning buckets starts from the count before the step again. No
+            # tensor is made per slice (with fused=True they are device memory, and a step's device
+            # memory is its buckets'). In `after` while counted up once, for step() to undo on failure.
+            if after.pop(p, None) is not None:
+                step.sub_(1)
+            counted.append((p, step))
             n = seg.stop - seg.start
             flat = _local(p).detach().view(-1)[seg.start : seg.stop]
             grad = _local(p.grad).detach().reshape(-1)[seg.start : seg.stop]
@@ -410,8 +397,9 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             grads.append(grad)
             exp_avgs.append(m)
             exp_avg_sqs.append(v)
-            steps.append(working)
+            steps.append(step)
         type(self)._kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, **self._kernel_options(group))
+        after.update(counted)
         for param_slice, master_slice in copy_back:
             param_slice.copy_(master_slice)
         # A block holding slices without gradients is rounded again as well; rounding values that are on
@@ -654,7 +642,6 @@ class _StreamedAdamBase(torch.optim.Optimizer):
             self._pipeline.run(work, fill, read=False, write=True)
             self.param_groups = new_groups
             self.state = defaultdict(dict)
-            self._spare_steps.clear()
             for p, (step, _, _) in loaded.items():
                 self.state[p]["step"] = step
 
@@ -797,7 +784,6 @@ class _StreamedAdamBase(torch.optim.Optimizer):
                     del host
             self.param_groups = new_groups
             self.state = defaultdict(dict)
-            self._spare_steps.clear()
             params = [(p, g.get("fused")) for g in self.param_groups for p in g["params"]]
             for (p, fused), step in zip(params, manifest["steps"]):
                 if step is not None:
