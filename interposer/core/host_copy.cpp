@@ -12,7 +12,7 @@ namespace tmsdisk::shim {
 namespace {
 
 // Populates the whole pages inside [to, to + length) for writing in one call: no fault per page.
-// Refused on kernels before 5.14 (EINVAL) and on memory that cannot be populated so: the copy then
+// Refused on kernels before 5.14 (EINVAL) and on memory that cannot be populated so: the writer then
 // faults the pages in itself, as it would have anyway.
 void populate_pages(uint8_t* to, uint64_t length) noexcept {
 #ifdef MADV_POPULATE_WRITE
@@ -53,11 +53,12 @@ void HostCopies::copy_slice(uint64_t begin, uint64_t end) const noexcept {
     const uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.length);
     if (lo < hi) {
       uint8_t* to = p.to + (lo - at);
-      populate_pages(to, hi - lo);
       if (p.kind == Kind::Copy)
         std::memcpy(to, p.from + (lo - at), hi - lo);
       else if (p.kind == Kind::Zero)
         std::memset(to, 0, hi - lo);
+      else
+        populate_pages(to, hi - lo);
     }
     at += p.length;
     if (at >= end) break;

@@ -2,12 +2,13 @@
 // Copies out of host memory the process already has mapped (the host tier's segments, a view of a
 // host copy) into memory its caller has just allocated: a weight sync of a paused trainer reads GiBs
 // this way (tmsdisk_read_paused, torch_memory_saver's get_cpu_backup). One memcpy on one thread moved
-// 1.4 GB/s on the H200, where torch's parallel copy out of pinned memory moves 10–13: the cost is the
-// first touch of each of the caller's fresh pages, not the bytes. So the destination's pages are
-// populated by the kernel a slice at a time (MADV_POPULATE_WRITE; where refused, the copy faults them
-// in as before), and slices of at least 4 MiB run on threads of their own. Memory that something else
-// fills later (a read from disk, copied out of the staging slots on the control thread) can be
-// populated here alone, ahead of it.
+// 1.4 GB/s on the H200, where torch's parallel copy out of pinned memory moves 11–22: the cost is the
+// first touch of each of the caller's fresh pages, not the bytes, and page faults are taken in parallel.
+// So slices of at least 4 MiB are copied on threads of their own, up to one per core (16 on an H200
+// node: 8.9 GB/s there by plain memcpy into fresh pages, 1.6 on one thread). Populating the pages ahead
+// (MADV_POPULATE_WRITE) did worse in parallel (2.3 GB/s on 8 threads, bench/RESULTS.md, session 4),
+// so copies fault their pages in themselves; it serves memory that something else fills later (a read
+// from disk, copied out of the staging slots on the control thread), populated here ahead of it.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,7 @@ class HostCopies {
   uint64_t bytes() const noexcept { return total_; }
 
   static constexpr uint64_t kMinSlice = uint64_t{4} << 20;  // below this a thread costs more than it saves
-  static constexpr unsigned kMaxThreads = 8;
+  static constexpr unsigned kMaxThreads = 16;
 
  private:
   enum class Kind : uint8_t { Copy, Zero, Populate };
