@@ -202,8 +202,9 @@ class BlockScaledMoments:
 
 
 # --- the dtypes accepted ------------------------------------------------------------------------------
-# The moments' dtypes: kept as they are, or (fp8) in blocks of MOMENT_BLOCK with a scale each (_moments
-# says why e4m3 for both, exp_avg_sq as its root). Torch before 2.1 has no fp8: only the name is known.
+# The moments' dtypes: kept as they are, or (fp8) in blocks of MOMENT_BLOCK with a scale each (the module's
+# docstring says why e4m3 for both, exp_avg_sq as its root). Torch before 2.1 has no fp8: only the name is
+# known.
 _PLAIN_MOMENTS = (torch.float32, torch.bfloat16)
 _FP8_NAME = "float8_e4m3fn"
 _SCALED_MOMENTS = {}  # dtype -> its BlockScaledMoments; the tests add float16 to drive the codec
